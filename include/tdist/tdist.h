@@ -1,0 +1,13 @@
+/*
+ * tdist/tdist.h — everything tdist offers, in one include.
+ *
+ *   core.h   status codes, errors, logging, dtypes, reduction kernels
+ *   store.h  key-value store (TCP, file, in-process, prefix)
+ */
+#ifndef TDIST_TDIST_H
+#define TDIST_TDIST_H
+
+#include "tdist/core.h"
+#include "tdist/store.h"
+
+#endif /* TDIST_TDIST_H */

@@ -1,0 +1,122 @@
+/*
+ * core/internal.h — what every layer of the library uses from core and that
+ * is not public: setting errors, logging, status-check macros, clocks,
+ * environment parsing, small I/O helpers.
+ *
+ * Internal symbols shared across files are prefixed tdist__.
+ */
+#ifndef TDIST_CORE_INTERNAL_H
+#define TDIST_CORE_INTERNAL_H
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tdist/core.h"
+
+#define TDIST_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#define TDIST_UNUSED(x) ((void)(x))
+#define TDIST_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define TDIST_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define TDIST_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* ---------------------------------------------------------------- errors */
+
+/* Record msg as the calling thread's last error and return st, so that
+ * `return tdist__error(TDIST_ERR_TIMEOUT, "...", ...);` reads naturally.
+ * Also logs the message at debug level. Thread-safe (thread-local). */
+tdist_status_t tdist__error(tdist_status_t st, const char *fmt, ...) TDIST_PRINTF(2, 3);
+
+/* Like tdist__error but appends ": <strerror(err)>" and maps errno to a
+ * status: ENOMEM -> NO_MEMORY, ETIMEDOUT -> TIMEOUT, EADDRINUSE ->
+ * ADDR_IN_USE, ECONNREFUSED/ECONNRESET/EPIPE/ENOTCONN/EHOSTUNREACH/
+ * ENETUNREACH -> CONNECTION, anything else -> SYSTEM. */
+tdist_status_t tdist__error_errno(int err, const char *fmt, ...) TDIST_PRINTF(2, 3);
+
+/* Prepend "prefix: " to the calling thread's last error, keeping st.
+ * Used to add context (rank, group, op) as an error travels up. */
+tdist_status_t tdist__error_context(tdist_status_t st, const char *fmt, ...) TDIST_PRINTF(2, 3);
+
+/* Return from the calling function if expr is not TDIST_OK. */
+#define TDIST_CHECK(expr)                                                      \
+    do {                                                                       \
+        tdist_status_t tdist__st_ = (expr);                                    \
+        if (tdist__st_ != TDIST_OK) return tdist__st_;                         \
+    } while (0)
+
+/* Jump to label with st set if expr is not TDIST_OK. */
+#define TDIST_CHECK_GOTO(expr, st, label)                                      \
+    do {                                                                       \
+        (st) = (expr);                                                         \
+        if ((st) != TDIST_OK) goto label;                                      \
+    } while (0)
+
+/* Argument check at the top of a public function. */
+#define TDIST_ARG_CHECK(cond, fn)                                              \
+    do {                                                                       \
+        if (!(cond))                                                           \
+            return tdist__error(TDIST_ERR_INVALID_ARG, "%s: invalid argument: %s", \
+                                (fn), #cond);                                  \
+    } while (0)
+
+/* Evaluate a system call expression, retrying while it fails with EINTR.
+ * Yields the call's result; errno is preserved for the caller. */
+#define TDIST_SYSCALL(res, expr)                                               \
+    do {                                                                       \
+        (res) = (expr);                                                        \
+    } while ((res) == -1 && errno == EINTR)
+
+/* --------------------------------------------------------------- logging */
+
+void tdist__log(tdist_log_level_t level, const char *file, int line, const char *fmt, ...)
+    TDIST_PRINTF(4, 5);
+
+#define TDIST_LOG_AT(lvl, ...)                                                 \
+    do {                                                                       \
+        if (tdist_log_level() >= (lvl)) tdist__log((lvl), __FILE__, __LINE__, __VA_ARGS__); \
+    } while (0)
+#define TDIST_LOGE(...) TDIST_LOG_AT(TDIST_LOG_ERROR, __VA_ARGS__)
+#define TDIST_LOGW(...) TDIST_LOG_AT(TDIST_LOG_WARN, __VA_ARGS__)
+#define TDIST_LOGI(...) TDIST_LOG_AT(TDIST_LOG_INFO, __VA_ARGS__)
+#define TDIST_LOGD(...) TDIST_LOG_AT(TDIST_LOG_DEBUG, __VA_ARGS__)
+
+/* ---------------------------------------------------------------- clocks */
+
+/* Monotonic clock in nanoseconds / milliseconds. */
+uint64_t tdist__now_ns(void);
+int64_t tdist__now_ms(void);
+
+/* Deadline helpers. A timeout_ms < 0 means "no deadline" (INT64_MAX). */
+int64_t tdist__deadline_ms(int64_t timeout_ms);
+/* Milliseconds left until deadline, clamped to [0, INT32_MAX]: ready to pass
+ * to poll()/epoll_wait(). */
+int tdist__ms_left(int64_t deadline_ms);
+
+/* Sleep for ms milliseconds (restarts on EINTR). */
+void tdist__sleep_ms(int ms);
+
+/* ------------------------------------------------------------------- env */
+
+/* Read an integer from environment variable name. Returns TDIST_OK and
+ * writes *out when the variable is set and is a whole number in [lo, hi];
+ * TDIST_ERR_INVALID_ARG (message names the variable and value) when set but
+ * malformed; TDIST_ERR_NOT_SUPPORTED when unset (out untouched). */
+tdist_status_t tdist__env_int(const char *name, int64_t lo, int64_t hi, int64_t *out);
+
+/* Parse a whole number in [lo, hi] from s (entire string). 0 on success. */
+int tdist__parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out);
+
+/* The default timeout in ms for blocking operations: TDIST_TIMEOUT_MS if set
+ * and valid, else fallback_ms. */
+int64_t tdist__default_timeout_ms(int64_t fallback_ms);
+
+/* ----------------------------------------------------------------- misc */
+
+/* strdup that returns NULL on NULL. */
+char *tdist__strdup(const char *s);
+
+/* Format into a malloc'd string. NULL on allocation failure. */
+char *tdist__asprintf(const char *fmt, ...) TDIST_PRINTF(1, 2);
+
+#endif /* TDIST_CORE_INTERNAL_H */

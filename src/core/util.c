@@ -1,0 +1,100 @@
+/* core/util.c — clocks, deadlines, environment parsing, small string helpers. */
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/internal.h"
+
+uint64_t tdist__now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+int64_t tdist__now_ms(void) { return (int64_t)(tdist__now_ns() / 1000000ull); }
+
+int64_t tdist__deadline_ms(int64_t timeout_ms)
+{
+    if (timeout_ms < 0) return INT64_MAX;
+    int64_t now = tdist__now_ms();
+    if (timeout_ms > INT64_MAX - now) return INT64_MAX;
+    return now + timeout_ms;
+}
+
+int tdist__ms_left(int64_t deadline_ms)
+{
+    if (deadline_ms == INT64_MAX) return INT32_MAX;
+    int64_t left = deadline_ms - tdist__now_ms();
+    if (left < 0) return 0;
+    if (left > INT32_MAX) return INT32_MAX;
+    return (int)left;
+}
+
+void tdist__sleep_ms(int ms)
+{
+    if (ms <= 0) return;
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {
+    }
+}
+
+int tdist__parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out)
+{
+    if (!s || !*s) return -1;
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0') return -1;
+    if (v < lo || v > hi) return -1;
+    *out = (int64_t)v;
+    return 0;
+}
+
+tdist_status_t tdist__env_int(const char *name, int64_t lo, int64_t hi, int64_t *out)
+{
+    const char *v = getenv(name);
+    if (!v) return TDIST_ERR_NOT_SUPPORTED;
+    int64_t x;
+    if (tdist__parse_int(v, lo, hi, &x) != 0)
+        return tdist__error(TDIST_ERR_INVALID_ARG,
+                            "environment variable %s=\"%s\" is not a whole number in [%lld, %lld]",
+                            name, v, (long long)lo, (long long)hi);
+    *out = x;
+    return TDIST_OK;
+}
+
+int64_t tdist__default_timeout_ms(int64_t fallback_ms)
+{
+    int64_t v;
+    const char *s = getenv("TDIST_TIMEOUT_MS");
+    if (s && tdist__parse_int(s, 1, INT64_MAX / 2, &v) == 0) return v;
+    return fallback_ms;
+}
+
+char *tdist__strdup(const char *s)
+{
+    if (!s) return NULL;
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+char *tdist__asprintf(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0) return NULL;
+    char *s = malloc((size_t)n + 1);
+    if (!s) return NULL;
+    va_start(ap, fmt);
+    vsnprintf(s, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    return s;
+}

@@ -1,0 +1,237 @@
+/* store/net.c — socket helpers for the TCP store (see net.h). */
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "store/net.h"
+
+#define RETRY_INTERVAL_MS 50
+
+const char *tdist__net_addr_str(const char *host, uint16_t port, char *buf, size_t n)
+{
+    if (host && strchr(host, ':'))
+        snprintf(buf, n, "[%s]:%u", host, (unsigned)port);
+    else
+        snprintf(buf, n, "%s:%u", host ? host : "(null)", (unsigned)port);
+    return buf;
+}
+
+/* Resolve host:port (numeric port) for a stream socket. passive: for
+ * bind. Returns TDIST_OK with *res to release with freeaddrinfo. */
+static tdist_status_t resolve(const char *host, uint16_t port, bool passive, struct addrinfo **res)
+{
+    char portstr[8], addr[320];
+    snprintf(portstr, sizeof portstr, "%u", (unsigned)port);
+    struct addrinfo hints;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
+    int rc = getaddrinfo(host, portstr, &hints, res);
+    if (rc != 0) {
+        tdist__net_addr_str(host, port, addr, sizeof addr);
+        if (rc == EAI_SYSTEM)
+            return tdist__error_errno(errno, "cannot resolve %s", addr);
+        return tdist__error(TDIST_ERR_CONNECTION, "cannot resolve %s: %s", addr, gai_strerror(rc));
+    }
+    return TDIST_OK;
+}
+
+tdist_status_t tdist__net_listen(const char *host, uint16_t port, int backlog, int *fd_out,
+                                 uint16_t *port_out)
+{
+    char addr[320];
+    tdist__net_addr_str(host, port, addr, sizeof addr);
+    struct addrinfo *res = NULL;
+    TDIST_CHECK(resolve(host, port, true, &res));
+    tdist_status_t st = TDIST_OK; /* the last failure, once there is one */
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                        ai->ai_protocol);
+        if (fd < 0) {
+            st = tdist__error_errno(errno, "listen on %s: socket", addr);
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (ai->ai_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+            int e = errno;
+            close(fd);
+            if (e == EADDRINUSE) {
+                freeaddrinfo(res);
+                return tdist__error_errno(e, "cannot bind %s: address already in use", addr);
+            }
+            st = tdist__error_errno(e, "cannot bind %s", addr);
+            continue;
+        }
+        if (listen(fd, backlog) != 0) {
+            int e = errno;
+            close(fd);
+            st = tdist__error_errno(e, "listen on %s", addr);
+            if (e == EADDRINUSE) break;
+            continue;
+        }
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        if (getsockname(fd, (struct sockaddr *)&ss, &sl) != 0) {
+            st = tdist__error_errno(errno, "getsockname for %s", addr);
+            close(fd);
+            continue;
+        }
+        uint16_t p = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                                              : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+        freeaddrinfo(res);
+        *fd_out = fd;
+        *port_out = p;
+        return TDIST_OK;
+    }
+    freeaddrinfo(res);
+    if (st == TDIST_OK) st = tdist__error(TDIST_ERR_SYSTEM, "listen on %s: no usable address", addr);
+    return st;
+}
+
+/* Wait until fd is ready for events or deadline passes. Returns 1 ready,
+ * 0 deadline passed, -1 poll failed (errno set). */
+static int wait_fd(int fd, short events, int64_t deadline_ms)
+{
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = events};
+        int rc = poll(&p, 1, tdist__ms_left(deadline_ms));
+        if (rc > 0) return 1;
+        if (rc == 0) {
+            if (tdist__ms_left(deadline_ms) == 0) return 0;
+            continue;
+        }
+        if (errno != EINTR) return -1;
+    }
+}
+
+/* One connect attempt to ai before deadline. Returns fd, or -1 with errno
+ * (ETIMEDOUT when the deadline passed). */
+static int connect_once(const struct addrinfo *ai, int64_t deadline_ms)
+{
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) return -1;
+    int rc;
+    TDIST_SYSCALL(rc, connect(fd, ai->ai_addr, ai->ai_addrlen));
+    if (rc != 0 && errno != EINPROGRESS) goto fail;
+    if (rc != 0) {
+        int w = wait_fd(fd, POLLOUT, deadline_ms);
+        if (w == 0) errno = ETIMEDOUT;
+        if (w <= 0) goto fail;
+        int err = 0;
+        socklen_t sl = sizeof err;
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &sl) != 0) goto fail;
+        if (err != 0) {
+            errno = err;
+            goto fail;
+        }
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return fd;
+fail:;
+    int e = errno;
+    close(fd);
+    errno = e;
+    return -1;
+}
+
+tdist_status_t tdist__net_connect(const char *host, uint16_t port, int64_t retry_deadline_ms,
+                                  int64_t deadline_ms, int *fd_out)
+{
+    char addr[320];
+    tdist__net_addr_str(host, port, addr, sizeof addr);
+    if (retry_deadline_ms > deadline_ms) retry_deadline_ms = deadline_ms;
+    struct addrinfo *res = NULL;
+    TDIST_CHECK(resolve(host, port, false, &res));
+    int64_t start = tdist__now_ms();
+    int attempts = 0, last_err = 0;
+    for (;;) {
+        attempts++;
+        for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+            int fd = connect_once(ai, deadline_ms);
+            if (fd >= 0) {
+                freeaddrinfo(res);
+                *fd_out = fd;
+                return TDIST_OK;
+            }
+            last_err = errno;
+        }
+        bool retryable = last_err == ECONNREFUSED || last_err == ECONNRESET ||
+                         last_err == ECONNABORTED || last_err == EAGAIN;
+        int64_t now = tdist__now_ms();
+        if (!retryable || now >= retry_deadline_ms) break;
+        int64_t nap = TDIST_MIN((int64_t)RETRY_INTERVAL_MS, retry_deadline_ms - now);
+        tdist__sleep_ms((int)nap);
+    }
+    freeaddrinfo(res);
+    int64_t spent = tdist__now_ms() - start;
+    if (last_err == ETIMEDOUT)
+        return tdist__error(TDIST_ERR_TIMEOUT,
+                            "connect to %s: timed out after %lld ms (%d attempt%s)", addr,
+                            (long long)spent, attempts, attempts == 1 ? "" : "s");
+    tdist_status_t st = tdist__error_errno(last_err, "connect to %s failed after %lld ms (%d attempt%s)",
+                                           addr, (long long)spent, attempts,
+                                           attempts == 1 ? "" : "s");
+    /* every connect failure is a connection problem for the caller */
+    return st == TDIST_ERR_SYSTEM ? TDIST_ERR_CONNECTION : st;
+}
+
+tdist_status_t tdist__net_send_all(int fd, const void *buf, size_t len, int64_t deadline_ms,
+                                   const char *what)
+{
+    const uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        if (n > 0) {
+            p += n;
+            len -= (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            int w = wait_fd(fd, POLLOUT, deadline_ms);
+            if (w == 0) return tdist__error(TDIST_ERR_TIMEOUT, "%s: send timed out", what);
+            if (w < 0) return tdist__error_errno(errno, "%s: poll", what);
+            continue;
+        }
+        int e = n < 0 ? errno : EPIPE;
+        tdist_status_t st = tdist__error_errno(e, "%s: send failed", what);
+        return st == TDIST_ERR_SYSTEM ? TDIST_ERR_CONNECTION : st;
+    }
+    return TDIST_OK;
+}
+
+tdist_status_t tdist__net_recv_all(int fd, void *buf, size_t len, int64_t deadline_ms,
+                                   const char *what)
+{
+    uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t n = recv(fd, p, len, 0);
+        if (n > 0) {
+            p += n;
+            len -= (size_t)n;
+            continue;
+        }
+        if (n == 0)
+            return tdist__error(TDIST_ERR_CONNECTION, "%s: connection closed by peer", what);
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            int w = wait_fd(fd, POLLIN, deadline_ms);
+            if (w == 0) return tdist__error(TDIST_ERR_TIMEOUT, "%s: no reply before the deadline", what);
+            if (w < 0) return tdist__error_errno(errno, "%s: poll", what);
+            continue;
+        }
+        tdist_status_t st = tdist__error_errno(errno, "%s: recv failed", what);
+        return st == TDIST_ERR_SYSTEM ? TDIST_ERR_CONNECTION : st;
+    }
+    return TDIST_OK;
+}

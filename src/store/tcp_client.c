@@ -1,0 +1,630 @@
+/*
+ * store/tcp_client.c — the TCP store client: tdist_store_tcp_connect() and
+ * the store ops table over one TCP connection (wire format in wire.h).
+ *
+ * - Calls on one client are serialised by a mutex; a call waits for the
+ *   mutex only until its own deadline.
+ * - Every call has a deadline: the store's timeout for ordinary calls;
+ *   get / wait / multi_get send their timeout to the server, which answers
+ *   "timed out" at that deadline, and the client itself waits at most
+ *   timeout + GRACE_MS.
+ * - Broken connections: after any transport or protocol failure (send or
+ *   recv error, reply missing at the deadline, malformed reply) the socket
+ *   is closed and the call fails with an error naming host:port. The next
+ *   call reconnects lazily (retrying refused connections until the
+ *   connect timeout or that call's deadline, whichever is first). A
+ *   failed call is never retried automatically, so a non-idempotent op
+ *   (add, append) is never applied twice behind the caller's back.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "store/internal.h"
+#include "store/net.h"
+#include "store/wire.h"
+
+#define GRACE_MS 1000          /* extra client wait beyond a blocking call's timeout */
+#define KEEP_BUFFER (1u << 20) /* free request/reply buffers larger than this after a call */
+
+typedef struct tcp_store {
+    tdist_store_t base;
+    char *host;
+    uint16_t port;
+    char addr[320]; /* "host:port" */
+    char *token;    /* NULL: none */
+    int64_t connect_timeout_ms;
+    pthread_mutex_t mu;
+    /* guarded by mu */
+    int fd;            /* -1: not connected */
+    tdist__wbuf_t req; /* request being sent */
+    uint8_t *rbuf;     /* reply body */
+    size_t rcap;
+} tcp_store_t;
+
+
+/* "tcp store host:port: op("key")" for messages; key may be NULL. */
+static const char *describe(const tcp_store_t *s, const char *op, const char *key, char *buf,
+                            size_t n)
+{
+    if (key)
+        snprintf(buf, n, "tcp store %s: %s(\"%.100s%s\")", s->addr, op, key,
+                 strlen(key) > 100 ? "..." : "");
+    else
+        snprintf(buf, n, "tcp store %s: %s", s->addr, op);
+    return buf;
+}
+
+/* Close the connection (the next call reconnects). */
+static void disconnect(tcp_store_t *s)
+{
+    if (s->fd >= 0) close(s->fd);
+    s->fd = -1;
+}
+
+/* Absolute deadline for a call of the store's timeout (+ extra ms). */
+static int64_t call_deadline(const tcp_store_t *s, int64_t timeout_ms, int64_t extra_ms)
+{
+    if (timeout_ms < 0) return INT64_MAX;
+    if (timeout_ms > INT64_MAX / 4) return INT64_MAX;
+    return tdist__deadline_ms(timeout_ms + extra_ms);
+}
+
+/* Lock the client until deadline. */
+static tdist_status_t lock(tcp_store_t *s, int64_t deadline, const char *what)
+{
+    if (deadline == INT64_MAX) {
+        pthread_mutex_lock(&s->mu);
+        return TDIST_OK;
+    }
+    /* pthread_mutex_timedlock takes CLOCK_REALTIME: convert the
+     * (monotonic) deadline to a wall-clock time. (pthread_mutex_clocklock
+     * would avoid this, but sanitizers do not intercept it.) */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int64_t left = tdist__ms_left(deadline);
+    int64_t ns = (int64_t)ts.tv_nsec + (left % 1000) * 1000000;
+    ts.tv_sec += (time_t)(left / 1000 + ns / 1000000000);
+    ts.tv_nsec = (long)(ns % 1000000000);
+    int rc = pthread_mutex_timedlock(&s->mu, &ts);
+    if (rc == 0) return TDIST_OK;
+    if (rc == ETIMEDOUT)
+        return tdist__error(TDIST_ERR_TIMEOUT,
+                            "%s: timed out waiting for another thread's call on this client", what);
+    return tdist__error_errno(rc, "%s: locking the client", what);
+}
+
+/* Release buffers that grew large for one call. */
+static void unlock(tcp_store_t *s)
+{
+    if (s->req.cap > KEEP_BUFFER) tdist__wbuf_free(&s->req);
+    if (s->rcap > KEEP_BUFFER) {
+        free(s->rbuf);
+        s->rbuf = NULL;
+        s->rcap = 0;
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Map a non-OK reply status to a tdist status, with the server's text. */
+static tdist_status_t remote_error(const tdist__wire_reply_t *rep, const char *what)
+{
+    tdist_status_t st;
+    switch (rep->status) {
+    case TDIST_WIRE_ETIMEOUT: st = TDIST_ERR_TIMEOUT; break;
+    case TDIST_WIRE_EINVALID:
+    case TDIST_WIRE_ETOOLARGE: st = TDIST_ERR_INVALID_ARG; break;
+    case TDIST_WIRE_EAUTH: st = TDIST_ERR_AUTH; break;
+    case TDIST_WIRE_EVERSION: st = TDIST_ERR_MISMATCH; break;
+    default: st = TDIST_ERR_REMOTE; break;
+    }
+    return tdist__error(st, "%s: %.*s", what, (int)TDIST_MIN(rep->message.len, 1024u),
+                        (const char *)rep->message.ptr);
+}
+
+/* Read one reply to op before deadline into *rep (views into s->rbuf).
+ * A transport or protocol failure disconnects and returns an error; a
+ * non-OK status is returned as TDIST_OK with rep->status set. */
+static tdist_status_t read_reply(tcp_store_t *s, uint8_t op, int64_t deadline, const char *what,
+                                 tdist__wire_reply_t *rep)
+{
+    uint8_t hb[TDIST_WIRE_HEADER_SIZE];
+    tdist_status_t st = tdist__net_recv_all(s->fd, hb, sizeof hb, deadline, what);
+    if (st != TDIST_OK) goto fail;
+    tdist__wire_header_t h;
+    const char *why = "bad header";
+    if (tdist__wire_header_decode(hb, sizeof hb, TDIST_WIRE_MAX_FRAME, true, &h, &why) != 1 ||
+        h.op != op) {
+        st = tdist__error(TDIST_ERR_REMOTE, "%s: malformed reply from the server (%s)", what,
+                          h.op != op ? "wrong op" : why);
+        goto fail;
+    }
+    if (h.body_len > s->rcap) {
+        uint8_t *p = realloc(s->rbuf, h.body_len);
+        if (!p) {
+            st = tdist__error(TDIST_ERR_NO_MEMORY, "%s: no memory for a reply of %u bytes", what,
+                              h.body_len);
+            goto fail;
+        }
+        s->rbuf = p;
+        s->rcap = h.body_len;
+    }
+    st = tdist__net_recv_all(s->fd, s->rbuf, h.body_len, deadline, what);
+    if (st != TDIST_OK) goto fail;
+    tdist__wire_limits_t lim = tdist__wire_default_limits();
+    int rc = tdist__wire_reply_decode(op, h.status, s->rbuf, h.body_len, &lim, rep, &why);
+    if (rc == -2) {
+        st = tdist__error(TDIST_ERR_NO_MEMORY, "%s: no memory to decode a reply", what);
+        goto fail;
+    }
+    if (rc != 0) {
+        st = tdist__error(TDIST_ERR_REMOTE, "%s: malformed reply from the server (%s)", what, why);
+        goto fail;
+    }
+    return TDIST_OK;
+fail:
+    disconnect(s);
+    return st;
+}
+
+/* Connect and say HELLO, retrying refused connections until
+ * retry_deadline; nothing runs past deadline. Caller holds the lock. */
+static tdist_status_t open_connection(tcp_store_t *s, int64_t retry_deadline, int64_t deadline)
+{
+    char what[512];
+    describe(s, "connect", NULL, what, sizeof what);
+    int fd = -1;
+    TDIST_CHECK(tdist__net_connect(s->host, s->port, retry_deadline, deadline, &fd));
+    s->fd = fd;
+    tdist__wbuf_t b = {0};
+    size_t off = tdist__wbuf_begin_frame(&b, TDIST_WIRE_HELLO, 0);
+    tdist__wbuf_put_u32(&b, TDIST_WIRE_MAGIC);
+    tdist__wbuf_put_u32(&b, TDIST_WIRE_VERSION);
+    tdist__wbuf_put_bytes(&b, s->token, s->token ? strlen(s->token) : 0);
+    tdist__wbuf_end_frame(&b, off);
+    if (b.oom) {
+        tdist__wbuf_free(&b);
+        disconnect(s);
+        return tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory", what);
+    }
+    tdist_status_t st = tdist__net_send_all(fd, b.data, b.len, deadline, what);
+    tdist__wbuf_free(&b);
+    if (st != TDIST_OK) {
+        disconnect(s);
+        return st;
+    }
+    tdist__wire_reply_t rep;
+    st = read_reply(s, TDIST_WIRE_HELLO, deadline, what, &rep);
+    if (st == TDIST_ERR_CONNECTION)
+        return tdist__error(st, "%s (during the handshake: the server may have too many clients, "
+                                "or is not a tdist store)", tdist_last_error());
+    if (st != TDIST_OK) return st;
+    if (rep.status != TDIST_WIRE_OK) {
+        st = remote_error(&rep, what);
+        tdist__wire_reply_free(&rep);
+        disconnect(s);
+        return st;
+    }
+    tdist__wire_reply_free(&rep);
+    return TDIST_OK;
+}
+
+/* Send the request in s->req (an op frame) and read its reply, before
+ * deadline. Connects first if needed. Caller holds the lock. On
+ * TDIST_OK, rep holds an OK reply (release with tdist__wire_reply_free);
+ * a non-OK reply becomes an error naming what. */
+static tdist_status_t roundtrip(tcp_store_t *s, uint8_t op, int64_t deadline, const char *what,
+                                tdist__wire_reply_t *rep)
+{
+    if (s->req.oom) return tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory for the request", what);
+    size_t body = s->req.len - TDIST_WIRE_HEADER_SIZE;
+    if (body > TDIST_WIRE_MAX_FRAME)
+        return tdist__error(TDIST_ERR_INVALID_ARG,
+                            "%s: request of %zu bytes exceeds the frame cap of %u bytes", what, body,
+                            TDIST_WIRE_MAX_FRAME);
+    if (s->fd < 0) {
+        int64_t retry = s->connect_timeout_ms < 0 ? deadline
+                                                  : TDIST_MIN(deadline, tdist__deadline_ms(s->connect_timeout_ms));
+        tdist_status_t st = open_connection(s, retry, deadline);
+        if (st != TDIST_OK) return tdist__error_context(st, "%s", what);
+    }
+    if ((op == TDIST_WIRE_GET || op == TDIST_WIRE_WAIT || op == TDIST_WIRE_MULTI_GET) &&
+        deadline != INT64_MAX) {
+        /* the server gets what is left of the timeout after waiting for
+         * the lock and (re)connecting: the first body field */
+        int64_t left = TDIST_MAX(deadline - GRACE_MS - tdist__now_ms(), (int64_t)0);
+        uint8_t *p = s->req.data + TDIST_WIRE_HEADER_SIZE;
+        tdist__wire_set_u32(p, (uint32_t)((uint64_t)left >> 32));
+        tdist__wire_set_u32(p + 4, (uint32_t)left);
+    }
+    tdist_status_t st = tdist__net_send_all(s->fd, s->req.data, s->req.len, deadline, what);
+    if (st != TDIST_OK) {
+        disconnect(s);
+        return st;
+    }
+    st = read_reply(s, op, deadline, what, rep);
+    if (st == TDIST_ERR_CONNECTION)
+        return tdist__error(st, "%s (the server is gone, or it closed the connection because the "
+                                "request broke its caps; the next call reconnects)",
+                            tdist_last_error());
+    if (st != TDIST_OK) return st;
+    if (rep->status != TDIST_WIRE_OK) {
+        st = remote_error(rep, what);
+        tdist__wire_reply_free(rep);
+        return st;
+    }
+    return TDIST_OK;
+}
+
+/* Start building a request frame for op in s->req. */
+static size_t begin(tcp_store_t *s, uint8_t op)
+{
+    tdist__wbuf_clear(&s->req);
+    return tdist__wbuf_begin_frame(&s->req, op, 0);
+}
+
+/* -------------------------------------------------------------- ops */
+
+/* SET: one round trip with the store's deadline. */
+static tdist_status_t tcp_set(tdist_store_t *base, const char *key, const void *value, size_t len)
+{
+    tcp_store_t *s = (tcp_store_t *)base;
+    char what[512];
+    describe(s, "set", key, what, sizeof what);
+    int64_t deadline = call_deadline(s, atomic_load(&base->timeout_ms), 0);
+    TDIST_CHECK(lock(s, deadline, what));
+    size_t off = begin(s, TDIST_WIRE_SET);
+    tdist__wbuf_put_bytes(&s->req, key, strlen(key));
+    tdist__wbuf_put_bytes(&s->req, value, len);
+    tdist__wbuf_end_frame(&s->req, off);
+    tdist__wire_reply_t rep;
+    tdist_status_t st = roundtrip(s, TDIST_WIRE_SET, deadline, what, &rep);
+    if (st == TDIST_OK) tdist__wire_reply_free(&rep);
+    unlock(s);
+    return st;
+}
+
+/* GET: the server waits up to timeout_ms for the key; the client up to
+ * timeout_ms + GRACE_MS. *value is malloc'd for the caller. */
+static tdist_status_t tcp_get(tdist_store_t *base, const char *key, int64_t timeout_ms,
+                              void **value, size_t *len)
+{
+    tcp_store_t *s = (tcp_store_t *)base;
+    char what[512];
+    describe(s, "get", key, what, sizeof what);
+    int64_t deadline = call_deadline(s, timeout_ms, GRACE_MS);
+    TDIST_CHECK(lock(s, deadline, what));
+    size_t off = begin(s, TDIST_WIRE_GET);
+    tdist__wbuf_put_i64(&s->req, timeout_ms);
+    tdist__wbuf_put_bytes(&s->req, key, strlen(key));
+    tdist__wbuf_end_frame(&s->req, off);
+    tdist__wire_reply_t rep;
+    tdist_status_t st = roundtrip(s, TDIST_WIRE_GET, deadline, what, &rep);
+    if (st == TDIST_OK) {
+        void *v = tdist__store_dup(rep.value.ptr, rep.value.len);
+        if (!v) {
+            st = tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory for a %u-byte value", what,
+                              rep.value.len);
+        } else {
+            *value = v;
+            *len = rep.value.len;
+        }
+        tdist__wire_reply_free(&rep);
+    }
+    unlock(s);
+    return st;
+}
+
+/* ADD: the server adds atomically and returns the new value. */
+static tdist_status_t tcp_add(tdist_store_t *base, const char *key, int64_t delta, int64_t *result)
+{
+    tcp_store_t *s = (tcp_store_t *)base;
+    char what[512];
+    describe(s, "add", key, what, sizeof what);
+    int64_t deadline = call_deadline(s, atomic_load(&base->timeout_ms), 0);
+    TDIST_CHECK(lock(s, deadline, what));
+    size_t off = begin(s, TDIST_WIRE_ADD);
+    tdist__wbuf_put_bytes(&s->req, key, strlen(key));
+    tdist__wbuf_put_i64(&s->req, delta);
+    tdist__wbuf_end_frame(&s->req, off);
+    tdist__wire_reply_t rep;
+    tdist_status_t st = roundtrip(s, TDIST_WIRE_ADD, deadline, what, &rep);
+    if (st == TDIST_OK) {
+        *result = rep.num;
+        tdist__wire_reply_free(&rep);
+    }
+    unlock(s);
+    return st;
+}
+
+/* CAS: torch.distributed's compare_set; *current is malloc'd. */
+static tdist_status_t tcp_compare_set(tdist_store_t *base, const char *key, const void *expected,
+                                      size_t expected_len, const void *desired, size_t desired_len,
+                                      void **current, size_t *current_len)
+{
+    tcp_store_t *s = (tcp_store_t *)base;
+    char what[512];
+    describe(s, "compare_set", key, what, sizeof what);
+    int64_t deadline = call_deadline(s, atomic_load(&base->timeout_ms), 0);
+    TDIST_CHECK(lock(s, deadline, what));
+    size_t off = begin(s, TDIST_WIRE_CAS);
+    tdist__wbuf_put_bytes(&s->req, key, strlen(key));
+    tdist__wbuf_put_bytes(&s->req, expected, expected_len);
+    tdist__wbuf_put_bytes(&s->req, desired, desired_len);
+    tdist__wbuf_end_frame(&s->req, off);
+    tdist__wire_reply_t rep;
+    tdist_status_t st = roundtrip(s, TDIST_WIRE_CAS, deadline, what, &rep);
+    if (st == TDIST_OK) {
+        void *v = tdist__store_dup(rep.value.ptr, rep.value.len);
+        if (!v) {
+            st = tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory", what);
+        } else {
+            *current = v;
+            *current_len = rep.value.len;
+        }
+        tdist__wire_reply_free(&rep);
+    }
+    unlock(s);
+    return st;
+}
+
+/* Append "u32 n | n x key" to the request. */
+static void put_keys(tcp_store_t *s, const char *const *keys, size_t n)
+{
+    tdist__wbuf_put_u32(&s->req, (uint32_t)n);
+    for (size_t i = 0; i < n; i++) tdist__wbuf_put_bytes(&s->req, keys[i], strlen(keys[i]));
+}
+
+/* WAIT: like GET for n keys, without values. */
+static tdist_status_t tcp_wait(tdist_store_t *base, const char *const *keys, size_t n,
+                               int64_t timeout_ms)
+{
+    tcp_store_t *s = (tcp_store_t *)base;
+    char what[512];
+    describe(s, "wait", keys[0], what, sizeof what);
+    int64_t deadline = call_deadline(s, timeout_ms, GRACE_MS);
+    TDIST_CHECK(lock(s, deadline, what));
+    size_t off = begin(s, TDIST_WIRE_WAIT);
+    tdist__wbuf_put_i64(&s->req, timeout_ms);
+    put_keys(s, keys, n);
+    tdist__wbuf_end_frame(&s->req, off);
+    tdist__wire_reply_t rep;
+    tdist_status_t st = roundtrip(s, TDIST_WIRE_WAIT, deadline, what, &rep);
+    if (st == TDIST_OK) tdist__wire_reply_free(&rep);
+    unlock(s);
+    return st;
+}
+
+/* CHECK: whether all n keys exist (never waits on the server). */
+static tdist_status_t tcp_check(tdist_store_t *base, const char *const *keys, size_t n,
+                                bool *all_exist)
+{
+    tcp_store_t *s = (tcp_store_t *)base;
+    char what[512];
+    describe(s, "check", keys[0], what, sizeof what);
+    int64_t deadline = call_deadline(s, atomic_load(&base->timeout_ms), 0);
+    TDIST_CHECK(lock(s, deadline, what));
+    size_t off = begin(s, TDIST_WIRE_CHECK);
+    put_keys(s, keys, n);
+    tdist__wbuf_end_frame(&s->req, off);
+    tdist__wire_reply_t rep;
+    tdist_status_t st = roundtrip(s, TDIST_WIRE_CHECK, deadline, what, &rep);
+    if (st == TDIST_OK) {
+        *all_exist = rep.num != 0;
+        tdist__wire_reply_free(&rep);
+    }
+    unlock(s);
+    return st;
+}
+
+/* DELETE: *deleted says whether the key existed. */
+static tdist_status_t tcp_delete_key(tdist_store_t *base, const char *key, bool *deleted)
+{
+    tcp_store_t *s = (tcp_store_t *)base;
+    char what[512];
+    describe(s, "delete_key", key, what, sizeof what);
+    int64_t deadline = call_deadline(s, atomic_load(&base->timeout_ms), 0);
+    TDIST_CHECK(lock(s, deadline, what));
+    size_t off = begin(s, TDIST_WIRE_DELETE);
+    tdist__wbuf_put_bytes(&s->req, key, strlen(key));
+    tdist__wbuf_end_frame(&s->req, off);
+    tdist__wire_reply_t rep;
+    tdist_status_t st = roundtrip(s, TDIST_WIRE_DELETE, deadline, what, &rep);
+    if (st == TDIST_OK) {
+        *deleted = rep.num != 0;
+        tdist__wire_reply_free(&rep);
+    }
+    unlock(s);
+    return st;
+}
+
+/* NUM_KEYS: keys with a value on the server. */
+static tdist_status_t tcp_num_keys(tdist_store_t *base, int64_t *count)
+{
+    tcp_store_t *s = (tcp_store_t *)base;
+    char what[512];
+    describe(s, "num_keys", NULL, what, sizeof what);
+    int64_t deadline = call_deadline(s, atomic_load(&base->timeout_ms), 0);
+    TDIST_CHECK(lock(s, deadline, what));
+    size_t off = begin(s, TDIST_WIRE_NUM_KEYS);
+    tdist__wbuf_end_frame(&s->req, off);
+    tdist__wire_reply_t rep;
+    tdist_status_t st = roundtrip(s, TDIST_WIRE_NUM_KEYS, deadline, what, &rep);
+    if (st == TDIST_OK) {
+        *count = rep.num;
+        tdist__wire_reply_free(&rep);
+    }
+    unlock(s);
+    return st;
+}
+
+/* APPEND: atomic append on the server. */
+static tdist_status_t tcp_append(tdist_store_t *base, const char *key, const void *value, size_t len)
+{
+    tcp_store_t *s = (tcp_store_t *)base;
+    char what[512];
+    describe(s, "append", key, what, sizeof what);
+    int64_t deadline = call_deadline(s, atomic_load(&base->timeout_ms), 0);
+    TDIST_CHECK(lock(s, deadline, what));
+    size_t off = begin(s, TDIST_WIRE_APPEND);
+    tdist__wbuf_put_bytes(&s->req, key, strlen(key));
+    tdist__wbuf_put_bytes(&s->req, value, len);
+    tdist__wbuf_end_frame(&s->req, off);
+    tdist__wire_reply_t rep;
+    tdist_status_t st = roundtrip(s, TDIST_WIRE_APPEND, deadline, what, &rep);
+    if (st == TDIST_OK) tdist__wire_reply_free(&rep);
+    unlock(s);
+    return st;
+}
+
+/* MULTI_GET: blocks like GET until every key exists; on success each
+ * values[i] is malloc'd for the caller, on failure nothing is written. */
+static tdist_status_t tcp_multi_get(tdist_store_t *base, const char *const *keys, size_t n,
+                                    int64_t timeout_ms, void **values, size_t *lens)
+{
+    tcp_store_t *s = (tcp_store_t *)base;
+    char what[512];
+    describe(s, "multi_get", keys[0], what, sizeof what);
+    int64_t deadline = call_deadline(s, timeout_ms, GRACE_MS);
+    TDIST_CHECK(lock(s, deadline, what));
+    size_t off = begin(s, TDIST_WIRE_MULTI_GET);
+    tdist__wbuf_put_i64(&s->req, timeout_ms);
+    put_keys(s, keys, n);
+    tdist__wbuf_end_frame(&s->req, off);
+    tdist__wire_reply_t rep;
+    tdist_status_t st = roundtrip(s, TDIST_WIRE_MULTI_GET, deadline, what, &rep);
+    if (st == TDIST_OK) {
+        if (rep.n != n) {
+            st = tdist__error(TDIST_ERR_REMOTE, "%s: the server returned %u values for %zu keys",
+                              what, rep.n, n);
+            disconnect(s);
+        } else {
+            size_t i;
+            for (i = 0; i < n; i++) {
+                void *v = tdist__store_dup(rep.values[i].ptr, rep.values[i].len);
+                if (!v) break;
+                values[i] = v;
+                lens[i] = rep.values[i].len;
+            }
+            if (i < n) {
+                for (size_t j = 0; j < i; j++) {
+                    free(values[j]);
+                    values[j] = NULL;
+                }
+                st = tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory for %zu values", what, n);
+            }
+        }
+        tdist__wire_reply_free(&rep);
+    }
+    unlock(s);
+    return st;
+}
+
+/* MULTI_SET: all pairs in one frame, applied atomically by the server. */
+static tdist_status_t tcp_multi_set(tdist_store_t *base, const char *const *keys,
+                                    const void *const *values, const size_t *lens, size_t n)
+{
+    tcp_store_t *s = (tcp_store_t *)base;
+    char what[512];
+    describe(s, "multi_set", keys[0], what, sizeof what);
+    int64_t deadline = call_deadline(s, atomic_load(&base->timeout_ms), 0);
+    TDIST_CHECK(lock(s, deadline, what));
+    size_t off = begin(s, TDIST_WIRE_MULTI_SET);
+    tdist__wbuf_put_u32(&s->req, (uint32_t)n);
+    uint64_t total = 0;
+    for (size_t i = 0; i < n && total <= TDIST_WIRE_MAX_FRAME; i++) {
+        tdist__wbuf_put_bytes(&s->req, keys[i], strlen(keys[i]));
+        tdist__wbuf_put_bytes(&s->req, values[i], lens[i]);
+        total += 8u + strlen(keys[i]) + lens[i];
+    }
+    tdist__wbuf_end_frame(&s->req, off);
+    tdist__wire_reply_t rep;
+    tdist_status_t st;
+    if (total > TDIST_WIRE_MAX_FRAME)
+        st = tdist__error(TDIST_ERR_INVALID_ARG,
+                          "%s: %zu keys and values exceed the frame cap of %u bytes", what, n,
+                          TDIST_WIRE_MAX_FRAME);
+    else
+        st = roundtrip(s, TDIST_WIRE_MULTI_SET, deadline, what, &rep);
+    if (st == TDIST_OK) tdist__wire_reply_free(&rep);
+    unlock(s);
+    return st;
+}
+
+/* Close the connection and free the client. */
+static void tcp_destroy(tdist_store_t *base)
+{
+    tcp_store_t *s = (tcp_store_t *)base;
+    disconnect(s);
+    pthread_mutex_destroy(&s->mu);
+    tdist__wbuf_free(&s->req);
+    free(s->rbuf);
+    free(s->host);
+    free(s->token);
+    free(s);
+}
+
+static const tdist_store_ops_t tcp_ops = {
+    .kind = "tcp",
+    .destroy = tcp_destroy,
+    .set = tcp_set,
+    .get = tcp_get,
+    .add = tcp_add,
+    .compare_set = tcp_compare_set,
+    .wait = tcp_wait,
+    .check = tcp_check,
+    .delete_key = tcp_delete_key,
+    .num_keys = tcp_num_keys,
+    .append = tcp_append,
+    .multi_get = tcp_multi_get,
+    .multi_set = tcp_multi_set,
+};
+
+tdist_status_t tdist_store_tcp_connect(const char *host, uint16_t port,
+                                       const tdist_store_opts_t *opts, tdist_store_t **out)
+{
+    static const char fn[] = "tdist_store_tcp_connect";
+    if (!out) return tdist__error(TDIST_ERR_INVALID_ARG, "%s: out is NULL", fn);
+    if (!host || !*host) return tdist__error(TDIST_ERR_INVALID_ARG, "%s: host is NULL or empty", fn);
+    if (port == 0) return tdist__error(TDIST_ERR_INVALID_ARG, "%s: port is 0", fn);
+    tdist_store_opts_t o;
+    tdist_store_opts_init(&o);
+    if (opts) o = *opts;
+    const char *token = o.token ? o.token : getenv("TDIST_STORE_TOKEN");
+    if (token && strlen(token) > TDIST_WIRE_MAX_TOKEN)
+        return tdist__error(TDIST_ERR_INVALID_ARG, "%s: token longer than %u bytes", fn,
+                            TDIST_WIRE_MAX_TOKEN);
+
+    tcp_store_t *s = calloc(1, sizeof *s);
+    if (!s) return tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory", fn);
+    tdist__store_base_init(&s->base, &tcp_ops, &o);
+    s->fd = -1;
+    s->port = port;
+    s->host = tdist__strdup(host);
+    s->token = token && *token ? tdist__strdup(token) : NULL;
+    s->connect_timeout_ms = o.connect_timeout_ms < 0 ? o.timeout_ms : o.connect_timeout_ms;
+    tdist__net_addr_str(host, port, s->addr, sizeof s->addr);
+    if (!s->host || (token && *token && !s->token) || pthread_mutex_init(&s->mu, NULL) != 0) {
+        free(s->host);
+        free(s->token);
+        free(s);
+        return tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory", fn);
+    }
+    /* refused connections are retried until the connect timeout; the
+     * handshake then has the store's timeout */
+    int64_t retry = tdist__deadline_ms(s->connect_timeout_ms);
+    int64_t deadline = call_deadline(s, o.timeout_ms, 0);
+    if (deadline < retry) deadline = retry;
+    pthread_mutex_lock(&s->mu);
+    tdist_status_t st = open_connection(s, retry, deadline);
+    pthread_mutex_unlock(&s->mu);
+    if (st != TDIST_OK) {
+        tcp_destroy(&s->base);
+        return st;
+    }
+    *out = &s->base;
+    return TDIST_OK;
+}

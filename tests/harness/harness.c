@@ -1,0 +1,370 @@
+/* tests/harness/harness.c — registry, runner with deadlines, multi-rank spawner. */
+#include "harness.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_TESTS 2048
+
+static const tdist_test_entry_t *registry[MAX_TESTS];
+static int num_tests;
+int tdist_test_rank = -1;
+static char tmpdir[256];
+
+void tdist_test_register(const tdist_test_entry_t *e)
+{
+    if (num_tests < MAX_TESTS) registry[num_tests++] = e;
+}
+
+void tdist_test_fail(const char *file, int line, const char *fmt, ...)
+{
+    char msg[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (tdist_test_rank >= 0)
+        fprintf(stderr, "[rank %d] %s:%d: %s\n", tdist_test_rank, file, line, msg);
+    else
+        fprintf(stderr, "%s:%d: %s\n", file, line, msg);
+    fflush(stderr);
+    _exit(1);
+}
+
+double tdist_test_timeout_mult(void)
+{
+    const char *v = getenv("TDIST_TEST_TIMEOUT_MULT");
+    if (v) {
+        double m = atof(v);
+        if (m > 0) return m;
+    }
+#ifdef TDIST_SANITIZED
+    return 3.0;
+#else
+    return 1.0;
+#endif
+}
+
+double tdist_test_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+const char *tdist_test_tmpdir(void) { return tmpdir; }
+
+const char *tdist_test_describe(const tdist_rank_result_t *r, char *buf, size_t n)
+{
+    if (r->exited)
+        snprintf(buf, n, "exited with status %d", r->code);
+    else if (r->signaled)
+        snprintf(buf, n, "killed by signal %d (%s)", r->sig, strsignal(r->sig));
+    else
+        snprintf(buf, n, "did not finish");
+    return buf;
+}
+
+/* ------------------------------------------------------------- ranks */
+
+void tdist_ranks_opts_init(tdist_ranks_opts_t *o, int world_size)
+{
+    memset(o, 0, sizeof *o);
+    o->world_size = world_size;
+    o->with_store = true;
+    o->timeout_ms = (int)(60000 * tdist_test_timeout_mult());
+    o->kill_others_after_ms = 0;
+    o->env = NULL;
+}
+
+static void die_with_parent(pid_t parent)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(99);
+}
+
+/* Fork a process that runs a TCP store server on 127.0.0.1:0 until its
+ * control pipe closes. Returns its pid; writes the port and the pipe's
+ * write end (close it to stop the server). */
+static pid_t start_store(uint16_t *port, int *ctl_fd)
+{
+    int up[2], ctl[2];
+    if (pipe(up) != 0 || pipe(ctl) != 0) FAIL("pipe: %s", strerror(errno));
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) FAIL("fork: %s", strerror(errno));
+    if (pid == 0) {
+        die_with_parent(parent);
+        close(up[0]);
+        close(ctl[1]);
+        tdist_store_server_t *srv = NULL;
+        tdist_status_t st = tdist_store_server_create("127.0.0.1", 0, NULL, &srv);
+        uint16_t p = st == TDIST_OK ? tdist_store_server_port(srv) : 0;
+        if (st != TDIST_OK) fprintf(stderr, "harness store: %s\n", tdist_last_error());
+        if (write(up[1], &p, sizeof p) != (ssize_t)sizeof p) _exit(3);
+        close(up[1]);
+        char c;
+        while (read(ctl[0], &c, 1) < 0 && errno == EINTR) {
+        }
+        tdist_store_server_destroy(srv);
+        exit(0);
+    }
+    close(up[1]);
+    close(ctl[0]);
+    uint16_t p = 0;
+    ssize_t r;
+    do {
+        r = read(up[0], &p, sizeof p);
+    } while (r < 0 && errno == EINTR);
+    close(up[0]);
+    if (r != (ssize_t)sizeof p || p == 0) FAIL("harness: store server did not start");
+    *port = p;
+    *ctl_fd = ctl[1];
+    return pid;
+}
+
+int tdist_test_spawn_ranks(const tdist_ranks_opts_t *o, tdist_rank_fn body, void *arg,
+                           tdist_rank_result_t *results)
+{
+    int n = o->world_size;
+    if (n <= 0 || n > 1024) FAIL("harness: bad world size %d", n);
+    tdist_rank_result_t *res = calloc((size_t)n, sizeof *res);
+    pid_t *pids = calloc((size_t)n, sizeof *pids);
+    if (!res || !pids) FAIL("harness: out of memory");
+
+    uint16_t port = 0;
+    int ctl_fd = -1;
+    pid_t store_pid = -1;
+    if (o->with_store) store_pid = start_store(&port, &ctl_fd);
+
+    fflush(stdout);
+    fflush(stderr);
+    pid_t parent = getpid();
+    for (int r = 0; r < n; r++) {
+        pid_t pid = fork();
+        if (pid < 0) FAIL("fork: %s", strerror(errno));
+        if (pid == 0) {
+            die_with_parent(parent);
+            if (ctl_fd >= 0) close(ctl_fd);
+            tdist_test_rank = r;
+            char buf[32];
+            if (o->with_store) {
+                setenv("MASTER_ADDR", "127.0.0.1", 1);
+                snprintf(buf, sizeof buf, "%u", (unsigned)port);
+                setenv("MASTER_PORT", buf, 1);
+                setenv("TDIST_LAUNCHER_STORE", "1", 1);
+            }
+            snprintf(buf, sizeof buf, "%d", r);
+            setenv("RANK", buf, 1);
+            setenv("LOCAL_RANK", buf, 1);
+            snprintf(buf, sizeof buf, "%d", n);
+            setenv("WORLD_SIZE", buf, 1);
+            setenv("LOCAL_WORLD_SIZE", buf, 1);
+            for (const char *const *e = o->env; e && *e; e++) putenv((char *)*e);
+            body(r, n, arg);
+            fflush(stdout);
+            fflush(stderr);
+            exit(0);
+        }
+        pids[r] = pid;
+        res[r].pid = pid;
+    }
+
+    double start = tdist_test_now_ms();
+    double kill_at = o->timeout_ms > 0 ? start + o->timeout_ms : 1e300;
+    int remaining = n, failed = 0;
+    bool killed_others = false;
+    while (remaining > 0) {
+        int status;
+        pid_t w = waitpid(-1, &status, WNOHANG);
+        if (w > 0) {
+            for (int r = 0; r < n; r++) {
+                if (pids[r] != w) continue;
+                res[r].exited = WIFEXITED(status);
+                res[r].code = res[r].exited ? WEXITSTATUS(status) : 0;
+                res[r].signaled = WIFSIGNALED(status);
+                res[r].sig = res[r].signaled ? WTERMSIG(status) : 0;
+                res[r].end_ms = tdist_test_now_ms();
+                pids[r] = 0;
+                remaining--;
+                if (!(res[r].exited && res[r].code == 0)) {
+                    failed++;
+                    if (o->kill_others_after_ms >= 0) {
+                        double at = res[r].end_ms + o->kill_others_after_ms;
+                        if (at < kill_at) kill_at = at;
+                    }
+                }
+            }
+            continue; /* w may also be the store process: ignore */
+        }
+        if (w < 0 && errno == ECHILD) break;
+        if (!killed_others && tdist_test_now_ms() >= kill_at) {
+            for (int r = 0; r < n; r++)
+                if (pids[r] > 0) kill(pids[r], SIGKILL);
+            killed_others = true;
+        }
+        struct timespec ts = {0, 2 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    if (store_pid > 0) {
+        close(ctl_fd);
+        int status;
+        for (int i = 0; i < 2000; i++) { /* up to 4 s, then kill */
+            pid_t w = waitpid(store_pid, &status, WNOHANG);
+            if (w == store_pid || (w < 0 && errno == ECHILD)) {
+                store_pid = -1;
+                break;
+            }
+            struct timespec ts = {0, 2 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+        if (store_pid > 0) {
+            kill(store_pid, SIGKILL);
+            waitpid(store_pid, &status, 0);
+        }
+    }
+    if (results) memcpy(results, res, (size_t)n * sizeof *res);
+    free(res);
+    free(pids);
+    return failed;
+}
+
+void tdist_test_run_ranks(int n, tdist_rank_fn body, void *arg)
+{
+    tdist_ranks_opts_t o;
+    tdist_ranks_opts_init(&o, n);
+    tdist_rank_result_t *res = calloc((size_t)n, sizeof *res);
+    if (!res) FAIL("harness: out of memory");
+    int failed = tdist_test_spawn_ranks(&o, body, arg, res);
+    if (failed == 0) {
+        free(res);
+        return;
+    }
+    /* Name the rank that failed first. */
+    int first = -1;
+    for (int r = 0; r < n; r++) {
+        bool ok = res[r].exited && res[r].code == 0;
+        if (!ok && (first < 0 || res[r].end_ms < res[first].end_ms)) first = r;
+    }
+    char buf[128];
+    tdist_test_describe(&res[first], buf, sizeof buf);
+    int rank = first;
+    free(res);
+    FAIL("%d of %d ranks failed; first: rank %d %s", failed, n, rank, buf);
+}
+
+/* ------------------------------------------------------------- runner */
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+static const tdist_test_entry_t *find_test(const char *name)
+{
+    for (int i = 0; i < num_tests; i++)
+        if (strcmp(registry[i]->name, name) == 0) return registry[i];
+    return NULL;
+}
+
+/* Run one test in a child process group; kill the group at the deadline. */
+static int run_one(const tdist_test_entry_t *t)
+{
+    double mult = tdist_test_timeout_mult();
+    double deadline_ms = t->timeout_s * 1000.0 * mult;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/tdist-test-%s-XXXXXX", t->name);
+    if (!mkdtemp(tmpdir)) {
+        fprintf(stderr, "cannot make temporary directory: %s\n", strerror(errno));
+        return 1;
+    }
+    fflush(stdout);
+    fflush(stderr);
+    double start = tdist_test_now_ms();
+    pid_t runner = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        fprintf(stderr, "fork: %s\n", strerror(errno));
+        return 1;
+    }
+    if (pid == 0) {
+        setpgid(0, 0);
+        die_with_parent(runner);
+        t->fn();
+        fflush(stdout);
+        fflush(stderr);
+        exit(0);
+    }
+    setpgid(pid, pid);
+    int status = 0, rc = 1;
+    bool done = false;
+    while (!done) {
+        pid_t w = waitpid(pid, &status, WNOHANG);
+        if (w == pid) {
+            done = true;
+            break;
+        }
+        if (tdist_test_now_ms() - start > deadline_ms) break;
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    double took = (tdist_test_now_ms() - start) / 1000.0;
+    if (!done) {
+        kill(-pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        fprintf(stderr, "FAIL %s: deadline of %.0f s passed (%d s x %.1f); process group killed\n",
+                t->name, deadline_ms / 1000.0, t->timeout_s, mult);
+    } else if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+        printf("PASS %s (%.2f s)\n", t->name, took);
+        rc = 0;
+    } else if (WIFEXITED(status)) {
+        fprintf(stderr, "FAIL %s: exited with status %d after %.2f s\n", t->name,
+                WEXITSTATUS(status), took);
+    } else if (WIFSIGNALED(status)) {
+        fprintf(stderr, "FAIL %s: killed by signal %d (%s) after %.2f s\n", t->name,
+                WTERMSIG(status), strsignal(WTERMSIG(status)), took);
+    }
+    /* Stray processes of the test (ranks, servers) go with it. */
+    kill(-pid, SIGKILL);
+    nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    signal(SIGPIPE, SIG_IGN);
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc >= 2 && strcmp(argv[1], "--list") == 0) {
+        for (int i = 0; i < num_tests; i++) printf("%s %d\n", registry[i]->name, registry[i]->timeout_s);
+        return 0;
+    }
+    int failed = 0, ran = 0;
+    if (argc < 2) {
+        for (int i = 0; i < num_tests; i++, ran++) failed += run_one(registry[i]) != 0;
+    } else {
+        for (int a = 1; a < argc; a++) {
+            const tdist_test_entry_t *t = find_test(argv[a]);
+            if (!t) {
+                fprintf(stderr, "no test named %s (see --list)\n", argv[a]);
+                failed++;
+                continue;
+            }
+            failed += run_one(t) != 0;
+            ran++;
+        }
+    }
+    printf("%d passed, %d failed\n", ran - failed, failed);
+    return failed ? 1 : 0;
+}
