@@ -3,11 +3,13 @@
  *
  *   core.h   status codes, errors, logging, dtypes, reduction kernels
  *   store.h  key-value store (TCP, file, in-process, prefix)
+ *   init.h   init methods (env://, tcp://, file://) and rendezvous
  */
 #ifndef TDIST_TDIST_H
 #define TDIST_TDIST_H
 
 #include "tdist/core.h"
 #include "tdist/store.h"
+#include "tdist/init.h"
 
 #endif /* TDIST_TDIST_H */
