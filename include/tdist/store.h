@@ -68,9 +68,14 @@ typedef struct tdist_store_server_opts {
     uint32_t max_value;
     /* listen() backlog. */
     int backlog;
+    /* A connection that has not completed its HELLO (version and shared
+     * secret) this many ms after it was accepted is closed, so idle or
+     * hostile connections cannot hold client slots. Default 30000. */
+    int hello_timeout_ms;
 } tdist_store_server_opts_t;
 
-/* Fill *opts with defaults (max_clients 4096, backlog 1024). Thread-safe. */
+/* Fill *opts with defaults (max_clients 4096, backlog 1024,
+ * hello_timeout_ms 30000). Thread-safe. */
 TDIST_API void tdist_store_server_opts_init(tdist_store_server_opts_t *opts);
 
 /* ---------------------------------------------------------------- server */

@@ -22,6 +22,7 @@ void tdist_store_server_opts_init(tdist_store_server_opts_t *opts)
     opts->max_key = TDIST_STORE_MAX_KEY;
     opts->max_value = TDIST_STORE_MAX_VALUE;
     opts->backlog = 1024;
+    opts->hello_timeout_ms = 30000;
 }
 
 void tdist__store_base_init(tdist_store_t *s, const tdist_store_ops_t *ops,

@@ -87,6 +87,7 @@ struct conn {
     size_t out_off;
     bool want_out;      /* EPOLLOUT registered */
     bool hello_done;
+    int64_t hello_deadline; /* drop the connection if no HELLO by then */
     bool close_after_flush;
     bool dead;
     bool on_ready;
@@ -126,6 +127,9 @@ struct tdist_store_server {
     conn_t **heap;
     size_t heap_len, heap_cap;
     int64_t accept_resume_ms; /* INT64_MAX: accepting normally */
+    int hello_timeout_ms;
+    int pre_hello;             /* live connections that have not said HELLO */
+    int64_t next_hello_sweep;  /* when to look for HELLO deadlines next */
 };
 
 /* Distinct addresses tag the listening socket and the eventfd in epoll. */
@@ -348,6 +352,7 @@ static void drop(conn_t *c, const char *why)
         srv->conns = c->next;
     if (c->next) c->next->prev = c->prev;
     atomic_fetch_sub(&srv->num_clients, 1);
+    if (!c->hello_done) srv->pre_hello--;
     c->dead_next = srv->dead;
     srv->dead = c;
 }
@@ -706,6 +711,7 @@ static void op_hello(conn_t *c, const tdist__wire_request_t *r)
         return;
     }
     c->hello_done = true;
+    srv->pre_hello--;
     reply_empty(c, r->op);
 }
 
@@ -1010,6 +1016,7 @@ static void on_accept(tdist_store_server_t *srv)
         c->srv = srv;
         c->fd = fd;
         c->heap_idx = SIZE_MAX;
+        c->hello_deadline = tdist__now_ms() + srv->hello_timeout_ms;
         if (ss.ss_family == AF_INET6) {
             char ip[INET6_ADDRSTRLEN] = "?";
             struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
@@ -1033,15 +1040,39 @@ static void on_accept(tdist_store_server_t *srv)
         if (srv->conns) srv->conns->prev = c;
         srv->conns = c;
         atomic_fetch_add(&srv->num_clients, 1);
+        srv->pre_hello++;
+    }
+}
+
+/* How often the loop looks for connections past their HELLO deadline. */
+#define HELLO_SWEEP_MS 100
+
+/* Close every connection whose HELLO deadline has passed. A linear sweep,
+ * at most every HELLO_SWEEP_MS and only while such connections exist. */
+static void expire_hellos(tdist_store_server_t *srv)
+{
+    if (srv->pre_hello <= 0) return;
+    int64_t now = tdist__now_ms();
+    if (now < srv->next_hello_sweep) return;
+    srv->next_hello_sweep = now + HELLO_SWEEP_MS;
+    conn_t *next;
+    for (conn_t *c = srv->conns; c; c = next) {
+        next = c->next;
+        if (!c->hello_done && !c->dead && c->hello_deadline <= now)
+            drop(c, "no hello before the deadline");
     }
 }
 
 /* epoll_wait's timeout: until the earliest waiter deadline or accept
- * resumption; -1 when there is none. */
+ * resumption or HELLO sweep; -1 when there is none. */
 static int loop_timeout(tdist_store_server_t *srv)
 {
     int64_t next = srv->accept_resume_ms;
     if (srv->heap_len > 0 && srv->heap[0]->pend_deadline < next) next = srv->heap[0]->pend_deadline;
+    if (srv->pre_hello > 0) {
+        int64_t sweep = TDIST_MAX(srv->next_hello_sweep, tdist__now_ms() + HELLO_SWEEP_MS);
+        if (sweep < next) next = sweep;
+    }
     if (next == INT64_MAX) return -1;
     return tdist__ms_left(next);
 }
@@ -1074,6 +1105,7 @@ static void *loop_main(void *arg)
             }
         }
         expire(srv);
+        expire_hellos(srv);
         while (srv->ready) {
             conn_t *c = srv->ready;
             srv->ready = c->ready_next;
@@ -1133,10 +1165,11 @@ static tdist_status_t server_new(const tdist_store_server_opts_t *opts, const ch
     tdist_store_server_opts_t o;
     tdist_store_server_opts_init(&o);
     if (opts) o = *opts;
-    if (o.max_clients <= 0 || o.backlog <= 0 || o.max_key == 0)
+    if (o.max_clients <= 0 || o.backlog <= 0 || o.max_key == 0 || o.hello_timeout_ms <= 0)
         return tdist__error(TDIST_ERR_INVALID_ARG,
-                            "%s: max_clients (%d), backlog (%d) and max_key (%u) must be positive",
-                            fn, o.max_clients, o.backlog, o.max_key);
+                            "%s: max_clients (%d), backlog (%d), max_key (%u) and "
+                            "hello_timeout_ms (%d) must be positive",
+                            fn, o.max_clients, o.backlog, o.max_key, o.hello_timeout_ms);
     const char *token = o.token ? o.token : getenv("TDIST_STORE_TOKEN");
     if (token && strlen(token) > TDIST_WIRE_MAX_TOKEN)
         return tdist__error(TDIST_ERR_INVALID_ARG, "%s: token longer than %u bytes", fn,
@@ -1146,6 +1179,7 @@ static tdist_status_t server_new(const tdist_store_server_opts_t *opts, const ch
     srv->listen_fd = srv->epfd = srv->evfd = -1;
     srv->accept_resume_ms = INT64_MAX;
     srv->max_clients = o.max_clients;
+    srv->hello_timeout_ms = o.hello_timeout_ms;
     srv->lim.max_key = TDIST_MIN(o.max_key, TDIST_STORE_MAX_KEY);
     srv->lim.max_value = TDIST_MIN(o.max_value, TDIST_STORE_MAX_VALUE);
     srv->lim.max_keys = TDIST_STORE_MAX_KEYS;

@@ -488,6 +488,33 @@ TEST(store_tcp_bad_frames_close_only_that_connection, 60)
     tdist_store_server_destroy(srv);
 }
 
+/* A connection that never completes its HELLO is closed at the server's
+ * hello deadline (not before); authenticated idle clients stay. */
+TEST(store_tcp_silent_connection_dropped_at_hello_deadline, 30)
+{
+    tdist_store_server_opts_t so;
+    tdist_store_server_opts_init(&so);
+    so.hello_timeout_ms = 500;
+    tdist_store_server_t *srv = NULL;
+    ASSERT_OK(tdist_store_server_create("127.0.0.1", 0, &so, &srv));
+    uint16_t port = tdist_store_server_port(srv);
+    tdist_store_t *good = good_client(port);
+    int silent = raw_connect(port);
+    double start = tdist_test_now_ms();
+    wait_clients(srv, 2);
+    if (!wait_closed(silent)) FAIL("the server kept a silent connection open");
+    double took = tdist_test_now_ms() - start;
+    close(silent);
+    ASSERT_GE(took, 450); /* the deadline counts from accept, just after start */
+    ASSERT_LE(took, 500 + 1000 * tdist_test_timeout_mult());
+    wait_clients(srv, 1);
+    usleep(600 * 1000); /* past the deadline: the authenticated client stays */
+    ASSERT_EQ(tdist_store_server_num_clients(srv), 1);
+    still_serving(good, 99);
+    tdist_store_destroy(good);
+    tdist_store_server_destroy(srv);
+}
+
 /* A client that sends requests but never reads the replies is dropped once
  * its unsent replies pass the cap; the server and others go on. */
 TEST(store_tcp_client_that_never_reads_is_dropped, 60)
