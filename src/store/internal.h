@@ -1,6 +1,6 @@
 /*
- * store/internal.h — the table every store implementation fills, and the
- * wire-protocol limits shared by the TCP server and client.
+ * store/internal.h — the table every store implementation fills. (The TCP
+ * wire format and its limits are in store/wire.h.)
  *
  * store.c checks every argument once, then calls the implementation
  * through this table; implementations may assume: s non-NULL, keys valid

@@ -259,11 +259,59 @@ static tdist_status_t roundtrip(tcp_store_t *s, uint8_t op, int64_t deadline, co
     return TDIST_OK;
 }
 
-/* Start building a request frame for op in s->req. */
-static size_t begin(tcp_store_t *s, uint8_t op)
+/* One call in progress: what it is (for messages), its deadline and the
+ * offset of its frame in s->req. */
+typedef struct call {
+    tcp_store_t *s;
+    uint8_t op;
+    int64_t deadline;
+    size_t off;
+    char what[512];
+} call_t;
+
+/* Start a call: describe it, fix its deadline, take the client's lock and
+ * begin op's frame in s->req (the caller appends the body). A blocking
+ * call (get, wait, multi_get) passes its own timeout and the client waits
+ * GRACE_MS beyond it; every other call has the store's timeout. On
+ * TDIST_OK the caller holds the lock and ends with call_finish() or
+ * call_send() + unlock(). */
+static tdist_status_t call_begin(tcp_store_t *s, uint8_t op, const char *name, const char *key,
+                                 bool blocking, int64_t timeout_ms, call_t *c)
 {
+    c->s = s;
+    c->op = op;
+    describe(s, name, key, c->what, sizeof c->what);
+    c->deadline = blocking ? call_deadline(s, timeout_ms, GRACE_MS)
+                           : call_deadline(s, atomic_load(&s->base.timeout_ms), 0);
+    TDIST_CHECK(lock(s, c->deadline, c->what));
     tdist__wbuf_clear(&s->req);
-    return tdist__wbuf_begin_frame(&s->req, op, 0);
+    c->off = tdist__wbuf_begin_frame(&s->req, op, 0);
+    return TDIST_OK;
+}
+
+/* Close the frame, send it and read the reply (see roundtrip). The lock
+ * stays held. */
+static tdist_status_t call_send(call_t *c, tdist__wire_reply_t *rep)
+{
+    tdist__wbuf_end_frame(&c->s->req, c->off);
+    return roundtrip(c->s, c->op, c->deadline, c->what, rep);
+}
+
+/* For ops whose OK reply carries nothing: send, then release the lock. */
+static tdist_status_t call_finish(call_t *c)
+{
+    tdist__wire_reply_t rep;
+    tdist_status_t st = call_send(c, &rep);
+    if (st == TDIST_OK) tdist__wire_reply_free(&rep);
+    unlock(c->s);
+    return st;
+}
+
+/* Append "u32 n | n x key" to the request. */
+static void put_keys(tcp_store_t *s, const char *const *keys, size_t n)
+{
+    tdist__wbuf_put_u32(&s->req, (uint32_t)n);
+    for (size_t i = 0; i < n; i++) tdist__wbuf_put_bytes(&s->req, keys[i], strlen(keys[i]));
 }
 
 /* -------------------------------------------------------------- ops */
@@ -272,19 +320,11 @@ static size_t begin(tcp_store_t *s, uint8_t op)
 static tdist_status_t tcp_set(tdist_store_t *base, const char *key, const void *value, size_t len)
 {
     tcp_store_t *s = (tcp_store_t *)base;
-    char what[512];
-    describe(s, "set", key, what, sizeof what);
-    int64_t deadline = call_deadline(s, atomic_load(&base->timeout_ms), 0);
-    TDIST_CHECK(lock(s, deadline, what));
-    size_t off = begin(s, TDIST_WIRE_SET);
+    call_t c;
+    TDIST_CHECK(call_begin(s, TDIST_WIRE_SET, "set", key, false, 0, &c));
     tdist__wbuf_put_bytes(&s->req, key, strlen(key));
     tdist__wbuf_put_bytes(&s->req, value, len);
-    tdist__wbuf_end_frame(&s->req, off);
-    tdist__wire_reply_t rep;
-    tdist_status_t st = roundtrip(s, TDIST_WIRE_SET, deadline, what, &rep);
-    if (st == TDIST_OK) tdist__wire_reply_free(&rep);
-    unlock(s);
-    return st;
+    return call_finish(&c);
 }
 
 /* GET: the server waits up to timeout_ms for the key; the client up to
@@ -293,20 +333,16 @@ static tdist_status_t tcp_get(tdist_store_t *base, const char *key, int64_t time
                               void **value, size_t *len)
 {
     tcp_store_t *s = (tcp_store_t *)base;
-    char what[512];
-    describe(s, "get", key, what, sizeof what);
-    int64_t deadline = call_deadline(s, timeout_ms, GRACE_MS);
-    TDIST_CHECK(lock(s, deadline, what));
-    size_t off = begin(s, TDIST_WIRE_GET);
+    call_t c;
+    TDIST_CHECK(call_begin(s, TDIST_WIRE_GET, "get", key, true, timeout_ms, &c));
     tdist__wbuf_put_i64(&s->req, timeout_ms);
     tdist__wbuf_put_bytes(&s->req, key, strlen(key));
-    tdist__wbuf_end_frame(&s->req, off);
     tdist__wire_reply_t rep;
-    tdist_status_t st = roundtrip(s, TDIST_WIRE_GET, deadline, what, &rep);
+    tdist_status_t st = call_send(&c, &rep);
     if (st == TDIST_OK) {
         void *v = tdist__store_dup(rep.value.ptr, rep.value.len);
         if (!v) {
-            st = tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory for a %u-byte value", what,
+            st = tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory for a %u-byte value", c.what,
                               rep.value.len);
         } else {
             *value = v;
@@ -322,16 +358,12 @@ static tdist_status_t tcp_get(tdist_store_t *base, const char *key, int64_t time
 static tdist_status_t tcp_add(tdist_store_t *base, const char *key, int64_t delta, int64_t *result)
 {
     tcp_store_t *s = (tcp_store_t *)base;
-    char what[512];
-    describe(s, "add", key, what, sizeof what);
-    int64_t deadline = call_deadline(s, atomic_load(&base->timeout_ms), 0);
-    TDIST_CHECK(lock(s, deadline, what));
-    size_t off = begin(s, TDIST_WIRE_ADD);
+    call_t c;
+    TDIST_CHECK(call_begin(s, TDIST_WIRE_ADD, "add", key, false, 0, &c));
     tdist__wbuf_put_bytes(&s->req, key, strlen(key));
     tdist__wbuf_put_i64(&s->req, delta);
-    tdist__wbuf_end_frame(&s->req, off);
     tdist__wire_reply_t rep;
-    tdist_status_t st = roundtrip(s, TDIST_WIRE_ADD, deadline, what, &rep);
+    tdist_status_t st = call_send(&c, &rep);
     if (st == TDIST_OK) {
         *result = rep.num;
         tdist__wire_reply_free(&rep);
@@ -346,21 +378,17 @@ static tdist_status_t tcp_compare_set(tdist_store_t *base, const char *key, cons
                                       void **current, size_t *current_len)
 {
     tcp_store_t *s = (tcp_store_t *)base;
-    char what[512];
-    describe(s, "compare_set", key, what, sizeof what);
-    int64_t deadline = call_deadline(s, atomic_load(&base->timeout_ms), 0);
-    TDIST_CHECK(lock(s, deadline, what));
-    size_t off = begin(s, TDIST_WIRE_CAS);
+    call_t c;
+    TDIST_CHECK(call_begin(s, TDIST_WIRE_CAS, "compare_set", key, false, 0, &c));
     tdist__wbuf_put_bytes(&s->req, key, strlen(key));
     tdist__wbuf_put_bytes(&s->req, expected, expected_len);
     tdist__wbuf_put_bytes(&s->req, desired, desired_len);
-    tdist__wbuf_end_frame(&s->req, off);
     tdist__wire_reply_t rep;
-    tdist_status_t st = roundtrip(s, TDIST_WIRE_CAS, deadline, what, &rep);
+    tdist_status_t st = call_send(&c, &rep);
     if (st == TDIST_OK) {
         void *v = tdist__store_dup(rep.value.ptr, rep.value.len);
         if (!v) {
-            st = tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory", what);
+            st = tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory", c.what);
         } else {
             *current = v;
             *current_len = rep.value.len;
@@ -371,29 +399,34 @@ static tdist_status_t tcp_compare_set(tdist_store_t *base, const char *key, cons
     return st;
 }
 
-/* Append "u32 n | n x key" to the request. */
-static void put_keys(tcp_store_t *s, const char *const *keys, size_t n)
-{
-    tdist__wbuf_put_u32(&s->req, (uint32_t)n);
-    for (size_t i = 0; i < n; i++) tdist__wbuf_put_bytes(&s->req, keys[i], strlen(keys[i]));
-}
-
 /* WAIT: like GET for n keys, without values. */
 static tdist_status_t tcp_wait(tdist_store_t *base, const char *const *keys, size_t n,
                                int64_t timeout_ms)
 {
     tcp_store_t *s = (tcp_store_t *)base;
-    char what[512];
-    describe(s, "wait", keys[0], what, sizeof what);
-    int64_t deadline = call_deadline(s, timeout_ms, GRACE_MS);
-    TDIST_CHECK(lock(s, deadline, what));
-    size_t off = begin(s, TDIST_WIRE_WAIT);
+    call_t c;
+    TDIST_CHECK(call_begin(s, TDIST_WIRE_WAIT, "wait", keys[0], true, timeout_ms, &c));
     tdist__wbuf_put_i64(&s->req, timeout_ms);
     put_keys(s, keys, n);
-    tdist__wbuf_end_frame(&s->req, off);
+    return call_finish(&c);
+}
+
+/* CHECK (all n keys exist) and DELETE (the key existed): a flag reply. */
+static tdist_status_t flag_call(tcp_store_t *s, uint8_t op, const char *name,
+                                const char *const *keys, size_t n, bool *flag)
+{
+    call_t c;
+    TDIST_CHECK(call_begin(s, op, name, keys[0], false, 0, &c));
+    if (op == TDIST_WIRE_CHECK)
+        put_keys(s, keys, n);
+    else
+        tdist__wbuf_put_bytes(&s->req, keys[0], strlen(keys[0]));
     tdist__wire_reply_t rep;
-    tdist_status_t st = roundtrip(s, TDIST_WIRE_WAIT, deadline, what, &rep);
-    if (st == TDIST_OK) tdist__wire_reply_free(&rep);
+    tdist_status_t st = call_send(&c, &rep);
+    if (st == TDIST_OK) {
+        *flag = rep.num != 0;
+        tdist__wire_reply_free(&rep);
+    }
     unlock(s);
     return st;
 }
@@ -402,57 +435,23 @@ static tdist_status_t tcp_wait(tdist_store_t *base, const char *const *keys, siz
 static tdist_status_t tcp_check(tdist_store_t *base, const char *const *keys, size_t n,
                                 bool *all_exist)
 {
-    tcp_store_t *s = (tcp_store_t *)base;
-    char what[512];
-    describe(s, "check", keys[0], what, sizeof what);
-    int64_t deadline = call_deadline(s, atomic_load(&base->timeout_ms), 0);
-    TDIST_CHECK(lock(s, deadline, what));
-    size_t off = begin(s, TDIST_WIRE_CHECK);
-    put_keys(s, keys, n);
-    tdist__wbuf_end_frame(&s->req, off);
-    tdist__wire_reply_t rep;
-    tdist_status_t st = roundtrip(s, TDIST_WIRE_CHECK, deadline, what, &rep);
-    if (st == TDIST_OK) {
-        *all_exist = rep.num != 0;
-        tdist__wire_reply_free(&rep);
-    }
-    unlock(s);
-    return st;
+    return flag_call((tcp_store_t *)base, TDIST_WIRE_CHECK, "check", keys, n, all_exist);
 }
 
 /* DELETE: *deleted says whether the key existed. */
 static tdist_status_t tcp_delete_key(tdist_store_t *base, const char *key, bool *deleted)
 {
-    tcp_store_t *s = (tcp_store_t *)base;
-    char what[512];
-    describe(s, "delete_key", key, what, sizeof what);
-    int64_t deadline = call_deadline(s, atomic_load(&base->timeout_ms), 0);
-    TDIST_CHECK(lock(s, deadline, what));
-    size_t off = begin(s, TDIST_WIRE_DELETE);
-    tdist__wbuf_put_bytes(&s->req, key, strlen(key));
-    tdist__wbuf_end_frame(&s->req, off);
-    tdist__wire_reply_t rep;
-    tdist_status_t st = roundtrip(s, TDIST_WIRE_DELETE, deadline, what, &rep);
-    if (st == TDIST_OK) {
-        *deleted = rep.num != 0;
-        tdist__wire_reply_free(&rep);
-    }
-    unlock(s);
-    return st;
+    return flag_call((tcp_store_t *)base, TDIST_WIRE_DELETE, "delete_key", &key, 1, deleted);
 }
 
 /* NUM_KEYS: keys with a value on the server. */
 static tdist_status_t tcp_num_keys(tdist_store_t *base, int64_t *count)
 {
     tcp_store_t *s = (tcp_store_t *)base;
-    char what[512];
-    describe(s, "num_keys", NULL, what, sizeof what);
-    int64_t deadline = call_deadline(s, atomic_load(&base->timeout_ms), 0);
-    TDIST_CHECK(lock(s, deadline, what));
-    size_t off = begin(s, TDIST_WIRE_NUM_KEYS);
-    tdist__wbuf_end_frame(&s->req, off);
+    call_t c;
+    TDIST_CHECK(call_begin(s, TDIST_WIRE_NUM_KEYS, "num_keys", NULL, false, 0, &c));
     tdist__wire_reply_t rep;
-    tdist_status_t st = roundtrip(s, TDIST_WIRE_NUM_KEYS, deadline, what, &rep);
+    tdist_status_t st = call_send(&c, &rep);
     if (st == TDIST_OK) {
         *count = rep.num;
         tdist__wire_reply_free(&rep);
@@ -465,19 +464,11 @@ static tdist_status_t tcp_num_keys(tdist_store_t *base, int64_t *count)
 static tdist_status_t tcp_append(tdist_store_t *base, const char *key, const void *value, size_t len)
 {
     tcp_store_t *s = (tcp_store_t *)base;
-    char what[512];
-    describe(s, "append", key, what, sizeof what);
-    int64_t deadline = call_deadline(s, atomic_load(&base->timeout_ms), 0);
-    TDIST_CHECK(lock(s, deadline, what));
-    size_t off = begin(s, TDIST_WIRE_APPEND);
+    call_t c;
+    TDIST_CHECK(call_begin(s, TDIST_WIRE_APPEND, "append", key, false, 0, &c));
     tdist__wbuf_put_bytes(&s->req, key, strlen(key));
     tdist__wbuf_put_bytes(&s->req, value, len);
-    tdist__wbuf_end_frame(&s->req, off);
-    tdist__wire_reply_t rep;
-    tdist_status_t st = roundtrip(s, TDIST_WIRE_APPEND, deadline, what, &rep);
-    if (st == TDIST_OK) tdist__wire_reply_free(&rep);
-    unlock(s);
-    return st;
+    return call_finish(&c);
 }
 
 /* MULTI_GET: blocks like GET until every key exists; on success each
@@ -486,20 +477,16 @@ static tdist_status_t tcp_multi_get(tdist_store_t *base, const char *const *keys
                                     int64_t timeout_ms, void **values, size_t *lens)
 {
     tcp_store_t *s = (tcp_store_t *)base;
-    char what[512];
-    describe(s, "multi_get", keys[0], what, sizeof what);
-    int64_t deadline = call_deadline(s, timeout_ms, GRACE_MS);
-    TDIST_CHECK(lock(s, deadline, what));
-    size_t off = begin(s, TDIST_WIRE_MULTI_GET);
+    call_t c;
+    TDIST_CHECK(call_begin(s, TDIST_WIRE_MULTI_GET, "multi_get", keys[0], true, timeout_ms, &c));
     tdist__wbuf_put_i64(&s->req, timeout_ms);
     put_keys(s, keys, n);
-    tdist__wbuf_end_frame(&s->req, off);
     tdist__wire_reply_t rep;
-    tdist_status_t st = roundtrip(s, TDIST_WIRE_MULTI_GET, deadline, what, &rep);
+    tdist_status_t st = call_send(&c, &rep);
     if (st == TDIST_OK) {
         if (rep.n != n) {
             st = tdist__error(TDIST_ERR_REMOTE, "%s: the server returned %u values for %zu keys",
-                              what, rep.n, n);
+                              c.what, rep.n, n);
             disconnect(s);
         } else {
             size_t i;
@@ -514,7 +501,7 @@ static tdist_status_t tcp_multi_get(tdist_store_t *base, const char *const *keys
                     free(values[j]);
                     values[j] = NULL;
                 }
-                st = tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory for %zu values", what, n);
+                st = tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory for %zu values", c.what, n);
             }
         }
         tdist__wire_reply_free(&rep);
@@ -528,11 +515,8 @@ static tdist_status_t tcp_multi_set(tdist_store_t *base, const char *const *keys
                                     const void *const *values, const size_t *lens, size_t n)
 {
     tcp_store_t *s = (tcp_store_t *)base;
-    char what[512];
-    describe(s, "multi_set", keys[0], what, sizeof what);
-    int64_t deadline = call_deadline(s, atomic_load(&base->timeout_ms), 0);
-    TDIST_CHECK(lock(s, deadline, what));
-    size_t off = begin(s, TDIST_WIRE_MULTI_SET);
+    call_t c;
+    TDIST_CHECK(call_begin(s, TDIST_WIRE_MULTI_SET, "multi_set", keys[0], false, 0, &c));
     tdist__wbuf_put_u32(&s->req, (uint32_t)n);
     uint64_t total = 0;
     for (size_t i = 0; i < n && total <= TDIST_WIRE_MAX_FRAME; i++) {
@@ -540,18 +524,13 @@ static tdist_status_t tcp_multi_set(tdist_store_t *base, const char *const *keys
         tdist__wbuf_put_bytes(&s->req, values[i], lens[i]);
         total += 8u + strlen(keys[i]) + lens[i];
     }
-    tdist__wbuf_end_frame(&s->req, off);
-    tdist__wire_reply_t rep;
-    tdist_status_t st;
-    if (total > TDIST_WIRE_MAX_FRAME)
-        st = tdist__error(TDIST_ERR_INVALID_ARG,
-                          "%s: %zu keys and values exceed the frame cap of %u bytes", what, n,
-                          TDIST_WIRE_MAX_FRAME);
-    else
-        st = roundtrip(s, TDIST_WIRE_MULTI_SET, deadline, what, &rep);
-    if (st == TDIST_OK) tdist__wire_reply_free(&rep);
-    unlock(s);
-    return st;
+    if (total > TDIST_WIRE_MAX_FRAME) {
+        unlock(s);
+        return tdist__error(TDIST_ERR_INVALID_ARG,
+                            "%s: %zu keys and values exceed the frame cap of %u bytes", c.what, n,
+                            TDIST_WIRE_MAX_FRAME);
+    }
+    return call_finish(&c);
 }
 
 /* Close the connection and free the client. */
