@@ -209,8 +209,11 @@ int tdist_test_spawn_ranks(const tdist_ranks_opts_t *o, tdist_rank_fn body, void
         }
         if (w < 0 && errno == ECHILD) break;
         if (!killed_others && tdist_test_now_ms() >= kill_at) {
-            for (int r = 0; r < n; r++)
-                if (pids[r] > 0) kill(pids[r], SIGKILL);
+            for (int r = 0; r < n; r++) {
+                if (pids[r] <= 0) continue;
+                kill(pids[r], SIGKILL);
+                res[r].killed_by_harness = true;
+            }
             killed_others = true;
         }
         struct timespec ts = {0, 2 * 1000 * 1000};
@@ -250,17 +253,25 @@ void tdist_test_run_ranks(int n, tdist_rank_fn body, void *arg)
         free(res);
         return;
     }
-    /* Name the rank that failed first. */
-    int first = -1;
+    /* Name the rank that failed first; ranks the harness stopped because
+     * of it are counted apart. */
+    int first = -1, own = 0;
     for (int r = 0; r < n; r++) {
         bool ok = res[r].exited && res[r].code == 0;
-        if (!ok && (first < 0 || res[r].end_ms < res[first].end_ms)) first = r;
+        if (ok || res[r].killed_by_harness) continue;
+        own++;
+        if (first < 0 || res[r].end_ms < res[first].end_ms) first = r;
     }
     char buf[128];
+    if (first < 0) {
+        free(res);
+        FAIL("%d of %d ranks failed: all were killed by the harness at the %d ms deadline", failed,
+             n, o.timeout_ms);
+    }
     tdist_test_describe(&res[first], buf, sizeof buf);
-    int rank = first;
     free(res);
-    FAIL("%d of %d ranks failed; first: rank %d %s", failed, n, rank, buf);
+    FAIL("%d of %d ranks failed; first: rank %d %s (%d more stopped by the harness)", own, n, first,
+         buf, failed - own);
 }
 
 /* ------------------------------------------------------------- runner */

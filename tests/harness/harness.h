@@ -46,6 +46,10 @@ void tdist_test_register(const tdist_test_entry_t *e);
     }                                                                          \
     static void test_##name(void)
 
+/* A test the runner knows but ctest does not run on its own: the harness's
+ * self-tests run these through the runner and check how they end. */
+#define TEST_HIDDEN(name, timeout_s) TEST(name, timeout_s)
+
 /* ------------------------------------------------------------ assertions */
 
 /* Print "[rank R] file:line: message" to stderr and end this process with
@@ -151,6 +155,7 @@ typedef struct tdist_rank_result {
     bool signaled;   /* killed by a signal; sig holds it */
     int sig;
     double end_ms;   /* tdist_test_now_ms() when the harness reaped it */
+    bool killed_by_harness; /* SIGKILLed by the harness (timeout or another rank failed) */
 } tdist_rank_result_t;
 
 typedef struct tdist_ranks_opts {

@@ -1,0 +1,125 @@
+/* tests/harness/test_harness.c — the harness checks itself: a hung test is
+ * killed at its deadline with its whole process group, and a failed rank
+ * is named with how it ended. The hidden tests are run through the runner
+ * binary (/proc/self/exe) as a user would run them. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+/* Hangs (bounded: 120 s) after starting a child that also hangs. */
+TEST_HIDDEN(selftest_hang, 1)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/hang.pid", getenv("TDIST_SELFTEST_DIR"));
+    pid_t child = fork();
+    if (child == 0) {
+        for (int i = 0; i < 120; i++) sleep(1);
+        _exit(0);
+    }
+    FILE *f = fopen(path, "w");
+    ASSERT_TRUE(f != NULL);
+    fprintf(f, "%d\n", (int)child);
+    fclose(f);
+    for (int i = 0; i < 120; i++) sleep(1);
+}
+
+static void rank1_exits_7(int rank, int n, void *arg)
+{
+    (void)n;
+    (void)arg;
+    if (rank == 1) exit(7);
+    for (int i = 0; i < 600; i++) usleep(100 * 1000); /* killed by the harness */
+}
+
+TEST_HIDDEN(selftest_rank_fails, 30) { tdist_test_run_ranks(3, rank1_exits_7, NULL); }
+
+static void rank2_asserts(int rank, int n, void *arg)
+{
+    (void)n;
+    (void)arg;
+    ASSERT_EQ(rank == 2 ? 41 : 42, 42);
+}
+
+TEST_HIDDEN(selftest_rank_asserts, 30) { tdist_test_run_ranks(4, rank2_asserts, NULL); }
+
+/* Run "tdist_tests name" with the given multiplier; capture its output. */
+static int run_runner(const char *name, const char *mult, char *out, size_t outn, double *took_ms)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/runner.out", tdist_test_tmpdir());
+    double start = tdist_test_now_ms();
+    pid_t pid = fork();
+    ASSERT_TRUE(pid >= 0);
+    if (pid == 0) {
+        if (!freopen(path, "w", stdout) || dup2(STDOUT_FILENO, STDERR_FILENO) < 0) _exit(90);
+        setenv("TDIST_TEST_TIMEOUT_MULT", mult, 1);
+        setenv("TDIST_SELFTEST_DIR", tdist_test_tmpdir(), 1);
+        execl("/proc/self/exe", "tdist_tests", name, (char *)NULL);
+        _exit(91);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    *took_ms = tdist_test_now_ms() - start;
+    FILE *f = fopen(path, "r");
+    ASSERT_TRUE(f != NULL);
+    size_t n = fread(out, 1, outn - 1, f);
+    out[n] = '\0';
+    fclose(f);
+    ASSERT_TRUE(WIFEXITED(status));
+    return WEXITSTATUS(status);
+}
+
+TEST(harness_kills_hung_test_at_deadline, 30)
+{
+    char out[8192];
+    double took;
+    int rc = run_runner("selftest_hang", "1", out, sizeof out, &took);
+    ASSERT_EQ(rc, 1);
+    ASSERT_CONTAINS(out, "FAIL selftest_hang: deadline of 1 s passed");
+    ASSERT_CONTAINS(out, "0 passed, 1 failed");
+    ASSERT_GE(took, 1000);
+    ASSERT_LE(took, 10000);
+    /* The hung test's own child went with its process group. */
+    char path[512];
+    snprintf(path, sizeof path, "%s/hang.pid", tdist_test_tmpdir());
+    FILE *f = fopen(path, "r");
+    ASSERT_TRUE(f != NULL);
+    int child = 0;
+    ASSERT_EQ(fscanf(f, "%d", &child), 1);
+    fclose(f);
+    ASSERT_TRUE(child > 1);
+    bool gone = false;
+    for (int i = 0; i < 500 && !gone; i++) { /* up to 5 s */
+        gone = kill(child, 0) != 0;
+        if (!gone) usleep(10 * 1000);
+    }
+    ASSERT_TRUE(gone);
+}
+
+TEST(harness_names_the_rank_that_failed, 60)
+{
+    char out[8192];
+    double took;
+    int rc = run_runner("selftest_rank_fails", "1", out, sizeof out, &took);
+    ASSERT_EQ(rc, 1);
+    ASSERT_CONTAINS(out, "1 of 3 ranks failed; first: rank 1 exited with status 7");
+    ASSERT_LE(took, 20000 * tdist_test_timeout_mult()); /* the others were killed, not waited for */
+
+    rc = run_runner("selftest_rank_asserts", "1", out, sizeof out, &took);
+    ASSERT_EQ(rc, 1);
+    ASSERT_CONTAINS(out, "[rank 2] ");
+    ASSERT_CONTAINS(out, "ASSERT_EQ(rank == 2 ? 41 : 42, 42) failed: 41 != 42");
+    ASSERT_CONTAINS(out, "first: rank 2 exited with status 1");
+}
+
+TEST(harness_unknown_test_fails, 10)
+{
+    char out[4096];
+    double took;
+    ASSERT_EQ(run_runner("no_such_test_name", "1", out, sizeof out, &took), 1);
+    ASSERT_CONTAINS(out, "no test named no_such_test_name");
+}
