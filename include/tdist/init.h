@@ -107,15 +107,18 @@ TDIST_API tdist_status_t tdist_init(const char *url, const tdist_init_opts_t *op
                                     tdist_world_t **out);
 
 /* This process's rank, the world size, its rank among the ranks on the
- * same host (hosts are told apart by host name, or LOCAL_RANK if set) and
- * the number of ranks on that host. Thread-safe; never block. */
+ * same host (hosts are told apart by host name, or TDIST_HOSTNAME if set;
+ * LOCAL_RANK / LOCAL_WORLD_SIZE, if set, must agree) and the number of
+ * ranks on that host; -1 if w is NULL. Thread-safe; never
+ * block. */
 TDIST_API int tdist_world_rank(const tdist_world_t *w);
 TDIST_API int tdist_world_size(const tdist_world_t *w);
 TDIST_API int tdist_world_local_rank(const tdist_world_t *w);
 TDIST_API int tdist_world_local_size(const tdist_world_t *w);
 
 /* The job's store (keys are private to this job and restart generation).
- * Borrowed: valid until tdist_world_destroy. Thread-safe (see store.h). */
+ * Borrowed: valid until tdist_world_destroy; NULL if w is NULL.
+ * Thread-safe (see store.h). */
 TDIST_API tdist_store_t *tdist_world_store(tdist_world_t *w);
 
 /* Leave the job: record that this rank left, close the store (rank 0

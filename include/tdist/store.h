@@ -14,9 +14,12 @@
  * them and releases them with free().
  *
  * Thread safety: a tdist_store_t may be used by several threads at once
- * (calls on one TCP client are serialised internally). Blocking calls
- * (get, wait, and every TCP client call) wait at most the store's timeout
- * or the timeout given, then fail with TDIST_ERR_TIMEOUT.
+ * (calls on one TCP client are serialised internally, so a thread blocked
+ * in get on a client holds up other threads' calls on that client: give
+ * each waiting thread its own client). Blocking calls (get, wait, and every
+ * TCP client call) wait at most the store's timeout or the timeout given
+ * (a TCP client's get/wait/multi_get: plus 1 s of grace for the server's
+ * own "timed out" reply), then fail with TDIST_ERR_TIMEOUT.
  */
 #ifndef TDIST_STORE_H
 #define TDIST_STORE_H
@@ -101,10 +104,11 @@ TDIST_API tdist_status_t tdist_store_server_adopt(int listen_fd,
                                                   const tdist_store_server_opts_t *opts,
                                                   tdist_store_server_t **out);
 
-/* The port the server listens on. Thread-safe. */
+/* The port the server listens on (0 if srv is NULL). Thread-safe. */
 TDIST_API uint16_t tdist_store_server_port(const tdist_store_server_t *srv);
 
-/* Number of clients currently connected (for tests and monitoring). */
+/* Number of clients currently connected (for tests and monitoring); 0 if
+ * srv is NULL. */
 TDIST_API int tdist_store_server_num_clients(const tdist_store_server_t *srv);
 
 /* Stop the event loop, close every connection and free the server.
@@ -115,8 +119,9 @@ TDIST_API void tdist_store_server_destroy(tdist_store_server_t *srv);
 
 /* Connect a TCP client to host:port. Retries refused connections until
  * opts->connect_timeout_ms; authenticates with the token if one is set.
- * Fails with TDIST_ERR_TIMEOUT / TDIST_ERR_CONNECTION naming host:port, or
- * TDIST_ERR_AUTH if the server refuses the token. Blocks. opts may be NULL.
+ * Fails with TDIST_ERR_TIMEOUT / TDIST_ERR_CONNECTION naming host:port,
+ * TDIST_ERR_AUTH if the server refuses the token, or TDIST_ERR_MISMATCH if
+ * it speaks another protocol version. Blocks. opts may be NULL.
  * The caller owns *out (tdist_store_destroy). */
 TDIST_API tdist_status_t tdist_store_tcp_connect(const char *host, uint16_t port,
                                                  const tdist_store_opts_t *opts,
@@ -137,7 +142,9 @@ TDIST_API tdist_status_t tdist_store_hash_create(const tdist_store_opts_t *opts,
 /* A view of base in which every key k is stored as "<prefix>/<k>".
  * The prefix store borrows base: base must outlive it, and destroying the
  * prefix store does not destroy base. num_keys counts every key of base.
- * The timeout is base's unless opts sets one. The caller owns *out. */
+ * Its timeout (the deadline of get, multi_get and of wait without one) is
+ * opts->timeout_ms, or base's at the time of creation when opts is NULL;
+ * every other call runs with base's own deadline. The caller owns *out. */
 TDIST_API tdist_status_t tdist_store_prefix_create(const char *prefix, tdist_store_t *base,
                                                    const tdist_store_opts_t *opts,
                                                    tdist_store_t **out);
@@ -146,8 +153,8 @@ TDIST_API tdist_status_t tdist_store_prefix_create(const char *prefix, tdist_sto
  * nothing. Not to be called while another thread uses the store. */
 TDIST_API void tdist_store_destroy(tdist_store_t *s);
 
-/* The store's default timeout for blocking calls, and a setter.
- * Thread-safe. */
+/* The store's default timeout for blocking calls (-1 if s is NULL), and a
+ * setter. Thread-safe. */
 TDIST_API int64_t tdist_store_timeout(const tdist_store_t *s);
 TDIST_API tdist_status_t tdist_store_set_timeout(tdist_store_t *s, int64_t timeout_ms);
 

@@ -336,6 +336,11 @@ static tdist_status_t host_store(const tdist_init_opts_t *o, const init_cfg_t *c
     if (fd >= 0) {
         /* Serve a duplicate: the caller's fd stays valid until we succeed. */
         int dfd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+        if (dfd < 0 && errno == EBADF)
+            return tdist__error(TDIST_ERR_INVALID_ARG,
+                                "tdist_init: rank 0 cannot use listen fd %d (%s) for the store: "
+                                "it is not an open descriptor",
+                                fd, o->listen_fd >= 0 ? "opts.listen_fd" : "TDIST_STORE_LISTEN_FD");
         if (dfd < 0)
             return tdist__error_errno(errno, "tdist_init: rank 0 cannot use listen fd %d (%s) for "
                                       "the store", fd, o->listen_fd >= 0 ? "opts.listen_fd"
@@ -427,6 +432,12 @@ static tdist_status_t check_opts(const tdist_init_opts_t *o)
     if (o->listen_fd < -1)
         return tdist__error(TDIST_ERR_INVALID_ARG,
                             "tdist_init: opts.listen_fd %d is negative (use -1 for none)", o->listen_fd);
+    /* The defaults ignore a malformed TDIST_TIMEOUT_MS ("10s"); joining a
+     * job with a deadline other than the one asked for is worse than
+     * failing, so init says so. */
+    int64_t t;
+    if (tdist__env_int("TDIST_TIMEOUT_MS", 1, INT64_MAX / 2, &t) == TDIST_ERR_INVALID_ARG)
+        return tdist__error_context(TDIST_ERR_INVALID_ARG, "tdist_init");
     return TDIST_OK;
 }
 

@@ -348,7 +348,10 @@ static tdist_status_t poll_keys(file_store_t *fs, const char *const *keys, size_
                                 int64_t timeout_ms, const char *what)
 {
     uint64_t start = tdist__now_ns();
-    uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : start + (uint64_t)timeout_ms * 1000000ull;
+    /* a timeout beyond the ns clock's range (about 584 years) is forever */
+    uint64_t deadline = timeout_ms < 0 || (uint64_t)timeout_ms > (UINT64_MAX - start) / 1000000ull
+                            ? UINT64_MAX
+                            : start + (uint64_t)timeout_ms * 1000000ull;
     int sleep_ms = POLL_MIN_MS;
     for (;;) {
         TDIST_CHECK(begin_op(fs, LOCK_SH));
@@ -406,7 +409,9 @@ static tdist_status_t file_add(tdist_store_t *s, const char *key, int64_t delta,
                           "file store %s: add %" PRId64 " to key \"%.200s\" holding %" PRId64
                           " overflows int64",
                           fs->path, delta, key, cur);
-    if (st == TDIST_OK) {
+    if (st == TDIST_OK && delta == 0 && view_has(fs, key)) {
+        *result = next; /* a read (rendezvous polls this way): nothing to log */
+    } else if (st == TDIST_OK) {
         char buf[32];
         int n = snprintf(buf, sizeof buf, "%" PRId64, next);
         st = write_one(fs, REC_SET, key, buf, (size_t)n);

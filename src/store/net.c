@@ -23,10 +23,15 @@ const char *tdist__net_addr_str(const char *host, uint16_t port, char *buf, size
 }
 
 /* Resolve host:port (numeric port) for a stream socket. passive: for
- * bind. Returns TDIST_OK with *res to release with freeaddrinfo. */
+ * bind. Returns TDIST_OK with *res to release with freeaddrinfo.
+ * A numeric address resolves at once; a name asks the system resolver,
+ * which has its own timeout (resolv.conf), not the caller's deadline. */
 static tdist_status_t resolve(const char *host, uint16_t port, bool passive, struct addrinfo **res)
 {
     char portstr[8], addr[320];
+    if (strnlen(host, 256) > 255)
+        return tdist__error(TDIST_ERR_INVALID_ARG, "host name \"%.40s...\" is longer than 255 bytes",
+                            host);
     snprintf(portstr, sizeof portstr, "%u", (unsigned)port);
     struct addrinfo hints;
     memset(&hints, 0, sizeof hints);

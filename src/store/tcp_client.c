@@ -489,20 +489,23 @@ static tdist_status_t tcp_multi_get(tdist_store_t *base, const char *const *keys
                               c.what, rep.n, n);
             disconnect(s);
         } else {
-            size_t i;
-            for (i = 0; i < n; i++) {
-                void *v = tdist__store_dup(rep.values[i].ptr, rep.values[i].len);
-                if (!v) break;
-                values[i] = v;
-                lens[i] = rep.values[i].len;
+            /* copies first, so that a failure writes nothing to values */
+            void **copies = calloc(n, sizeof *copies);
+            size_t i = 0;
+            for (; copies && i < n; i++) {
+                copies[i] = tdist__store_dup(rep.values[i].ptr, rep.values[i].len);
+                if (!copies[i]) break;
             }
-            if (i < n) {
-                for (size_t j = 0; j < i; j++) {
-                    free(values[j]);
-                    values[j] = NULL;
-                }
+            if (!copies || i < n) {
+                for (size_t j = 0; copies && j < i; j++) free(copies[j]);
                 st = tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory for %zu values", c.what, n);
+            } else {
+                for (i = 0; i < n; i++) {
+                    values[i] = copies[i];
+                    lens[i] = rep.values[i].len;
+                }
             }
+            free(copies);
         }
         tdist__wire_reply_free(&rep);
     }

@@ -1259,8 +1259,12 @@ tdist_status_t tdist_store_server_adopt(int listen_fd, const tdist_store_server_
     if (listen_fd < 0) return tdist__error(TDIST_ERR_INVALID_ARG, "%s: listen_fd %d", fn, listen_fd);
     int acc = 0, type = 0;
     socklen_t sl = sizeof acc;
-    if (getsockopt(listen_fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &sl) != 0)
-        return tdist__error_errno(errno, "%s: fd %d is not a socket", fn, listen_fd);
+    if (getsockopt(listen_fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &sl) != 0) {
+        if (errno == ENOTSOCK || errno == EBADF)
+            return tdist__error(TDIST_ERR_INVALID_ARG, "%s: fd %d is %s", fn, listen_fd,
+                                errno == EBADF ? "not open" : "not a socket");
+        return tdist__error_errno(errno, "%s: getsockopt on fd %d", fn, listen_fd);
+    }
     sl = sizeof type;
     if (!acc || getsockopt(listen_fd, SOL_SOCKET, SO_TYPE, &type, &sl) != 0 || type != SOCK_STREAM)
         return tdist__error(TDIST_ERR_INVALID_ARG, "%s: fd %d is not a listening stream socket", fn,
@@ -1280,13 +1284,17 @@ tdist_status_t tdist_store_server_adopt(int listen_fd, const tdist_store_server_
     } else {
         return tdist__error(TDIST_ERR_INVALID_ARG, "%s: fd %d is not a TCP socket", fn, listen_fd);
     }
+    /* Options first: a call that fails leaves the caller's fd as it was. */
+    tdist_store_server_t *srv = NULL;
+    TDIST_CHECK(server_new(opts, fn, &srv));
     int fl = fcntl(listen_fd, F_GETFL);
     int fdfl = fcntl(listen_fd, F_GETFD);
     if (fl < 0 || fdfl < 0 || fcntl(listen_fd, F_SETFL, fl | O_NONBLOCK) != 0 ||
-        fcntl(listen_fd, F_SETFD, fdfl | FD_CLOEXEC) != 0)
-        return tdist__error_errno(errno, "%s: fcntl on fd %d", fn, listen_fd);
-    tdist_store_server_t *srv = NULL;
-    TDIST_CHECK(server_new(opts, fn, &srv));
+        fcntl(listen_fd, F_SETFD, fdfl | FD_CLOEXEC) != 0) {
+        int e = errno;
+        server_free(srv);
+        return tdist__error_errno(e, "%s: fcntl on fd %d", fn, listen_fd);
+    }
     srv->listen_fd = listen_fd;
     srv->port = port;
     tdist__net_addr_str(ip, port, srv->addr, sizeof srv->addr);

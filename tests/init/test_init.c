@@ -21,7 +21,7 @@ static void clear_init_env(void)
                                        "LOCAL_RANK",           "LOCAL_WORLD_SIZE",
                                        "TDIST_LAUNCHER_STORE", "TDIST_STORE_LISTEN_FD",
                                        "TDIST_RESTART_COUNT",  "TDIST_HOSTNAME",
-                                       "TDIST_STORE_TOKEN"};
+                                       "TDIST_STORE_TOKEN",    "TDIST_TIMEOUT_MS"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
 
@@ -576,6 +576,8 @@ TEST(init_bad_env_values, 30)
         {"TDIST_LAUNCHER_STORE", "yes", "TDIST_LAUNCHER_STORE=\"yes\""},
         {"TDIST_STORE_LISTEN_FD", "x", "TDIST_STORE_LISTEN_FD=\"x\""},
         {"TDIST_HOSTNAME", "", "TDIST_HOSTNAME"},
+        {"TDIST_TIMEOUT_MS", "10s", "TDIST_TIMEOUT_MS=\"10s\""},
+        {"TDIST_TIMEOUT_MS", "0", "TDIST_TIMEOUT_MS=\"0\""},
     };
     tdist_init_opts_t o;
     tdist_init_opts_init(&o);

@@ -358,3 +358,27 @@ TEST(store_file_timeout_names_path, 30)
     ASSERT_CONTAINS(tdist_last_error(), "file store");
     tdist_store_destroy(s);
 }
+
+/* add(key, 0) on an existing key is a read: the log does not grow (the
+ * rendezvous polls counters this way); on a missing key it creates "0". */
+TEST(store_file_add_zero_is_a_read, 30)
+{
+    char path[512];
+    store_path(path, sizeof path, "addzero");
+    tdist_store_t *s = open_store(path);
+    int64_t v = -1;
+    ASSERT_OK(tdist_store_add(s, "fresh", 0, &v));
+    ASSERT_EQ(v, 0);
+    expect_str(s, "fresh", "0");
+    ASSERT_OK(tdist_store_add(s, "ctr", 5, &v));
+    int64_t before = file_size(path);
+    for (int i = 0; i < 100; i++) {
+        ASSERT_OK(tdist_store_add(s, "ctr", 0, &v));
+        ASSERT_EQ(v, 5);
+    }
+    ASSERT_EQ(file_size(path), before);
+    ASSERT_OK(tdist_store_add(s, "ctr", 1, &v));
+    ASSERT_EQ(v, 6);
+    ASSERT_GE(file_size(path), before + 1);
+    tdist_store_destroy(s);
+}
