@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# scripts/test.sh — build tdist with AddressSanitizer + UndefinedBehaviorSanitizer
+# and run the whole test suite (ctest). The README's test command; .ci/run
+# calls exactly this.
+#
+#   TDIST_BUILD_DIR   build directory (default: build/test)
+#   TDIST_TEST_JOBS   tests run at once (default: 2)
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/deps.sh
+. "$here/scripts/deps.sh"
+
+# clang and its runtime build the libFuzzer target for the store's frame parser.
+ensure_packages "${TDIST_BUILD_PACKAGES[@]}" clang libclang-rt-14-dev
+
+build="${TDIST_BUILD_DIR:-$here/build/test}"
+jobs="${TDIST_TEST_JOBS:-2}"
+cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTDIST_SANITIZE=ON \
+      -DTDIST_BUILD_FUZZ=ON >/dev/null
+cmake --build "$build" --parallel "$(nproc)"
+# The optimised build must compile warning-free too (-O3 finds warnings
+# -O0 does not): the main job and the benchmarks use it.
+cmake -S "$here" -B "$build-release" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DTDIST_BUILD_TESTS=OFF >/dev/null
+cmake --build "$build-release" --parallel "$(nproc)"
+# Leak checks on; the runner kills each test at its own deadline.
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+cd "$build"
+exec ctest --output-on-failure --parallel "$jobs" --timeout 600
