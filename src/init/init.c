@@ -508,13 +508,17 @@ tdist_status_t tdist_init(const char *url, const tdist_init_opts_t *opts, tdist_
         w->local_size = w->rdzv.local_size;
         if ((c.local_rank >= 0 && c.local_rank != w->local_rank) ||
             (c.local_size >= 0 && c.local_size != w->local_size))
+        {
+            char lr[24] = "unset", ls[24] = "unset";
+            if (c.local_rank >= 0) snprintf(lr, sizeof lr, "%" PRId64, c.local_rank);
+            if (c.local_size >= 0) snprintf(ls, sizeof ls, "%" PRId64, c.local_size);
             st = tdist__error(TDIST_ERR_MISMATCH,
-                              "tdist_init: rank %d on host \"%.200s\": LOCAL_RANK=%" PRId64
-                              " LOCAL_WORLD_SIZE=%" PRId64 " from the environment disagree with "
-                              "the rendezvous, which found local rank %d of %d ranks on this host "
+                              "tdist_init: rank %d on host \"%.200s\": LOCAL_RANK=%s "
+                              "LOCAL_WORLD_SIZE=%s from the environment disagree with the "
+                              "rendezvous, which found local rank %d of %d ranks on this host "
                               "(host names come from gethostname or TDIST_HOSTNAME)",
-                              w->rank, w->host, c.local_rank, c.local_size, w->local_rank,
-                              w->local_size);
+                              w->rank, w->host, lr, ls, w->local_rank, w->local_size);
+        }
     }
     if (st != TDIST_OK) {
         /* Leave; rank 0 keeps its server up until the others have seen the failure. */
@@ -522,8 +526,10 @@ tdist_status_t tdist_init(const char *url, const tdist_init_opts_t *opts, tdist_
         snprintf(saved, sizeof saved, "%s", tdist_last_error());
         int64_t wait_for = 0, bound = opts->timeout_ms;
         if (w->server) {
+            /* The others may have joined and be running: linger briefly, not
+             * for the whole timeout. */
             wait_for = joined ? w->world_size : tdist__rdzv_num_joined(&w->rdzv);
-            if (!joined) bound = TDIST_MIN(bound, TDIST__RDZV_FAIL_LINGER_MS);
+            bound = TDIST_MIN(bound, TDIST__RDZV_FAIL_LINGER_MS);
         }
         tdist__rdzv_leave(&w->rdzv, wait_for, bound, false);
         world_free(w);
