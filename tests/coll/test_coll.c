@@ -1,0 +1,752 @@
+/* tests/coll/test_coll.c — the collective algorithms of coll/ on real
+ * processes over the TCP mesh: every function x dtype x valid reduce op x
+ * counts {0, 1, 7, 1000, 65537} at world sizes 1..8, each forced
+ * all_reduce algorithm, in place / out of place / unaligned buffers,
+ * bit-identical results on every rank for inexact floats, a 32 MiB
+ * all_reduce, and a peer killed during an all_reduce.
+ *
+ * Every rank generates every rank's input from a seeded formula, so each
+ * rank computes the reference locally (reductions through tdist_reduce in
+ * rank order; inputs are small integers so float sums and products are
+ * exact in any order). */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "coll/coll.h"
+
+#define MAXR 8
+#define ADDR_MAX 80
+#define TAG 0x636f6c6c74657374ull
+
+typedef struct coll_rank {
+    tdist_world_t *w;
+    tdist__tp_t *tp;
+    int rank, n;
+    char addrs[MAXR][ADDR_MAX];
+    const char *ap[MAXR];
+    tdist__coll_ctx_t ctx;
+} coll_rank_t;
+
+static int64_t deadline_in(double ms) { return tdist__now_ms() + (int64_t)(ms * tdist_test_timeout_mult()); }
+
+/* Wait until every rank in [0, upto) has set "<name>/<rank>". */
+static void store_barrier(coll_rank_t *t, const char *name, int upto)
+{
+    tdist_store_t *s = tdist_world_store(t->w);
+    char kb[MAXR][48];
+    const char *keys[MAXR];
+    void *vals[MAXR];
+    size_t lens[MAXR];
+    for (int r = 0; r < upto; r++) {
+        snprintf(kb[r], sizeof kb[r], "%s/%d", name, r);
+        keys[r] = kb[r];
+    }
+    ASSERT_OK(tdist_store_set(s, kb[t->rank], "1", 1));
+    ASSERT_OK(tdist_store_multi_get(s, keys, (size_t)upto, vals, lens));
+    for (int r = 0; r < upto; r++) free(vals[r]);
+}
+
+/* Join the job, listen, publish this rank's address, gather all, connect
+ * (copied from tests/transport/test_tcp_transport.c). */
+static void mesh_open(coll_rank_t *t, int rank, int n)
+{
+    memset(t, 0, sizeof *t);
+    if (n > MAXR) FAIL("world size %d > %d", n, MAXR);
+    t->rank = rank;
+    t->n = n;
+    ASSERT_OK(tdist_init("env://", NULL, &t->w));
+    tdist__tp_opts_t o = {.bind_addr = "127.0.0.1", .tag = TAG};
+    ASSERT_OK(tdist__tp_listen(TDIST__TP_TCP, rank, n, &o, &t->tp));
+    const char *me = tdist__tp_address(t->tp);
+    ASSERT_TRUE(me != NULL);
+    tdist_store_t *s = tdist_world_store(t->w);
+    char kb[MAXR][32];
+    const char *keys[MAXR];
+    void *vals[MAXR];
+    size_t lens[MAXR];
+    for (int r = 0; r < n; r++) {
+        snprintf(kb[r], sizeof kb[r], "tp/%d", r);
+        keys[r] = kb[r];
+    }
+    ASSERT_OK(tdist_store_set(s, kb[rank], me, strlen(me)));
+    ASSERT_OK(tdist_store_multi_get(s, keys, (size_t)n, vals, lens));
+    for (int r = 0; r < n; r++) {
+        ASSERT_TRUE(lens[r] > 0 && lens[r] < ADDR_MAX);
+        memcpy(t->addrs[r], vals[r], lens[r]);
+        t->addrs[r][lens[r]] = '\0';
+        t->ap[r] = t->addrs[r];
+        free(vals[r]);
+    }
+    ASSERT_OK(tdist__tp_connect(t->tp, t->ap, deadline_in(15000)));
+    t->ctx.tp = t->tp;
+    t->ctx.rank = rank;
+    t->ctx.size = n;
+    t->ctx.deadline_ms = deadline_in(60000);
+}
+
+static void mesh_close(coll_rank_t *t)
+{
+    tdist__tp_destroy(t->tp);
+    tdist_world_destroy(t->w);
+}
+
+/* ------------------------------------------------------------ inputs */
+
+static uint64_t mix(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return x;
+}
+
+static void put(void *buf, size_t i, tdist_dtype_t dt, double v)
+{
+    uint8_t *b = buf;
+    switch (dt) {
+    case TDIST_F32: { float f = (float)v; memcpy(b + i * 4, &f, 4); break; }
+    case TDIST_F64: memcpy(b + i * 8, &v, 8); break;
+    case TDIST_F16: { uint16_t h = tdist_f32_to_f16((float)v); memcpy(b + i * 2, &h, 2); break; }
+    case TDIST_BF16: { uint16_t h = tdist_f32_to_bf16((float)v); memcpy(b + i * 2, &h, 2); break; }
+    case TDIST_I8: { int8_t x = (int8_t)(int64_t)v; b[i] = (uint8_t)x; break; }
+    case TDIST_U8: b[i] = (uint8_t)(int64_t)v; break;
+    case TDIST_I32: { int32_t x = (int32_t)(int64_t)v; memcpy(b + i * 4, &x, 4); break; }
+    case TDIST_I64: { int64_t x = (int64_t)v; memcpy(b + i * 8, &x, 8); break; }
+    default: FAIL("dtype %d", (int)dt);
+    }
+}
+
+/* Rank `rank`'s input for a case: small integers (exact in every dtype and
+ * in any summation order); PROD draws from {1, -1, 2, -2}; bitwise ops use
+ * full-width patterns. */
+static void gen(void *buf, size_t count, tdist_dtype_t dt, tdist_redop_t op, int rank,
+                uint64_t seed)
+{
+    static const double prodv[8] = {1, -1, 2, 1, -2, 1, 1, -1};
+    bool is_unsigned = dt == TDIST_U8;
+    for (size_t i = 0; i < count; i++) {
+        uint64_t h = mix(seed * 1000003u + (uint64_t)rank * 7919u + i);
+        double v;
+        if (op == TDIST_PROD) {
+            v = prodv[h % 8];
+            if (is_unsigned && v < 0) v = -v;
+        } else if (op == TDIST_BAND || op == TDIST_BOR || op == TDIST_BXOR) {
+            int64_t x = (int64_t)(h & 0x7fffffff);
+            if (op == TDIST_BAND) x |= (int64_t)((h >> 40) & 0x7fff0f0f); /* keep bits set */
+            v = (double)(dt == TDIST_U8 ? (x & 0xff) : dt == TDIST_I8 ? (int8_t)(x & 0xff) : x);
+        } else if (!tdist_dtype_is_float(dt)) {
+            v = is_unsigned ? (double)(h % 201) : (double)((int64_t)(h % 201) - 100);
+        } else {
+            v = (double)((int64_t)(h % 17) - 8);
+        }
+        put(buf, i, dt, v);
+    }
+}
+
+#define PREMUL 0.5
+
+/* The reduction over ranks [0, n) of their inputs, in rank order. */
+static void reference(void *out, size_t count, tdist_dtype_t dt, tdist_redop_t op, int n,
+                      uint64_t seed)
+{
+    size_t bytes = count * tdist_dtype_size(dt);
+    uint8_t *tmp = malloc(bytes ? bytes : 1);
+    ASSERT_TRUE(tmp != NULL);
+    for (int r = 0; r < n; r++) {
+        gen(r == 0 ? out : tmp, count, dt, op, r, seed);
+        if (op == TDIST_PREMUL_SUM && count) ASSERT_OK(tdist_scale(r == 0 ? out : tmp, count, dt, PREMUL));
+        if (r > 0 && count) ASSERT_OK(tdist_reduce(out, out, tmp, count, dt, op));
+    }
+    if (op == TDIST_AVG && count) ASSERT_OK(tdist_divide(out, count, dt, n));
+    free(tmp);
+}
+
+static void expect_eq(const void *got, const void *want, size_t count, tdist_dtype_t dt,
+                      const char *what, int n, tdist_redop_t op, size_t mode)
+{
+    size_t es = tdist_dtype_size(dt);
+    if (count == 0 || memcmp(got, want, count * es) == 0) return;
+    for (size_t i = 0; i < count; i++)
+        if (memcmp((const uint8_t *)got + i * es, (const uint8_t *)want + i * es, es) != 0)
+            FAIL("%s size %d %s %s count %zu mode %zu: element %zu differs", what, n,
+                 tdist_dtype_name(dt), tdist_redop_name(op), count, mode, i);
+}
+
+static bool op_valid(tdist_redop_t op, tdist_dtype_t dt)
+{
+    if (op == TDIST_PREMUL_SUM) return tdist_dtype_is_float(dt);
+    if (tdist_redop_check(op, dt) != TDIST_OK) {
+        tdist_clear_error();
+        return false;
+    }
+    return true;
+}
+
+/* A buffer of `bytes` with an offset: mode 2 is unaligned by one byte. */
+typedef struct mbuf {
+    uint8_t *base, *p;
+} mbuf_t;
+
+static mbuf_t mb_alloc(size_t bytes, size_t mode)
+{
+    mbuf_t m;
+    m.base = malloc(bytes + 16);
+    ASSERT_TRUE(m.base != NULL);
+    memset(m.base, 0xA5, bytes + 16);
+    m.p = m.base + (mode == 2 ? 1 : 0);
+    return m;
+}
+
+/* --------------------------------------------------------- the matrix */
+
+static const size_t counts_all[] = {0, 1, 7, 1000, 65537};
+
+/* all_reduce (auto + ring + rd + direct), reduce, reduce_scatter for one
+ * dtype/op/count. mode: 0 out of place, 1 in place, 2 unaligned. */
+static void run_reductions(coll_rank_t *t, tdist_dtype_t dt, tdist_redop_t op, size_t count,
+                           uint64_t seed, size_t mode, bool all_algos)
+{
+    const tdist__coll_ctx_t *c = &t->ctx;
+    int n = t->n, r = t->rank;
+    size_t es = tdist_dtype_size(dt), bytes = count * es;
+    uint8_t *want = malloc(bytes ? bytes : 1), *mine = malloc(bytes ? bytes : 1);
+    ASSERT_TRUE(want && mine);
+    reference(want, count, dt, op, n, seed);
+    gen(mine, count, dt, op, r, seed);
+
+    /* all_reduce */
+    static const tdist__ar_algo_t algos[] = {TDIST__AR_AUTO, TDIST__AR_RING, TDIST__AR_RD,
+                                             TDIST__AR_DIRECT};
+    for (size_t a = 0; a < (all_algos ? 4u : 1u); a++) {
+        mbuf_t s = mb_alloc(bytes, mode), d = mb_alloc(bytes, mode);
+        memcpy(s.p, mine, bytes);
+        void *out = mode == 1 ? s.p : d.p;
+        ASSERT_OK(tdist__coll_all_reduce(c, s.p, out, count, dt, op, PREMUL, algos[a]));
+        expect_eq(out, want, count, dt, algos[a] == TDIST__AR_AUTO ? "all_reduce auto"
+                                       : algos[a] == TDIST__AR_RING ? "all_reduce ring"
+                                       : algos[a] == TDIST__AR_RD ? "all_reduce rd"
+                                                                   : "all_reduce direct",
+                  n, op, mode);
+        if (mode != 1) ASSERT_MEMEQ(s.p, mine, bytes); /* sendbuf untouched */
+        free(s.base);
+        free(d.base);
+    }
+
+    /* reduce to a rotating root */
+    {
+        int root = (int)(seed % (uint64_t)n);
+        mbuf_t s = mb_alloc(bytes, mode), d = mb_alloc(bytes, mode);
+        memcpy(s.p, mine, bytes);
+        void *out = mode == 1 ? s.p : d.p;
+        ASSERT_OK(tdist__coll_reduce(c, s.p, r == root ? out : NULL, count, dt, op, PREMUL, root));
+        if (r == root) expect_eq(out, want, count, dt, "reduce", n, op, mode);
+        else ASSERT_MEMEQ(s.p, mine, bytes);
+        free(s.base);
+        free(d.base);
+    }
+
+    /* reduce_scatter: recvcount = count, input size * count */
+    {
+        size_t tot = bytes * (size_t)n;
+        uint8_t *allwant = malloc(tot ? tot : 1), *allmine = malloc(tot ? tot : 1);
+        ASSERT_TRUE(allwant && allmine);
+        reference(allwant, count * (size_t)n, dt, op, n, seed + 1);
+        gen(allmine, count * (size_t)n, dt, op, r, seed + 1);
+        mbuf_t s = mb_alloc(tot, mode), d = mb_alloc(bytes, mode);
+        memcpy(s.p, allmine, tot);
+        void *out = mode == 1 ? s.p : d.p;
+        ASSERT_OK(tdist__coll_reduce_scatter(c, s.p, out, count, dt, op, PREMUL));
+        expect_eq(out, allwant + (size_t)r * bytes, count, dt, "reduce_scatter", n, op, mode);
+        if (mode != 1) ASSERT_MEMEQ(s.p, allmine, tot);
+        free(s.base);
+        free(d.base);
+        free(allwant);
+        free(allmine);
+    }
+    free(want);
+    free(mine);
+}
+
+/* broadcast, all_gatherv, gather, scatter, all_to_allv for one dtype/count. */
+static void run_data_movement(coll_rank_t *t, tdist_dtype_t dt, size_t count, uint64_t seed,
+                              size_t mode)
+{
+    const tdist__coll_ctx_t *c = &t->ctx;
+    int n = t->n, r = t->rank, root = (int)(seed % (uint64_t)n);
+    size_t es = tdist_dtype_size(dt), bytes = count * es;
+
+    /* broadcast */
+    {
+        mbuf_t b = mb_alloc(bytes, mode);
+        uint8_t *want = malloc(bytes ? bytes : 1);
+        gen(want, count, dt, TDIST_SUM, root, seed);
+        if (r == root) memcpy(b.p, want, bytes);
+        ASSERT_OK(tdist__coll_broadcast(c, b.p, count, dt, root));
+        expect_eq(b.p, want, count, dt, "broadcast", n, TDIST_SUM, mode);
+        free(b.base);
+        free(want);
+    }
+
+    /* all_gatherv with uneven counts (some zero) */
+    {
+        size_t cnt[MAXR], off[MAXR], tot = 0;
+        for (int p = 0; p < n; p++) {
+            cnt[p] = p % 3 == 1 ? count / 2 : count + (size_t)(p % 2);
+            off[p] = tot;
+            tot += cnt[p];
+        }
+        uint8_t *want = malloc(tot * es + 1);
+        for (int p = 0; p < n; p++) gen(want + off[p] * es, cnt[p], dt, TDIST_SUM, p, seed + 2);
+        mbuf_t d = mb_alloc(tot * es, mode), s = mb_alloc(cnt[r] * es, mode);
+        void *src;
+        if (mode == 1) {
+            src = d.p + off[r] * es;
+            memcpy(src, want + off[r] * es, cnt[r] * es);
+        } else {
+            src = s.p;
+            memcpy(s.p, want + off[r] * es, cnt[r] * es);
+        }
+        ASSERT_OK(tdist__coll_all_gatherv(c, src, d.p, cnt, dt));
+        expect_eq(d.p, want, tot, dt, "all_gatherv", n, TDIST_SUM, mode);
+        free(want);
+        free(d.base);
+        free(s.base);
+    }
+
+    /* gather + scatter (equal counts) */
+    {
+        size_t tot = bytes * (size_t)n;
+        uint8_t *want = malloc(tot ? tot : 1);
+        for (int p = 0; p < n; p++) gen(want + (size_t)p * bytes, count, dt, TDIST_SUM, p, seed + 3);
+        mbuf_t s = mb_alloc(bytes, mode), d = mb_alloc(tot, mode);
+        void *src = s.p;
+        if (mode == 1 && r == root) src = d.p + (size_t)r * bytes;
+        memcpy(src, want + (size_t)r * bytes, bytes);
+        ASSERT_OK(tdist__coll_gather(c, src, r == root ? d.p : NULL, count, dt, root));
+        if (r == root) expect_eq(d.p, want, count * (size_t)n, dt, "gather", n, TDIST_SUM, mode);
+        free(s.base);
+        free(d.base);
+
+        mbuf_t ss = mb_alloc(tot, mode), dd = mb_alloc(bytes, mode);
+        if (r == root) memcpy(ss.p, want, tot);
+        void *dst = (mode == 1 && r == root) ? ss.p + (size_t)r * bytes : dd.p;
+        ASSERT_OK(tdist__coll_scatter(c, r == root ? ss.p : NULL, dst, count, dt, root));
+        expect_eq(dst, want + (size_t)r * bytes, count, dt, "scatter", n, TDIST_SUM, mode);
+        if (r == root && mode != 1) ASSERT_MEMEQ(ss.p, want, tot);
+        free(ss.base);
+        free(dd.base);
+        free(want);
+    }
+
+    /* all_to_allv: rank a sends f(a, b) elements to rank b */
+#define A2A(a, b) (count == 0 ? (size_t)0 : (((a) + 2 * (b)) % 3 == 0 ? (size_t)0 : count / (size_t)n + (size_t)(((a) + (b)) % 2)))
+    {
+        size_t sc[MAXR], rc[MAXR], so = 0, ro = 0;
+        for (int p = 0; p < n; p++) {
+            sc[p] = A2A(r, p);
+            rc[p] = A2A(p, r);
+            so += sc[p];
+            ro += rc[p];
+        }
+        mbuf_t s = mb_alloc(so * es, mode), d = mb_alloc(ro * es, mode);
+        uint8_t *want = malloc(ro * es + 1);
+        /* block to rank p is gen(rank = r * MAXR + p) */
+        size_t o = 0;
+        for (int p = 0; p < n; p++) {
+            gen(s.p + o * es, sc[p], dt, TDIST_SUM, r * MAXR + p, seed + 4);
+            o += sc[p];
+        }
+        o = 0;
+        for (int p = 0; p < n; p++) {
+            gen(want + o * es, rc[p], dt, TDIST_SUM, p * MAXR + r, seed + 4);
+            o += rc[p];
+        }
+        ASSERT_OK(tdist__coll_all_to_allv(c, s.p, sc, d.p, rc, dt));
+        expect_eq(d.p, want, ro, dt, "all_to_allv", n, TDIST_SUM, mode);
+        free(s.base);
+        free(d.base);
+        free(want);
+    }
+#undef A2A
+}
+
+typedef struct matrix_arg {
+    bool big; /* include count 65537 */
+} matrix_arg_t;
+
+static void matrix_body(int rank, int n, void *arg)
+{
+    const matrix_arg_t *m = arg;
+    coll_rank_t t;
+    mesh_open(&t, rank, n);
+    uint64_t seed = 1;
+    size_t ncounts = m->big ? 5 : 4;
+    for (size_t ci = 0; ci < ncounts; ci++) {
+        size_t count = counts_all[ci];
+        for (int dt = 0; dt < TDIST_DTYPE_COUNT; dt++) {
+            for (int op = 0; op < TDIST_REDOP_COUNT; op++) {
+                if (!op_valid((tdist_redop_t)op, (tdist_dtype_t)dt)) continue;
+                /* the largest count: every algorithm for the ops that
+                 * matter most, auto for the rest (runtime) */
+                bool all_algos = count < 65537 || op == TDIST_SUM || op == TDIST_AVG;
+                run_reductions(&t, (tdist_dtype_t)dt, (tdist_redop_t)op, count, seed,
+                               seed % 3, all_algos);
+                seed++;
+            }
+            for (size_t mode = 0; mode < 3; mode++)
+                run_data_movement(&t, (tdist_dtype_t)dt, count, seed++, mode);
+            ASSERT_OK(tdist__coll_barrier(&t.ctx));
+        }
+    }
+    mesh_close(&t);
+}
+
+static void run_matrix(int n)
+{
+    matrix_arg_t a = {.big = true};
+    tdist_test_run_ranks(n, matrix_body, &a);
+}
+
+TEST(coll_matrix_1, 30) { run_matrix(1); }
+TEST(coll_matrix_2, 40) { run_matrix(2); }
+TEST(coll_matrix_3, 40) { run_matrix(3); }
+TEST(coll_matrix_4, 50) { run_matrix(4); }
+TEST(coll_matrix_5, 60) { run_matrix(5); }
+TEST(coll_matrix_8, 90) { run_matrix(8); }
+
+/* Sizes 6 and 7: the same matrix without the largest count. */
+static void run_small_matrix(int n)
+{
+    matrix_arg_t a = {.big = false};
+    tdist_test_run_ranks(n, matrix_body, &a);
+}
+TEST(coll_matrix_6_7_small, 90)
+{
+    run_small_matrix(6);
+    run_small_matrix(7);
+}
+
+/* ------------------------------------------------ bit-identical results */
+
+/* Inexact floats (random mantissas, mixed magnitudes, signed zeros): every
+ * algorithm must give every rank the same bits. Ranks publish a hash of
+ * their result through the store and compare. */
+static uint64_t fnv(const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+static void identical_body(int rank, int n, void *arg)
+{
+    (void)arg;
+    coll_rank_t t;
+    mesh_open(&t, rank, n);
+    tdist_store_t *s = tdist_world_store(t.w);
+    static const tdist_dtype_t dts[] = {TDIST_F32, TDIST_F64, TDIST_F16, TDIST_BF16};
+    static const tdist_redop_t ops[] = {TDIST_SUM, TDIST_AVG, TDIST_MIN, TDIST_MAX,
+                                        TDIST_PREMUL_SUM, TDIST_PROD};
+    static const tdist__ar_algo_t algos[] = {TDIST__AR_RING, TDIST__AR_RD, TDIST__AR_DIRECT};
+    static const size_t counts[] = {1, 37, 5003};
+    int idx = 0;
+    for (size_t di = 0; di < 4; di++)
+        for (size_t oi = 0; oi < 6; oi++)
+            for (size_t ci = 0; ci < 3; ci++) {
+                size_t count = counts[ci], es = tdist_dtype_size(dts[di]);
+                uint8_t *in = malloc(count * es), *out[3];
+                for (size_t i = 0; i < count; i++) {
+                    uint64_t h = mix((uint64_t)rank * 1000003u + i * 31u + ci);
+                    double v = (double)(h % 100000) / 977.0 * ((h >> 20) % 2 ? 1 : -1);
+                    if (oi == 5) v = 1.0 + (double)(h % 1000) / 3001.0; /* PROD: near 1 */
+                    if (h % 13 == 0) v = (h >> 30) % 2 ? 0.0 : -0.0;
+                    put(in, i, dts[di], v);
+                }
+                char key[64], val[64];
+                for (size_t a = 0; a < 3; a++) {
+                    out[a] = malloc(count * es);
+                    ASSERT_OK(tdist__coll_all_reduce(&t.ctx, in, out[a], count, dts[di], ops[oi],
+                                                     0.37, algos[a]));
+                    snprintf(key, sizeof key, "id/%d/%zu/%d", idx, a, rank);
+                    snprintf(val, sizeof val, "%016" PRIx64, fnv(out[a], count * es));
+                    ASSERT_OK(tdist_store_set(s, key, val, strlen(val)));
+                }
+                /* every rank's hash of every algorithm equals this rank's */
+                for (size_t a = 0; a < 3; a++) {
+                    char mine[64];
+                    snprintf(mine, sizeof mine, "%016" PRIx64, fnv(out[a], count * es));
+                    for (int p = 0; p < n; p++) {
+                        snprintf(key, sizeof key, "id/%d/%zu/%d", idx, a, p);
+                        void *v;
+                        size_t len;
+                        const char *keys[1] = {key};
+                        ASSERT_OK(tdist_store_multi_get(s, keys, 1, &v, &len));
+                        if (len != strlen(mine) || memcmp(v, mine, len) != 0)
+                            FAIL("%s %s count %zu algo %zu: rank %d's result differs from rank %d's",
+                                 tdist_dtype_name(dts[di]), tdist_redop_name(ops[oi]), count, a, p,
+                                 rank);
+                        free(v);
+                    }
+                    free(out[a]);
+                }
+                free(in);
+                idx++;
+            }
+    mesh_close(&t);
+}
+
+TEST(coll_all_reduce_bit_identical, 60)
+{
+    tdist_test_run_ranks(3, identical_body, NULL);
+    tdist_test_run_ranks(5, identical_body, NULL);
+}
+
+/* --------------------------------------------------------- 32 MiB */
+
+static void big_body(int rank, int n, void *arg)
+{
+    (void)arg;
+    coll_rank_t t;
+    mesh_open(&t, rank, n);
+    size_t count = (32u << 20) / 4;
+    float *b = malloc(count * 4);
+    ASSERT_TRUE(b != NULL);
+    for (size_t i = 0; i < count; i++) b[i] = (float)((i * 7 + (size_t)rank * 13) % 101);
+    double t0 = tdist_test_now_ms();
+    ASSERT_OK(tdist__coll_all_reduce(&t.ctx, b, b, count, TDIST_F32, TDIST_SUM, 1.0, TDIST__AR_AUTO));
+    double ms = tdist_test_now_ms() - t0;
+    for (size_t i = 0; i < count; i++) {
+        float want = 0;
+        for (int r = 0; r < n; r++) want += (float)((i * 7 + (size_t)r * 13) % 101);
+        if (b[i] != want) FAIL("element %zu: %g != %g", i, (double)b[i], (double)want);
+    }
+    /* a large reduce takes reduce-scatter + gather (root 1, out of place) */
+    float *in = malloc(count * 4);
+    ASSERT_TRUE(in != NULL);
+    for (size_t i = 0; i < count; i++) in[i] = (float)((i * 3 + (size_t)rank) % 50);
+    ASSERT_OK(tdist__coll_reduce(&t.ctx, in, rank == 1 ? b : NULL, count, TDIST_F32, TDIST_MAX, 1.0, 1));
+    if (rank == 1)
+        for (size_t i = 0; i < count; i++) {
+            float want = 0;
+            for (int r = 0; r < n; r++) want = TDIST_MAX(want, (float)((i * 3 + (size_t)r) % 50));
+            if (b[i] != want) FAIL("reduce element %zu: %g != %g", i, (double)b[i], (double)want);
+        }
+    free(in);
+    /* a large broadcast takes the pipelined chain */
+    for (size_t i = 0; i < count; i++) b[i] = rank == 2 ? (float)(i % 977) : -1.0f;
+    ASSERT_OK(tdist__coll_broadcast(&t.ctx, b, count, TDIST_F32, 2));
+    for (size_t i = 0; i < count; i++)
+        if (b[i] != (float)(i % 977)) FAIL("broadcast element %zu: %g", i, (double)b[i]);
+    if (rank == 0) fprintf(stderr, "32 MiB f32 all_reduce on %d ranks: %.1f ms\n", n, ms);
+    free(b);
+    mesh_close(&t);
+}
+
+TEST(coll_all_reduce_32mib, 60) { tdist_test_run_ranks(4, big_body, NULL); }
+
+/* ---------------------------------------------------- forced by env */
+
+static void env_body(int rank, int n, void *arg)
+{
+    (void)arg;
+    coll_rank_t t;
+    mesh_open(&t, rank, n);
+    static const char *names[] = {"ring", "rd", "direct", "auto"};
+    int32_t v[3] = {rank + 1, rank * 2, -rank}, want[3] = {0, 0, 0};
+    for (int r = 0; r < n; r++) {
+        want[0] += r + 1;
+        want[1] += r * 2;
+        want[2] -= r;
+    }
+    for (int i = 0; i < 4; i++) {
+        setenv("TDIST_ALGO_ALLREDUCE", names[i], 1);
+        int32_t out[3];
+        ASSERT_OK(tdist__coll_all_reduce(&t.ctx, v, out, 3, TDIST_I32, TDIST_SUM, 1.0, TDIST__AR_AUTO));
+        ASSERT_MEMEQ(out, want, sizeof want);
+    }
+    setenv("TDIST_ALGO_ALLREDUCE", "bogus", 1);
+    int32_t out[3];
+    ASSERT_STATUS(tdist__coll_all_reduce(&t.ctx, v, out, 3, TDIST_I32, TDIST_SUM, 1.0, TDIST__AR_AUTO),
+                  TDIST_ERR_INVALID_ARG);
+    ASSERT_CONTAINS(tdist_last_error(), "bogus");
+    unsetenv("TDIST_ALGO_ALLREDUCE");
+    ASSERT_OK(tdist__coll_barrier(&t.ctx));
+    mesh_close(&t);
+}
+
+TEST(coll_algo_env, 30) { tdist_test_run_ranks(3, env_body, NULL); }
+
+/* ------------------------------------------------------- dead peer */
+
+typedef struct kill_arg {
+    tdist__ar_algo_t algo;
+    size_t count;
+} kill_arg_t;
+
+static void *killer(void *arg)
+{
+    (void)arg;
+    usleep(30 * 1000);
+    raise(SIGKILL);
+    return NULL;
+}
+
+/* Rank 3 of 4 dies (SIGKILL) inside an all_reduce. The ranks that receive
+ * from it (every rank for direct; rank 0 in the ring) fail with
+ * TDIST_ERR_CONNECTION naming rank 3; the rest fail with
+ * TDIST_ERR_CONNECTION when a failed neighbour closes its mesh. Nobody
+ * hangs: every survivor fails within a few seconds although the
+ * collective's deadline is a minute away. */
+static void kill_body(int rank, int n, void *arg)
+{
+    const kill_arg_t *k = arg;
+    coll_rank_t t;
+    mesh_open(&t, rank, n);
+    float *b = calloc(k->count, 4);
+    ASSERT_TRUE(b != NULL);
+    ASSERT_OK(tdist__coll_all_reduce(&t.ctx, b, b, k->count, TDIST_F32, TDIST_SUM, 1.0, k->algo));
+    if (rank == 3) {
+        pthread_t th;
+        ASSERT_TRUE(pthread_create(&th, NULL, killer, NULL) == 0);
+        for (;;) /* until killed: keep the collective in flight */
+            (void)tdist__coll_all_reduce(&t.ctx, b, b, k->count, TDIST_F32, TDIST_SUM, 1.0, k->algo);
+    }
+    double t0 = tdist_test_now_ms();
+    tdist_status_t st = TDIST_OK;
+    for (int i = 0; i < 1000 && st == TDIST_OK; i++)
+        st = tdist__coll_all_reduce(&t.ctx, b, b, k->count, TDIST_F32, TDIST_SUM, 1.0, k->algo);
+    double ms = tdist_test_now_ms() - t0;
+    ASSERT_STATUS(st, TDIST_ERR_CONNECTION);
+    /* ring: rank 0 receives from rank 3; rank 2's sends to it may all have
+     * been taken by the kernel, so it may learn from rank 1 instead */
+    bool neighbour = k->algo == TDIST__AR_DIRECT || rank == 0;
+    if (neighbour) ASSERT_CONTAINS(tdist_last_error(), "rank 3");
+    ASSERT_LE(ms, 5000 * tdist_test_timeout_mult());
+    /* What pg/ does with a failed group: close it. Ranks that never talk
+     * to rank 3 (ring: rank 1) learn of the failure from that close. The
+     * pause lets every neighbour of rank 3 see rank 3's death first. */
+    usleep(200 * 1000);
+    tdist__tp_destroy(t.tp);
+    /* bounded: a survivor that failed an assertion must not leave the
+     * others waiting here until the test's deadline */
+    tdist_store_set_timeout(tdist_world_store(t.w), (int64_t)(10000 * tdist_test_timeout_mult()));
+    store_barrier(&t, k->algo == TDIST__AR_DIRECT ? "kd" : "kr", 3); /* survivors */
+    free(b);
+    tdist_world_destroy(t.w);
+}
+
+static void run_kill(tdist__ar_algo_t algo, size_t count)
+{
+    kill_arg_t k = {algo, count};
+    tdist_ranks_opts_t o;
+    tdist_ranks_opts_init(&o, 4);
+    o.kill_others_after_ms = -1;
+    tdist_rank_result_t res[4];
+    tdist_test_spawn_ranks(&o, kill_body, &k, res);
+    char d[128];
+    for (int r = 0; r < 3; r++)
+        if (!res[r].exited || res[r].code != 0)
+            FAIL("survivor rank %d %s", r, tdist_test_describe(&res[r], d, sizeof d));
+    if (!res[3].signaled || res[3].sig != SIGKILL)
+        FAIL("rank 3 %s, expected SIGKILL", tdist_test_describe(&res[3], d, sizeof d));
+}
+
+TEST(coll_dead_peer_ring, 40) { run_kill(TDIST__AR_RING, 1u << 20); }
+TEST(coll_dead_peer_direct, 40) { run_kill(TDIST__AR_DIRECT, 16); }
+
+/* ------------------------------------------------------- deadline */
+
+/* Rank 2 of 3 never joins the collectives: the others fail with
+ * TDIST_ERR_TIMEOUT at the context's deadline (not before, and within a
+ * second after), naming the peer still owed bytes; requests that were
+ * still posted are unlinked (ASan would see their freed memory touched
+ * otherwise) and the transport is left aborted. */
+static void late_body(int rank, int n, void *arg)
+{
+    (void)arg;
+    coll_rank_t t;
+    mesh_open(&t, rank, n);
+    if (rank != 2) {
+        static const tdist__ar_algo_t algos[] = {TDIST__AR_RING, TDIST__AR_DIRECT};
+        for (int a = 0; a < 2; a++) {
+            size_t count = a == 0 ? (1u << 20) : 4;
+            float *b = calloc(count, 4);
+            t.ctx.deadline_ms = tdist__now_ms() + 500;
+            double t0 = tdist_test_now_ms();
+            tdist_status_t st =
+                tdist__coll_all_reduce(&t.ctx, b, b, count, TDIST_F32, TDIST_SUM, 1.0, algos[a]);
+            double ms = tdist_test_now_ms() - t0;
+            if (a == 0) {
+                ASSERT_STATUS(st, TDIST_ERR_TIMEOUT);
+                /* rank 0 receives from rank 2 in the ring; rank 1 waits on rank 0 */
+                ASSERT_CONTAINS(tdist_last_error(), rank == 0 ? "peer rank 2" : "peer rank 0");
+                ASSERT_GE(ms, 490);
+                ASSERT_LE(ms, 1500 * tdist_test_timeout_mult());
+            } else {
+                ASSERT_STATUS(st, TDIST_ERR_ABORTED); /* the transport stays failed */
+            }
+            free(b);
+        }
+    }
+    store_barrier(&t, "late", 3);
+    mesh_close(&t);
+}
+
+TEST(coll_deadline, 30) { tdist_test_run_ranks(3, late_body, NULL); }
+
+/* ------------------------------------------------- timing probe */
+
+/* Not a ctest case: `tdist_tests coll_perf_probe` prints the median time of
+ * each all_reduce algorithm by size (used to set coll.c's thresholds). */
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void perf_body(int rank, int n, void *arg)
+{
+    (void)arg;
+    coll_rank_t t;
+    mesh_open(&t, rank, n);
+    t.ctx.deadline_ms = deadline_in(600000);
+    static const size_t sizes[] = {8, 256, 4096, 65536, 1u << 20, 16u << 20};
+    static const tdist__ar_algo_t algos[] = {TDIST__AR_RING, TDIST__AR_RD, TDIST__AR_DIRECT,
+                                             TDIST__AR_AUTO};
+    static const char *names[] = {"ring", "rd", "direct", "auto"};
+    for (size_t si = 0; si < 6; si++) {
+        size_t count = sizes[si] / 4;
+        float *b = calloc(count, 4);
+        for (size_t a = 0; a < 4; a++) {
+            if (a == 2 && sizes[si] > (1u << 20)) continue;
+            int iters = sizes[si] >= (1u << 20) ? 5 : 51;
+            double ts[51];
+            for (int i = 0; i < iters; i++) {
+                ASSERT_OK(tdist__coll_barrier(&t.ctx));
+                double t0 = tdist_test_now_ms();
+                ASSERT_OK(tdist__coll_all_reduce(&t.ctx, b, b, count, TDIST_F32, TDIST_SUM, 1.0, algos[a]));
+                ts[i] = tdist_test_now_ms() - t0;
+            }
+            qsort(ts, (size_t)iters, sizeof ts[0], cmp_double);
+            if (rank == 0)
+                fprintf(stderr, "n=%d %9zu B %-6s %10.1f us  %.2f GB/s busbw\n", n, sizes[si], names[a],
+                        ts[iters / 2] * 1000.0,
+                        2.0 * (n - 1) / n * (double)sizes[si] / (ts[iters / 2] * 1e6));
+        }
+        free(b);
+    }
+    mesh_close(&t);
+}
+
+TEST_HIDDEN(coll_perf_probe, 300)
+{
+    tdist_test_run_ranks(2, perf_body, NULL);
+    tdist_test_run_ranks(4, perf_body, NULL);
+}
