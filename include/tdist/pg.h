@@ -1,0 +1,265 @@
+/*
+ * tdist/pg.h — process groups and collectives.
+ *
+ * A process group is an ordered set of ranks with its own channels and its
+ * own progress engine. The world group comes from a tdist_world_t (init.h);
+ * subgroups from tdist_pg_new_group() and tdist_pg_split().
+ *
+ * The rules every collective keeps (ARCHITECTURE.md):
+ *  1. One order. A group runs its collectives one at a time, in the order
+ *     they were issued, on its engine thread; each carries the group's
+ *     sequence number (1, 2, 3, ...).
+ *  2. Always checked. Before data moves, every rank's fingerprint of the
+ *     call (group, sequence, op, dtype, count, root, reduce op, split
+ *     sizes) is compared; a mismatch fails that collective on every rank
+ *     with TDIST_ERR_MISMATCH and a message naming both calls and ranks,
+ *     the same text after "collective mismatch:" on every rank, e.g.
+ *     "rank 1 group world seq 7 all_reduce(f32, 1024, sum): collective
+ *     mismatch: rank 0 all_reduce(f32, 1024, sum) vs rank 1
+ *     broadcast(f32, 1024, root 0)". See docs/pg.md.
+ *  3. Bounded. Every wait has a deadline: the call's timeout, else the
+ *     group's (default 10 minutes; TDIST_TIMEOUT_MS overrides). A peer that
+ *     dies fails the pending and next collectives of every other rank with
+ *     an error naming the dead rank.
+ *
+ * Failure is sticky: after a collective fails, every later call on the
+ * group fails with the same status; destroy the group.
+ *
+ * Buffers are (pointer, count, dtype); the caller owns them and keeps them
+ * untouched until the collective has completed (blocking call returned, or
+ * its work finished). sendbuf == recvbuf means in place.
+ *
+ * Blocking or not: every collective takes `tdist_work_t **work`. NULL
+ * blocks until the collective completes. Otherwise the call returns at once
+ * with *work set; the caller waits or tests it and must tdist_work_free()
+ * it. Argument errors are reported by the call itself, before anything is
+ * sent, and then no work is created.
+ *
+ * Threads: the calls on one group must come from one thread at a time, or
+ * be serialised by the caller (their issue order is the group's order).
+ * Work handles may be waited on from any thread. tdist_pg_abort() may be
+ * called from any thread.
+ */
+#ifndef TDIST_PG_H
+#define TDIST_PG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tdist/core.h"
+#include "tdist/init.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TDIST_PG_DEFAULT_TIMEOUT_MS 600000 /* 10 minutes */
+
+typedef struct tdist_pg tdist_pg_t;
+typedef struct tdist_work tdist_work_t;
+
+/* Options of a group. Fill with tdist_pg_opts_init(). */
+typedef struct tdist_pg_opts {
+    /* Default deadline of each collective in ms. Default
+     * TDIST_PG_DEFAULT_TIMEOUT_MS, or TDIST_TIMEOUT_MS from the environment. */
+    int64_t timeout_ms;
+    /* Name used in messages ("world", "tp0", ...). NULL: "world" for the
+     * world group, "<parent>.<n>" for subgroups. Copied. */
+    const char *name;
+    /* Transport: "tcp" (the only one so far), or NULL for
+     * TDIST_TRANSPORT from the environment, else the default. "shm" is
+     * TDIST_ERR_NOT_SUPPORTED for now; any other name INVALID_ARG. */
+    const char *transport;
+    /* Address this rank's channels listen on. NULL: 127.0.0.1 when every
+     * rank of the world is on this host, else creation fails with
+     * TDIST_ERR_NOT_SUPPORTED (interface selection is issue 6).
+     * Subgroups created with NULL opts inherit the parent's timeout and
+     * bind address. Copied. */
+    const char *bind_addr;
+} tdist_pg_opts_t;
+
+/* Fill *opts with defaults. Thread-safe. */
+TDIST_API void tdist_pg_opts_init(tdist_pg_opts_t *opts);
+
+/* Per-call options. Fill with tdist_coll_opts_init(); NULL means defaults. */
+typedef struct tdist_coll_opts {
+    /* Deadline of this collective in ms; < 0: the group's. */
+    int64_t timeout_ms;
+    /* PREMUL_SUM: every rank's input is multiplied by this factor before
+     * the sum. Floating dtypes only. Default 1.0. */
+    double premul_factor;
+    /* Called once on the engine thread when the collective completes
+     * (successfully or not) with its status and user_data; never called
+     * if the call itself fails. Must not block or issue collectives on
+     * the same group. */
+    void (*on_complete)(tdist_status_t status, void *user_data);
+    void *user_data;
+} tdist_coll_opts_t;
+
+/* Fill *opts with defaults. Thread-safe. */
+TDIST_API void tdist_coll_opts_init(tdist_coll_opts_t *opts);
+
+/* ------------------------------------------------------------- groups */
+
+/* Create the world group over every rank of world: collective (every rank
+ * calls it), blocks until every rank's channels are connected or the
+ * timeout passes (naming the ranks that did not connect). Borrows world
+ * (its store): world must outlive the group. opts may be NULL.
+ * The caller owns *out (tdist_pg_destroy). */
+TDIST_API tdist_status_t tdist_pg_create_world(tdist_world_t *world, const tdist_pg_opts_t *opts,
+                                               tdist_pg_t **out);
+
+/* Create a subgroup of parent with the n parent ranks in ranks[] (in that
+ * order: ranks[i] becomes subgroup rank i). Collective over parent: every
+ * parent rank calls it with the same list, in the same order relative to
+ * its other group creations; it runs as a collective of parent. Ranks not
+ * in the list get *out = NULL and TDIST_OK. Blocks. */
+TDIST_API tdist_status_t tdist_pg_new_group(tdist_pg_t *parent, const int *ranks, int n,
+                                            const tdist_pg_opts_t *opts, tdist_pg_t **out);
+
+/* MPI_Comm_split: every parent rank calls it; ranks with the same color
+ * form a group, ordered by (key, parent rank). color < 0: this rank joins
+ * no group (*out = NULL, TDIST_OK). Collective over parent; blocks. */
+TDIST_API tdist_status_t tdist_pg_split(tdist_pg_t *parent, int color, int key,
+                                        const tdist_pg_opts_t *opts, tdist_pg_t **out);
+
+/* This rank's rank in the group, the group's size, its name. Thread-safe;
+ * -1 / -1 / NULL for a NULL group. */
+TDIST_API int tdist_pg_rank(const tdist_pg_t *pg);
+TDIST_API int tdist_pg_size(const tdist_pg_t *pg);
+TDIST_API const char *tdist_pg_name(const tdist_pg_t *pg);
+
+/* The rank in the world group of group rank r; -1 if out of range. */
+TDIST_API int tdist_pg_world_rank(const tdist_pg_t *pg, int r);
+
+/* Abort the group: every pending and future call on it fails at once with
+ * TDIST_ERR_ABORTED; blocked waits return. Any thread; never blocks;
+ * idempotent. The group must still be destroyed. */
+TDIST_API tdist_status_t tdist_pg_abort(tdist_pg_t *pg);
+
+/* The group's sticky error (TDIST_OK if none), and its message copied into
+ * buf (may be NULL) of n bytes: the collective error, else the p2p
+ * error, else TDIST_ERR_ABORTED after tdist_pg_abort. Thread-safe. */
+TDIST_API tdist_status_t tdist_pg_error(const tdist_pg_t *pg, char *buf, size_t n);
+
+/* Stop the engine, close the channels and free the group. Pending works
+ * fail with TDIST_ERR_ABORTED; work handles stay valid until freed.
+ * Blocks until the engine thread has exited. NULL does nothing. */
+TDIST_API void tdist_pg_destroy(tdist_pg_t *pg);
+
+/* ---------------------------------------------------------- work handles */
+
+/* TDIST_INPROGRESS while running, then TDIST_OK or the error the
+ * collective failed with. Never blocks; thread-safe. */
+TDIST_API tdist_status_t tdist_work_status(const tdist_work_t *w);
+
+/* Wait until the work completes or timeout_ms passes (< 0: no limit
+ * beyond the collective's own deadline). Returns the work's status, or
+ * TDIST_ERR_TIMEOUT if timeout_ms passed first (the work goes on). On an
+ * error tdist_last_error() holds the work's message. Any thread. */
+TDIST_API tdist_status_t tdist_work_wait(tdist_work_t *w, int64_t timeout_ms);
+
+/* The work's error message ("" while running or on success). Owned by w. */
+TDIST_API const char *tdist_work_error(const tdist_work_t *w);
+
+/* Release the handle. Always required, also after an error; allowed before
+ * the work completes (the collective still runs, its buffers must stay
+ * valid until it does). NULL does nothing. */
+TDIST_API void tdist_work_free(tdist_work_t *w);
+
+/* ------------------------------------------------------------ collectives */
+
+TDIST_API tdist_status_t tdist_broadcast(tdist_pg_t *pg, void *buf, size_t count,
+                                         tdist_dtype_t dtype, int root,
+                                         const tdist_coll_opts_t *opts, tdist_work_t **work);
+
+TDIST_API tdist_status_t tdist_all_reduce(tdist_pg_t *pg, const void *sendbuf, void *recvbuf,
+                                          size_t count, tdist_dtype_t dtype, tdist_redop_t op,
+                                          const tdist_coll_opts_t *opts, tdist_work_t **work);
+
+/* Reduce to root (the collective MPI_Reduce; named tdist_reduce_to because
+ * tdist_reduce is core.h's local kernel). recvbuf is written on root only
+ * (may be NULL elsewhere). */
+TDIST_API tdist_status_t tdist_reduce_to(tdist_pg_t *pg, const void *sendbuf, void *recvbuf,
+                                         size_t count, tdist_dtype_t dtype, tdist_redop_t op,
+                                         int root, const tdist_coll_opts_t *opts,
+                                         tdist_work_t **work);
+
+/* recvbuf: size * count elements, rank r's at offset r * count. */
+TDIST_API tdist_status_t tdist_all_gather(tdist_pg_t *pg, const void *sendbuf, void *recvbuf,
+                                          size_t count, tdist_dtype_t dtype,
+                                          const tdist_coll_opts_t *opts, tdist_work_t **work);
+
+/* Uneven: rank r contributes recvcounts[r] elements (sendbuf), stored
+ * packed in rank order in recvbuf. recvcounts has size entries, the same
+ * on every rank. */
+TDIST_API tdist_status_t tdist_all_gatherv(tdist_pg_t *pg, const void *sendbuf, void *recvbuf,
+                                           const size_t *recvcounts, tdist_dtype_t dtype,
+                                           const tdist_coll_opts_t *opts, tdist_work_t **work);
+
+/* recvbuf (root only): size * count elements in rank order. */
+TDIST_API tdist_status_t tdist_gather(tdist_pg_t *pg, const void *sendbuf, void *recvbuf,
+                                      size_t count, tdist_dtype_t dtype, int root,
+                                      const tdist_coll_opts_t *opts, tdist_work_t **work);
+
+/* sendbuf (root only): size * count elements; rank r receives block r. */
+TDIST_API tdist_status_t tdist_scatter(tdist_pg_t *pg, const void *sendbuf, void *recvbuf,
+                                       size_t count, tdist_dtype_t dtype, int root,
+                                       const tdist_coll_opts_t *opts, tdist_work_t **work);
+
+/* sendbuf: size * recvcount elements; rank r's recvbuf = op of block r. */
+TDIST_API tdist_status_t tdist_reduce_scatter(tdist_pg_t *pg, const void *sendbuf, void *recvbuf,
+                                              size_t recvcount, tdist_dtype_t dtype,
+                                              tdist_redop_t op, const tdist_coll_opts_t *opts,
+                                              tdist_work_t **work);
+
+/* Equal splits: count elements to and from every rank. */
+TDIST_API tdist_status_t tdist_all_to_all(tdist_pg_t *pg, const void *sendbuf, void *recvbuf,
+                                          size_t count, tdist_dtype_t dtype,
+                                          const tdist_coll_opts_t *opts, tdist_work_t **work);
+
+/* Uneven splits, packed: sendcounts[p] elements go to rank p,
+ * recvcounts[p] come from rank p. What p sends to r must equal what r
+ * expects from p (checked: a disagreement is TDIST_ERR_MISMATCH). */
+TDIST_API tdist_status_t tdist_all_to_allv(tdist_pg_t *pg, const void *sendbuf,
+                                           const size_t *sendcounts, void *recvbuf,
+                                           const size_t *recvcounts, tdist_dtype_t dtype,
+                                           const tdist_coll_opts_t *opts, tdist_work_t **work);
+
+TDIST_API tdist_status_t tdist_barrier(tdist_pg_t *pg, const tdist_coll_opts_t *opts,
+                                       tdist_work_t **work);
+
+/* A barrier that, when its timeout passes, fails with TDIST_ERR_TIMEOUT
+ * and a message naming every rank that did not arrive ("monitored_barrier:
+ * ranks 2, 5 did not arrive within 3000 ms"). Blocking only. */
+TDIST_API tdist_status_t tdist_monitored_barrier(tdist_pg_t *pg, const tdist_coll_opts_t *opts);
+
+/* Coalesced: n buffers (in place), one op, one collective. */
+TDIST_API tdist_status_t tdist_all_reduce_coalesced(tdist_pg_t *pg, void *const *bufs,
+                                                    const size_t *counts, size_t n,
+                                                    tdist_dtype_t dtype, tdist_redop_t op,
+                                                    const tdist_coll_opts_t *opts,
+                                                    tdist_work_t **work);
+TDIST_API tdist_status_t tdist_broadcast_coalesced(tdist_pg_t *pg, void *const *bufs,
+                                                   const size_t *counts, size_t n,
+                                                   tdist_dtype_t dtype, int root,
+                                                   const tdist_coll_opts_t *opts,
+                                                   tdist_work_t **work);
+
+/* Point to point. Ordered per pair of ranks and direction, outside the
+ * group's collective order (they do not take a group sequence number; a
+ * per-pair sequence and the fingerprint (dtype, count) are checked against
+ * the matching recv: TDIST_ERR_MISMATCH, sticky for the group's p2p path).
+ * They run on a second mesh and thread, so a pending recv never holds
+ * back collectives or a later send; dst/src must be another rank. */
+TDIST_API tdist_status_t tdist_send(tdist_pg_t *pg, const void *buf, size_t count,
+                                    tdist_dtype_t dtype, int dst, const tdist_coll_opts_t *opts,
+                                    tdist_work_t **work);
+TDIST_API tdist_status_t tdist_recv(tdist_pg_t *pg, void *buf, size_t count, tdist_dtype_t dtype,
+                                    int src, const tdist_coll_opts_t *opts, tdist_work_t **work);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TDIST_PG_H */

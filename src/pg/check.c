@@ -1,0 +1,314 @@
+/*
+ * pg/check.c — collective fingerprints (ARCHITECTURE.md rule 2).
+ *
+ * Before every collective each rank sends a fixed-size fingerprint to every
+ * peer and receives every peer's (all posted at once, one wait with the
+ * collective's deadline). Every rank then holds every rank's common part
+ * and compares each against rank 0's: the first rank that differs is named,
+ * so every rank reports the same message. all_to_allv adds a second small
+ * round: each rank checks the pairs it is part of ("I send you s / I
+ * expect r from you") and all ranks exchange their first disagreement, so
+ * the lowest disagreeing pair is reported everywhere.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pg/internal.h"
+
+static const char *const op_names[TDIST__OP_COUNT] = {
+    [TDIST__OP_NONE] = "none",
+    [TDIST__OP_BROADCAST] = "broadcast",
+    [TDIST__OP_ALL_REDUCE] = "all_reduce",
+    [TDIST__OP_REDUCE] = "reduce",
+    [TDIST__OP_ALL_GATHER] = "all_gather",
+    [TDIST__OP_ALL_GATHERV] = "all_gatherv",
+    [TDIST__OP_GATHER] = "gather",
+    [TDIST__OP_SCATTER] = "scatter",
+    [TDIST__OP_REDUCE_SCATTER] = "reduce_scatter",
+    [TDIST__OP_ALL_TO_ALL] = "all_to_all",
+    [TDIST__OP_ALL_TO_ALLV] = "all_to_allv",
+    [TDIST__OP_BARRIER] = "barrier",
+    [TDIST__OP_MONITORED_BARRIER] = "monitored_barrier",
+    [TDIST__OP_ALL_REDUCE_COALESCED] = "all_reduce_coalesced",
+    [TDIST__OP_BROADCAST_COALESCED] = "broadcast_coalesced",
+    [TDIST__OP_SEND] = "send",
+    [TDIST__OP_RECV] = "recv",
+};
+
+const char *tdist__op_name(tdist__op_t op)
+{
+    return (op > TDIST__OP_NONE && op < TDIST__OP_COUNT) ? op_names[op] : "unknown-op";
+}
+
+uint64_t tdist__fnv1a(uint64_t h, const void *data, size_t len)
+{
+    const uint8_t *b = data;
+    for (size_t i = 0; i < len; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+static uint64_t hash_counts(const size_t *c, size_t n)
+{
+    uint64_t h = TDIST__FNV_INIT;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t v = c[i];
+        h = tdist__fnv1a(h, &v, sizeof v);
+    }
+    return h;
+}
+
+static bool has_root(tdist__op_t op)
+{
+    return op == TDIST__OP_BROADCAST || op == TDIST__OP_REDUCE || op == TDIST__OP_GATHER ||
+           op == TDIST__OP_SCATTER || op == TDIST__OP_BROADCAST_COALESCED;
+}
+
+static bool has_redop(tdist__op_t op)
+{
+    return op == TDIST__OP_ALL_REDUCE || op == TDIST__OP_REDUCE ||
+           op == TDIST__OP_REDUCE_SCATTER || op == TDIST__OP_ALL_REDUCE_COALESCED;
+}
+
+static bool has_dtype(tdist__op_t op)
+{
+    return op != TDIST__OP_BARRIER && op != TDIST__OP_MONITORED_BARRIER;
+}
+
+void tdist__fp_common(const struct tdist_work *w, uint64_t uid_hash, tdist__fp_t *fp)
+{
+    memset(fp, 0, sizeof *fp);
+    fp->magic = TDIST__FP_MAGIC;
+    fp->op = (uint32_t)w->op;
+    fp->uid_hash = uid_hash;
+    fp->seq = w->seq;
+    fp->dtype = has_dtype(w->op) ? (int32_t)w->dtype : -1;
+    fp->root = has_root(w->op) ? w->root : -1;
+    fp->redop = has_redop(w->op) ? (int32_t)w->redop : -1;
+    switch (w->op) {
+    case TDIST__OP_ALL_GATHERV: {
+        uint64_t total = 0;
+        for (int r = 0; r < w->nranks; r++) total += w->recvcounts[r];
+        fp->count = total;
+        fp->vec_hash = hash_counts(w->recvcounts, (size_t)w->nranks);
+        break;
+    }
+    case TDIST__OP_ALL_REDUCE_COALESCED:
+    case TDIST__OP_BROADCAST_COALESCED: {
+        uint64_t total = 0;
+        for (size_t i = 0; i < w->nbufs; i++) total += w->counts[i];
+        fp->count = total;
+        fp->vec_hash = hash_counts(w->counts, w->nbufs);
+        fp->aux = w->nbufs;
+        break;
+    }
+    case TDIST__OP_ALL_TO_ALLV:
+    case TDIST__OP_BARRIER:
+    case TDIST__OP_MONITORED_BARRIER:
+        fp->count = 0;
+        break;
+    default:
+        fp->count = w->count;
+        break;
+    }
+}
+
+void tdist__fp_fill(tdist_pg_t *pg, const struct tdist_work *w)
+{
+    tdist__fp_common(w, pg->uid_hash, &pg->fp_mine[0]);
+    for (int p = 0; p < pg->size; p++) {
+        if (p) pg->fp_mine[p] = pg->fp_mine[0];
+        if (w->op == TDIST__OP_ALL_TO_ALLV) {
+            pg->fp_mine[p].send_to_you = w->sendcounts[p];
+            pg->fp_mine[p].recv_from_you = w->recvcounts[p];
+        }
+    }
+}
+
+bool tdist__fp_common_equal(const tdist__fp_t *a, const tdist__fp_t *b)
+{
+    return a->magic == b->magic && a->op == b->op && a->uid_hash == b->uid_hash &&
+           a->seq == b->seq && a->count == b->count && a->vec_hash == b->vec_hash &&
+           a->aux == b->aux && a->dtype == b->dtype && a->root == b->root &&
+           a->redop == b->redop;
+}
+
+void tdist__fp_describe(const tdist__fp_t *fp, bool with_seq, char *buf, size_t n)
+{
+    tdist__op_t op = (fp->op < TDIST__OP_COUNT) ? (tdist__op_t)fp->op : TDIST__OP_NONE;
+    const char *dt = tdist_dtype_name((tdist_dtype_t)fp->dtype);
+    const char *ro = tdist_redop_name((tdist_redop_t)fp->redop);
+    char seq[40] = "";
+    if (with_seq) snprintf(seq, sizeof seq, " seq %" PRIu64, fp->seq);
+    const char *name = tdist__op_name(op);
+    unsigned long long cnt = (unsigned long long)fp->count;
+    switch (op) {
+    case TDIST__OP_BROADCAST:
+    case TDIST__OP_GATHER:
+    case TDIST__OP_SCATTER:
+        snprintf(buf, n, "%s(%s, %llu, root %d)%s", name, dt, cnt, fp->root, seq);
+        break;
+    case TDIST__OP_ALL_REDUCE:
+    case TDIST__OP_REDUCE_SCATTER:
+        snprintf(buf, n, "%s(%s, %llu, %s)%s", name, dt, cnt, ro, seq);
+        break;
+    case TDIST__OP_REDUCE:
+        snprintf(buf, n, "%s(%s, %llu, %s, root %d)%s", name, dt, cnt, ro, fp->root, seq);
+        break;
+    case TDIST__OP_ALL_GATHER:
+    case TDIST__OP_ALL_TO_ALL:
+        snprintf(buf, n, "%s(%s, %llu)%s", name, dt, cnt, seq);
+        break;
+    case TDIST__OP_ALL_GATHERV:
+        snprintf(buf, n, "%s(%s, %llu in total, counts hash %08llx)%s", name, dt, cnt,
+                 (unsigned long long)(fp->vec_hash & 0xffffffffu), seq);
+        break;
+    case TDIST__OP_ALL_TO_ALLV:
+        snprintf(buf, n, "%s(%s)%s", name, dt, seq);
+        break;
+    case TDIST__OP_ALL_REDUCE_COALESCED:
+        snprintf(buf, n, "%s(%s, %llu buffers, %llu in total, counts hash %08llx, %s)%s", name,
+                 dt, (unsigned long long)fp->aux, cnt,
+                 (unsigned long long)(fp->vec_hash & 0xffffffffu), ro, seq);
+        break;
+    case TDIST__OP_BROADCAST_COALESCED:
+        snprintf(buf, n, "%s(%s, %llu buffers, %llu in total, counts hash %08llx, root %d)%s",
+                 name, dt, (unsigned long long)fp->aux, cnt,
+                 (unsigned long long)(fp->vec_hash & 0xffffffffu), fp->root, seq);
+        break;
+    default:
+        snprintf(buf, n, "%s()%s", name, seq);
+        break;
+    }
+}
+
+void tdist__work_describe(const struct tdist_work *w, char *buf, size_t n)
+{
+    if (w->op == TDIST__OP_SEND || w->op == TDIST__OP_RECV) {
+        snprintf(buf, n, "%s(%s, %zu, %s rank %d)", tdist__op_name(w->op),
+                 tdist_dtype_name(w->dtype), w->count, w->op == TDIST__OP_SEND ? "to" : "from",
+                 w->root);
+        return;
+    }
+    tdist__fp_t fp;
+    tdist__fp_common(w, 0, &fp);
+    tdist__fp_describe(&fp, false, buf, n);
+}
+
+/* all_to_allv's pairwise verdict: the lowest (from, to) pair this rank
+ * saw disagree; from = -1 when none. */
+typedef struct verdict {
+    int32_t from, to;
+    uint64_t sends, expects;
+} verdict_t;
+
+static bool verdict_less(const verdict_t *a, const verdict_t *b)
+{
+    if (a->from < 0) return false;
+    if (b->from < 0) return true;
+    return a->from < b->from || (a->from == b->from && a->to < b->to);
+}
+
+static tdist_status_t a2av_round(tdist_pg_t *pg, const struct tdist_work *w, int64_t deadline_ms)
+{
+    int n = pg->size, me = pg->rank;
+    verdict_t mine = {.from = -1, .to = -1};
+    for (int p = 0; p < n; p++) {
+        /* me -> p: I send sendcounts[p]; p expects theirs[p].recv_from_you */
+        uint64_t s = w->sendcounts[p];
+        uint64_t r = (p == me) ? w->recvcounts[me] : pg->fp_theirs[p].recv_from_you;
+        verdict_t v = {me, p, s, r};
+        if (s != r && verdict_less(&v, &mine)) mine = v;
+        /* p -> me */
+        s = (p == me) ? w->sendcounts[me] : pg->fp_theirs[p].send_to_you;
+        r = w->recvcounts[p];
+        verdict_t v2 = {p, me, s, r};
+        if (s != r && verdict_less(&v2, &mine)) mine = v2;
+    }
+    verdict_t *all = calloc((size_t)(unsigned)n, sizeof *all);
+    if (!all) return tdist__error(TDIST_ERR_NO_MEMORY, "all_to_allv check: out of memory");
+    int k = 0;
+    for (int p = 0; p < n; p++) {
+        if (p == me) continue;
+        tdist_status_t st = tdist__tp_post_send(pg->tp, &pg->fp_reqs[k], p, &mine, sizeof mine);
+        if (st == TDIST_OK) {
+            pg->fp_reqp[k] = &pg->fp_reqs[k];
+            k++;
+            st = tdist__tp_post_recv(pg->tp, &pg->fp_reqs[k], p, &all[p], sizeof all[p]);
+        }
+        if (st != TDIST_OK) {
+            free(all);
+            return st;
+        }
+        pg->fp_reqp[k] = &pg->fp_reqs[k];
+        k++;
+    }
+    tdist_status_t st = tdist__tp_wait(pg->tp, pg->fp_reqp, (size_t)k, deadline_ms);
+    if (st != TDIST_OK) {
+        free(all);
+        return st;
+    }
+    all[me] = mine;
+    verdict_t best = {.from = -1, .to = -1};
+    for (int p = 0; p < n; p++)
+        if (verdict_less(&all[p], &best)) best = all[p];
+    free(all);
+    if (best.from < 0) return TDIST_OK;
+    return tdist__error(TDIST_ERR_MISMATCH,
+                        "collective mismatch: all_to_allv splits disagree: rank %d sends %llu "
+                        "elements to rank %d, which expects %llu from rank %d",
+                        best.from, (unsigned long long)best.sends, best.to,
+                        (unsigned long long)best.expects, best.from);
+}
+
+tdist_status_t tdist__fp_exchange(tdist_pg_t *pg, const struct tdist_work *w, int64_t deadline_ms)
+{
+    int n = pg->size, me = pg->rank;
+    tdist__fp_fill(pg, w);
+    if (n > 1) {
+        int k = 0;
+        for (int p = 0; p < n; p++) {
+            if (p == me) continue;
+            TDIST_CHECK(tdist__tp_post_send(pg->tp, &pg->fp_reqs[k], p, &pg->fp_mine[p],
+                                            sizeof(tdist__fp_t)));
+            pg->fp_reqp[k] = &pg->fp_reqs[k];
+            k++;
+            TDIST_CHECK(tdist__tp_post_recv(pg->tp, &pg->fp_reqs[k], p, &pg->fp_theirs[p],
+                                            sizeof(tdist__fp_t)));
+            pg->fp_reqp[k] = &pg->fp_reqs[k];
+            k++;
+        }
+        TDIST_CHECK(tdist__tp_wait(pg->tp, pg->fp_reqp, (size_t)k, deadline_ms));
+    }
+    TDIST_CHECK(tdist__fp_compare(pg));
+    if (w->op == TDIST__OP_ALL_TO_ALLV) return a2av_round(pg, w, deadline_ms);
+    return TDIST_OK;
+}
+
+tdist_status_t tdist__fp_compare(tdist_pg_t *pg)
+{
+    int n = pg->size, me = pg->rank;
+    pg->fp_theirs[me] = pg->fp_mine[me];
+    for (int p = 0; p < n; p++)
+        if (pg->fp_theirs[p].magic != TDIST__FP_MAGIC)
+            return tdist__error(TDIST_ERR_MISMATCH,
+                                "collective mismatch: rank %d sent a malformed fingerprint "
+                                "(magic %08x; is it running another protocol?)",
+                                p, (unsigned)pg->fp_theirs[p].magic);
+    for (int p = 1; p < n; p++) {
+        if (tdist__fp_common_equal(&pg->fp_theirs[0], &pg->fp_theirs[p])) continue;
+        bool seq = pg->fp_theirs[0].seq != pg->fp_theirs[p].seq;
+        char a[160], b[160];
+        tdist__fp_describe(&pg->fp_theirs[0], seq, a, sizeof a);
+        tdist__fp_describe(&pg->fp_theirs[p], seq, b, sizeof b);
+        if (strcmp(a, b) == 0) {
+            /* differs only in what describe does not show */
+            snprintf(b + strlen(b), sizeof b - strlen(b), " of another group (hash %016llx)",
+                     (unsigned long long)pg->fp_theirs[p].uid_hash);
+        }
+        return tdist__error(TDIST_ERR_MISMATCH, "collective mismatch: rank 0 %s vs rank %d %s", a,
+                            p, b);
+    }
+    return TDIST_OK;
+}

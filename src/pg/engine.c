@@ -1,0 +1,590 @@
+/*
+ * pg/engine.c — the ordered per-group progress engine and work handles.
+ *
+ * The caller's thread checks arguments (api.c), gives the work the next
+ * sequence number and appends it to the group's FIFO. The engine thread
+ * pops works one at a time, in order: deadline = start + (call timeout or
+ * group timeout); fingerprint exchange (check.c); the coll/ algorithm;
+ * then status, on_complete and a wake-up of the waiters.
+ *
+ * A failure is sticky: the engine posts its cause to the world store
+ * ("pg/<uid>/failure", compare_set: first wins), builds its message with
+ * the group's first failure (so every rank names the rank that actually
+ * died, not the neighbour whose connection closed in the cascade), then
+ * destroys the collective mesh so peers blocked on this rank fail fast,
+ * and aborts the p2p mesh. Every later work fails with the sticky error.
+ *
+ * Works are refcounted: one reference for the caller (until
+ * tdist_work_free, or the blocking call returns), one for the engine
+ * (until it has finished the work).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "coll/coll.h"
+#include "pg/internal.h"
+#include "tdist/store.h"
+
+/* ------------------------------------------------------------ work handles */
+
+struct tdist_work *tdist__work_new(tdist__op_t op, const tdist_coll_opts_t *opts)
+{
+    struct tdist_work *w = calloc(1, sizeof *w);
+    if (!w) return NULL;
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    if (pthread_mutex_init(&w->mu, NULL) != 0) {
+        pthread_condattr_destroy(&ca);
+        free(w);
+        return NULL;
+    }
+    if (pthread_cond_init(&w->cv, &ca) != 0) {
+        pthread_condattr_destroy(&ca);
+        pthread_mutex_destroy(&w->mu);
+        free(w);
+        return NULL;
+    }
+    pthread_condattr_destroy(&ca);
+    atomic_init(&w->refs, 2);
+    atomic_init(&w->status, TDIST_INPROGRESS);
+    w->op = op;
+    w->root = -1;
+    w->premul = 1.0;
+    w->timeout_ms = -1;
+    if (opts) {
+        w->timeout_ms = opts->timeout_ms;
+        w->premul = opts->premul_factor;
+        w->on_complete = opts->on_complete;
+        w->user_data = opts->user_data;
+    }
+    return w;
+}
+
+void tdist__work_release(struct tdist_work *w)
+{
+    if (!w) return;
+    if (atomic_fetch_sub(&w->refs, 1) != 1) return;
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    free(w->msg);
+    free(w->sendcounts);
+    free(w->recvcounts);
+    free(w->bufs);
+    free(w->counts);
+    free(w);
+}
+
+void tdist__work_finish(struct tdist_work *w, tdist_status_t st, const char *msg)
+{
+    if (st != TDIST_OK) w->msg = tdist__strdup(msg ? msg : "");
+    if (w->on_complete) w->on_complete(st, w->user_data);
+    pthread_mutex_lock(&w->mu);
+    atomic_store(&w->status, (int)st);
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    tdist__work_release(w);
+}
+
+tdist_status_t tdist_work_status(const tdist_work_t *w)
+{
+    if (!w) return tdist__error(TDIST_ERR_INVALID_ARG, "tdist_work_status: w is NULL");
+    return (tdist_status_t)atomic_load(&((tdist_work_t *)w)->status);
+}
+
+const char *tdist_work_error(const tdist_work_t *w)
+{
+    if (!w) return "";
+    int st = atomic_load(&((tdist_work_t *)w)->status);
+    if (st == TDIST_INPROGRESS || st == TDIST_OK || !w->msg) return "";
+    return w->msg;
+}
+
+tdist_status_t tdist_work_wait(tdist_work_t *w, int64_t timeout_ms)
+{
+    if (!w) return tdist__error(TDIST_ERR_INVALID_ARG, "tdist_work_wait: w is NULL");
+    int st = atomic_load(&w->status);
+    if (st == TDIST_INPROGRESS) {
+        int64_t deadline = tdist__deadline_ms(timeout_ms);
+        pthread_mutex_lock(&w->mu);
+        while ((st = atomic_load(&w->status)) == TDIST_INPROGRESS) {
+            if (deadline == INT64_MAX) {
+                pthread_cond_wait(&w->cv, &w->mu);
+                continue;
+            }
+            int64_t now = tdist__now_ms();
+            if (now >= deadline) break;
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            int64_t left = deadline - now;
+            ts.tv_sec += left / 1000;
+            ts.tv_nsec += (left % 1000) * 1000000;
+            if (ts.tv_nsec >= 1000000000) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000;
+            }
+            pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+        }
+        pthread_mutex_unlock(&w->mu);
+    }
+    if (st == TDIST_INPROGRESS) {
+        char d[200];
+        tdist__work_describe(w, d, sizeof d);
+        return tdist__error(TDIST_ERR_TIMEOUT,
+                            "tdist_work_wait: %s seq %llu did not complete within %lld ms (it goes on)",
+                            d, (unsigned long long)w->seq, (long long)timeout_ms);
+    }
+    if (st != TDIST_OK) return tdist__error((tdist_status_t)st, "%s", w->msg ? w->msg : "");
+    return TDIST_OK;
+}
+
+void tdist_work_free(tdist_work_t *w) { tdist__work_release(w); }
+
+/* ------------------------------------------------------------ sticky error */
+
+tdist_status_t tdist__pg_sticky(tdist_pg_t *pg, char **msg)
+{
+    pthread_mutex_lock(&pg->mu);
+    tdist_status_t st = pg->err;
+    if (st != TDIST_OK && msg) *msg = tdist__strdup(pg->errmsg);
+    pthread_mutex_unlock(&pg->mu);
+    return st;
+}
+
+static void set_sticky(tdist_pg_t *pg, tdist_status_t st, const char *msg)
+{
+    pthread_mutex_lock(&pg->mu);
+    if (pg->err == TDIST_OK) {
+        pg->err = st;
+        pg->errmsg = tdist__strdup(msg);
+    }
+    pthread_mutex_unlock(&pg->mu);
+}
+
+char *tdist__pg_fail(tdist_pg_t *pg, tdist_status_t st, const char *prefix, const char *cause)
+{
+    char *root = NULL;
+    if (st != TDIST_ERR_MISMATCH && pg->store && pg->size > 1) {
+        /* First failure of the group wins; everyone reads the winner. */
+        char key[300];
+        snprintf(key, sizeof key, "pg/%s/failure", pg->uid);
+        char *mine = tdist__asprintf("rank %d (world rank %d): %s", pg->rank,
+                                     pg->wranks[pg->rank], cause);
+        void *cur = NULL;
+        size_t cur_len = 0;
+        if (mine && tdist_store_compare_set(pg->store, key, NULL, 0, mine, strlen(mine), &cur,
+                                            &cur_len) == TDIST_OK &&
+            cur) {
+            if (cur_len != strlen(mine) || memcmp(cur, mine, cur_len) != 0) {
+                root = malloc(cur_len + 1);
+                if (root) {
+                    memcpy(root, cur, cur_len);
+                    root[cur_len] = '\0';
+                }
+            }
+        }
+        free(cur);
+        free(mine);
+    }
+    char *msg;
+    if (root)
+        msg = tdist__asprintf("%s: %s (first failure in the group: %s)", prefix, cause, root);
+    else
+        msg = tdist__asprintf("%s: %s", prefix, cause);
+    free(root);
+    set_sticky(pg, st, msg ? msg : cause);
+    /* Cascade: close the collective mesh so peers blocked on us fail now. */
+    pthread_mutex_lock(&pg->mu);
+    tdist__tp_t *tp = pg->tp;
+    pg->tp = NULL;
+    if (pg->p2p_tp) tdist__tp_abort(pg->p2p_tp);
+    pthread_mutex_unlock(&pg->mu);
+    tdist__tp_destroy(tp);
+    return msg;
+}
+
+/* ------------------------------------------------------------- submission */
+
+static void run_work(tdist_pg_t *pg, struct tdist_work *w);
+
+tdist_status_t tdist__pg_submit(tdist_pg_t *pg, struct tdist_work *w, tdist_work_t **work)
+{
+    w->nranks = pg->size;
+    pthread_mutex_lock(&pg->mu);
+    w->seq = ++pg->next_seq;
+    tdist_status_t st = TDIST_OK;
+    char *why = NULL;
+    if (atomic_load(&pg->aborted)) {
+        st = TDIST_ERR_ABORTED;
+    } else if (pg->err != TDIST_OK) {
+        st = pg->err;
+        why = tdist__strdup(pg->errmsg);
+    }
+    /* A blocking call without a callback, on an idle engine, runs inline
+     * on the caller's thread: same order (nothing is queued or running),
+     * and no thread hand-off on the latency path. */
+    bool inline_run = false;
+    if (st == TDIST_OK && !work && !w->on_complete && !pg->head && !pg->busy) {
+        pg->busy = true;
+        inline_run = true;
+    } else if (st == TDIST_OK) {
+        if (pg->tail)
+            pg->tail->next = w;
+        else
+            pg->head = w;
+        pg->tail = w;
+        pthread_cond_broadcast(&pg->cv);
+    }
+    pthread_mutex_unlock(&pg->mu);
+    if (inline_run) {
+        run_work(pg, w);
+        pthread_mutex_lock(&pg->mu);
+        pg->busy = false;
+        pthread_cond_broadcast(&pg->cv);
+        pthread_mutex_unlock(&pg->mu);
+        st = tdist_work_wait(w, -1);
+        tdist__work_release(w);
+        return st;
+    }
+    if (st != TDIST_OK) {
+        char d[200];
+        tdist__work_describe(w, d, sizeof d);
+        if (st == TDIST_ERR_ABORTED)
+            tdist__error(st, "rank %d group %s seq %llu %s: the group was aborted", pg->rank,
+                         pg->name, (unsigned long long)w->seq, d);
+        else
+            tdist__error(st, "rank %d group %s seq %llu %s: the group failed earlier: %s",
+                         pg->rank, pg->name, (unsigned long long)w->seq, d, why ? why : "");
+        free(why);
+        atomic_store(&w->refs, 1);
+        tdist__work_release(w);
+        return st;
+    }
+    if (work) {
+        *work = w;
+        return TDIST_OK;
+    }
+    st = tdist_work_wait(w, -1);
+    tdist__work_release(w);
+    return st;
+}
+
+/* --------------------------------------------------------------- running */
+
+static tdist_status_t run_monitored_barrier(tdist_pg_t *pg, struct tdist_work *w,
+                                            int64_t timeout_ms, int64_t deadline_ms);
+
+static tdist_status_t run_coll(tdist_pg_t *pg, struct tdist_work *w, int64_t deadline_ms)
+{
+    tdist__coll_ctx_t c = {.tp = pg->tp, .rank = pg->rank, .size = pg->size,
+                           .deadline_ms = deadline_ms};
+    size_t es = tdist_dtype_size(w->dtype);
+    switch (w->op) {
+    case TDIST__OP_BROADCAST:
+        return tdist__coll_broadcast(&c, w->recvbuf, w->count, w->dtype, w->root);
+    case TDIST__OP_ALL_REDUCE:
+        return tdist__coll_all_reduce(&c, w->sendbuf, w->recvbuf, w->count, w->dtype, w->redop,
+                                      w->premul, TDIST__AR_AUTO);
+    case TDIST__OP_REDUCE:
+        return tdist__coll_reduce(&c, w->sendbuf, w->recvbuf, w->count, w->dtype, w->redop,
+                                  w->premul, w->root);
+    case TDIST__OP_ALL_GATHER:
+    case TDIST__OP_ALL_GATHERV:
+        return tdist__coll_all_gatherv(&c, w->sendbuf, w->recvbuf, w->recvcounts, w->dtype);
+    case TDIST__OP_GATHER:
+        return tdist__coll_gather(&c, w->sendbuf, w->recvbuf, w->count, w->dtype, w->root);
+    case TDIST__OP_SCATTER:
+        return tdist__coll_scatter(&c, w->sendbuf, w->recvbuf, w->count, w->dtype, w->root);
+    case TDIST__OP_REDUCE_SCATTER:
+        return tdist__coll_reduce_scatter(&c, w->sendbuf, w->recvbuf, w->count, w->dtype,
+                                          w->redop, w->premul);
+    case TDIST__OP_ALL_TO_ALL:
+    case TDIST__OP_ALL_TO_ALLV: {
+        const void *sb = w->sendbuf;
+        void *tmp = NULL;
+        if (sb && sb == w->recvbuf) { /* in place: coll needs disjoint buffers */
+            size_t tot = 0;
+            for (int p = 0; p < pg->size; p++) tot += w->sendcounts[p];
+            tmp = malloc(tot * es + 1);
+            if (!tmp) return tdist__error(TDIST_ERR_NO_MEMORY, "out of memory (in-place copy)");
+            memcpy(tmp, sb, tot * es);
+            sb = tmp;
+        }
+        tdist_status_t st =
+            tdist__coll_all_to_allv(&c, sb, w->sendcounts, w->recvbuf, w->recvcounts, w->dtype);
+        free(tmp);
+        return st;
+    }
+    case TDIST__OP_BARRIER:
+        return tdist__coll_barrier(&c);
+    case TDIST__OP_ALL_REDUCE_COALESCED:
+        for (size_t i = 0; i < w->nbufs; i++)
+            TDIST_CHECK(tdist__coll_all_reduce(&c, w->bufs[i], w->bufs[i], w->counts[i], w->dtype,
+                                               w->redop, w->premul, TDIST__AR_AUTO));
+        return TDIST_OK;
+    case TDIST__OP_BROADCAST_COALESCED:
+        for (size_t i = 0; i < w->nbufs; i++)
+            TDIST_CHECK(tdist__coll_broadcast(&c, w->bufs[i], w->counts[i], w->dtype, w->root));
+        return TDIST_OK;
+    default:
+        return tdist__error(TDIST_ERR_INTERNAL, "unknown collective %d", (int)w->op);
+    }
+}
+
+/* A small all_reduce in one exchange: each rank sends every peer its
+ * fingerprint followed by its (premul-scaled) input; receives every
+ * peer's fingerprint, compares them all (a mismatch is reported before
+ * any payload is read, the same on every rank), then receives the
+ * payloads and reduces them in rank order (bit-identical everywhere).
+ * Whether this path is taken depends only on fingerprint fields (op,
+ * dtype, count), so ranks with equal fingerprints agree on it. */
+static bool fused_eligible(const tdist_pg_t *pg, const struct tdist_work *w)
+{
+    return pg->check_fp && w->op == TDIST__OP_ALL_REDUCE && pg->size > 1 && w->count > 0 &&
+           w->count * tdist_dtype_size(w->dtype) <= TDIST__FUSED_MAX;
+}
+
+static tdist_status_t run_fused_all_reduce(tdist_pg_t *pg, struct tdist_work *w,
+                                           int64_t deadline_ms)
+{
+    int n = pg->size, me = pg->rank;
+    size_t bytes = w->count * tdist_dtype_size(w->dtype), fps = sizeof(tdist__fp_t);
+    tdist__fp_fill(pg, w);
+    uint8_t *mine = pg->fused_out + fps;
+    memcpy(pg->fused_out, &pg->fp_mine[0], fps);
+    memcpy(mine, w->sendbuf, bytes);
+    if (w->redop == TDIST_PREMUL_SUM) TDIST_CHECK(tdist_scale(mine, w->count, w->dtype, w->premul));
+    int k = 0;
+    for (int p = 0; p < n; p++) {
+        if (p == me) continue;
+        TDIST_CHECK(tdist__tp_post_send(pg->tp, &pg->fp_reqs[k], p, pg->fused_out, fps + bytes));
+        pg->fp_reqp[k] = &pg->fp_reqs[k];
+        k++;
+        TDIST_CHECK(tdist__tp_post_recv(pg->tp, &pg->fp_reqs[k], p, &pg->fp_theirs[p], fps));
+        pg->fp_reqp[k] = &pg->fp_reqs[k];
+        k++;
+    }
+    TDIST_CHECK(tdist__tp_wait(pg->tp, pg->fp_reqp, (size_t)k, deadline_ms));
+    TDIST_CHECK(tdist__fp_compare(pg));
+    k = 0;
+    for (int p = 0; p < n; p++) {
+        if (p == me) continue;
+        TDIST_CHECK(tdist__tp_post_recv(pg->tp, &pg->fp_reqs[k], p,
+                                        pg->fused_in + (size_t)p * TDIST__FUSED_MAX, bytes));
+        pg->fp_reqp[k] = &pg->fp_reqs[k];
+        k++;
+    }
+    TDIST_CHECK(tdist__tp_wait(pg->tp, pg->fp_reqp, (size_t)k, deadline_ms));
+    uint8_t *acc = pg->fused_acc;
+    memcpy(acc, me == 0 ? mine : pg->fused_in, bytes);
+    for (int r = 1; r < n; r++) {
+        const uint8_t *x = r == me ? mine : pg->fused_in + (size_t)r * TDIST__FUSED_MAX;
+        TDIST_CHECK(tdist_reduce(acc, acc, x, w->count, w->dtype, w->redop));
+    }
+    if (w->redop == TDIST_AVG) TDIST_CHECK(tdist_divide(acc, w->count, w->dtype, n));
+    memcpy(w->recvbuf, acc, bytes);
+    return TDIST_OK;
+}
+
+static void run_work(tdist_pg_t *pg, struct tdist_work *w)
+{
+    char d[200], prefix[400];
+    tdist__work_describe(w, d, sizeof d);
+    snprintf(prefix, sizeof prefix, "rank %d group %s seq %llu %s", pg->rank, pg->name,
+             (unsigned long long)w->seq, d);
+    if (atomic_load(&pg->aborted)) {
+        char *m = tdist__asprintf("%s: the group was aborted", prefix);
+        tdist__work_finish(w, TDIST_ERR_ABORTED, m);
+        free(m);
+        return;
+    }
+    char *sticky = NULL;
+    tdist_status_t st = tdist__pg_sticky(pg, &sticky);
+    if (st != TDIST_OK) {
+        char *m = tdist__asprintf("%s: the group failed earlier: %s", prefix, sticky);
+        tdist__work_finish(w, st, m);
+        free(m);
+        free(sticky);
+        return;
+    }
+    int64_t timeout = w->timeout_ms >= 0 ? w->timeout_ms : pg->timeout_ms;
+    int64_t deadline = tdist__deadline_ms(timeout);
+    tdist_clear_error();
+    if (w->op == TDIST__OP_MONITORED_BARRIER) {
+        st = run_monitored_barrier(pg, w, timeout, deadline);
+    } else if (fused_eligible(pg, w)) {
+        st = run_fused_all_reduce(pg, w, deadline);
+    } else {
+        st = pg->check_fp ? tdist__fp_exchange(pg, w, deadline) : TDIST_OK;
+        if (st == TDIST_OK) st = run_coll(pg, w, deadline);
+    }
+    if (st == TDIST_OK) {
+        tdist__work_finish(w, TDIST_OK, NULL);
+        return;
+    }
+    if (atomic_load(&pg->aborted) && st != TDIST_ERR_MISMATCH) st = TDIST_ERR_ABORTED;
+    char *cause = tdist__strdup(st == TDIST_ERR_ABORTED && !tdist_last_error()[0]
+                                    ? "the group was aborted"
+                                    : tdist_last_error());
+    if (st == TDIST_ERR_ABORTED && atomic_load(&pg->aborted)) {
+        free(cause);
+        cause = tdist__asprintf("the group was aborted (tdist_pg_abort or destroy) on rank %d",
+                                pg->rank);
+    }
+    char *msg = tdist__pg_fail(pg, st, prefix, cause ? cause : "unknown cause");
+    TDIST_LOGD("%s", msg ? msg : prefix);
+    tdist__work_finish(w, st, msg ? msg : prefix);
+    free(msg);
+    free(cause);
+}
+
+static void *engine_main(void *arg)
+{
+    tdist_pg_t *pg = arg;
+    pthread_mutex_lock(&pg->mu);
+    for (;;) {
+        while ((!pg->head || pg->busy) && !(pg->stop && !pg->busy))
+            pthread_cond_wait(&pg->cv, &pg->mu);
+        struct tdist_work *w = pg->head;
+        if (!w) break; /* stop, queue drained */
+        pg->head = w->next;
+        if (!pg->head) pg->tail = NULL;
+        w->next = NULL;
+        pg->busy = true;
+        pthread_mutex_unlock(&pg->mu);
+        run_work(pg, w);
+        pthread_mutex_lock(&pg->mu);
+        pg->busy = false;
+    }
+    pthread_mutex_unlock(&pg->mu);
+    return NULL;
+}
+
+tdist_status_t tdist__pg_start_engine(tdist_pg_t *pg)
+{
+    int rc = pthread_create(&pg->engine, NULL, engine_main, pg);
+    if (rc != 0) return tdist__error_errno(rc, "group %s: cannot start the engine thread", pg->name);
+    pg->engine_started = true;
+    return TDIST_OK;
+}
+
+void tdist__pg_stop_engine(tdist_pg_t *pg)
+{
+    if (!pg->engine_started) return;
+    pthread_mutex_lock(&pg->mu);
+    pg->stop = true;
+    pthread_cond_broadcast(&pg->cv);
+    pthread_mutex_unlock(&pg->mu);
+    pthread_join(pg->engine, NULL);
+    pg->engine_started = false;
+}
+
+/* --------------------------------------------------------- monitored barrier */
+
+typedef struct mb_reply {
+    int32_t status;
+    char msg[508];
+} mb_reply_t;
+
+static tdist_status_t run_monitored_barrier(tdist_pg_t *pg, struct tdist_work *w,
+                                            int64_t timeout_ms, int64_t deadline_ms)
+{
+    int n = pg->size, me = pg->rank;
+    if (n == 1) return TDIST_OK;
+    tdist__fp_fill(pg, w);
+    if (me != 0) {
+        /* Arrive at rank 0, then wait for its verdict (a little longer than
+         * the deadline, so rank 0's report of the missing ranks arrives). */
+        mb_reply_t rep;
+        memset(&rep, 0, sizeof rep);
+        tdist__tp_req_t s, r;
+        tdist__tp_req_t *rs[2] = {&s, &r};
+        TDIST_CHECK(tdist__tp_post_send(pg->tp, &s, 0, &pg->fp_mine[0], sizeof(tdist__fp_t)));
+        TDIST_CHECK(tdist__tp_post_recv(pg->tp, &r, 0, &rep, sizeof rep));
+        int64_t dl = deadline_ms == INT64_MAX ? INT64_MAX : deadline_ms + 2000;
+        tdist_status_t st = tdist__tp_wait(pg->tp, rs, 2, dl);
+        if (st == TDIST_ERR_TIMEOUT)
+            return tdist__error(TDIST_ERR_TIMEOUT,
+                                "monitored_barrier: rank 0 (the monitor) did not answer within "
+                                "%lld ms",
+                                (long long)timeout_ms);
+        TDIST_CHECK(st);
+        rep.msg[sizeof rep.msg - 1] = '\0';
+        if (rep.status != TDIST_OK) return tdist__error((tdist_status_t)rep.status, "%s", rep.msg);
+        return TDIST_OK;
+    }
+    int k = 0;
+    for (int p = 1; p < n; p++) {
+        TDIST_CHECK(tdist__tp_post_recv(pg->tp, &pg->fp_reqs[k], p, &pg->fp_theirs[p],
+                                        sizeof(tdist__fp_t)));
+        pg->fp_reqp[k] = &pg->fp_reqs[k];
+        k++;
+    }
+    tdist_status_t st = tdist__tp_wait(pg->tp, pg->fp_reqp, (size_t)k, deadline_ms);
+    mb_reply_t rep;
+    memset(&rep, 0, sizeof rep);
+    bool *present = calloc((size_t)(unsigned)n, sizeof *present);
+    if (!present) return tdist__error(TDIST_ERR_NO_MEMORY, "monitored_barrier: out of memory");
+    present[0] = true;
+    for (int p = 1; p < n; p++) present[p] = tdist__tp_req_done(&pg->fp_reqs[p - 1]) &&
+                                             tdist__tp_req_status(&pg->fp_reqs[p - 1]) == TDIST_OK;
+    if (st != TDIST_OK) {
+        char list[200] = "";
+        int missing = 0;
+        for (int p = 1; p < n; p++) {
+            if (present[p]) continue;
+            size_t l = strlen(list);
+            snprintf(list + l, sizeof list - l, "%s%d", missing ? ", " : "", p);
+            missing++;
+        }
+        char cause[400];
+        snprintf(cause, sizeof cause, "%.300s", tdist_last_error());
+        if (st == TDIST_ERR_TIMEOUT)
+            snprintf(rep.msg, sizeof rep.msg,
+                     "monitored_barrier: rank%s %s did not arrive within %lld ms",
+                     missing == 1 ? "" : "s", list, (long long)timeout_ms);
+        else
+            snprintf(rep.msg, sizeof rep.msg,
+                     "monitored_barrier: rank%s %s did not arrive (%.150s)",
+                     missing == 1 ? "" : "s", list, cause);
+        rep.status = st;
+    } else {
+        for (int p = 1; p < n && rep.status == TDIST_OK; p++) {
+            if (tdist__fp_common_equal(&pg->fp_mine[0], &pg->fp_theirs[p])) continue;
+            char a[160], b[160];
+            tdist__fp_describe(&pg->fp_mine[0], false, a, sizeof a);
+            tdist__fp_describe(&pg->fp_theirs[p], false, b, sizeof b);
+            snprintf(rep.msg, sizeof rep.msg, "collective mismatch: rank 0 %s vs rank %d %s", a,
+                     p, b);
+            rep.status = TDIST_ERR_MISMATCH;
+        }
+    }
+    /* Tell every present rank (if the mesh still works). */
+    if (st == TDIST_OK || st == TDIST_ERR_TIMEOUT) {
+        k = 0;
+        size_t nn = (size_t)(unsigned)n;
+        tdist__tp_req_t *sreqs = calloc(nn, sizeof *sreqs);
+        tdist__tp_req_t **sp = calloc(nn, sizeof *sp);
+        if (sreqs && sp) {
+            for (int p = 1; p < n; p++) {
+                if (!present[p]) continue;
+                if (tdist__tp_post_send(pg->tp, &sreqs[k], p, &rep, sizeof rep) != TDIST_OK) break;
+                sp[k] = &sreqs[k];
+                k++;
+            }
+            tdist_status_t st2 = tdist__tp_wait(pg->tp, sp, (size_t)k, tdist__deadline_ms(1000));
+            if (st == TDIST_OK && st2 != TDIST_OK) st = st2;
+        }
+        free(sreqs);
+        free(sp);
+        if (st != TDIST_OK && rep.status == TDIST_OK) {
+            free(present);
+            return st;
+        }
+    }
+    free(present);
+    if (rep.status != TDIST_OK) return tdist__error((tdist_status_t)rep.status, "%s", rep.msg);
+    return TDIST_OK;
+}

@@ -1,0 +1,537 @@
+/*
+ * pg/group.c — creating and destroying process groups.
+ *
+ * A group has a uid ("world", or "<parent uid>.<n>" with n the parent's
+ * creation counter — the same on every rank because creation is
+ * collective; split groups add ".<color>"), and two TCP meshes over its
+ * ranks: one for collectives (driven by the engine thread) and one for
+ * send/recv (driven by the p2p thread), so point-to-point bytes never
+ * interleave with collective bytes.
+ *
+ * Set-up through the world's store (keys under the world store's view):
+ *   pg/<uid>/addr/<rank>   collective mesh address of each group rank
+ *   pg/<uid>/p2p/<rank>    p2p mesh address
+ *   pg/<uid>/list/<prank>  new_group: the member list each member was given
+ *   pg/<uid>/failure       the group's first failure (engine.c)
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "pg/internal.h"
+#include "tdist/init.h"
+#include "tdist/store.h"
+
+void tdist_pg_opts_init(tdist_pg_opts_t *opts)
+{
+    if (!opts) return;
+    memset(opts, 0, sizeof *opts);
+    opts->timeout_ms = tdist__default_timeout_ms(TDIST_PG_DEFAULT_TIMEOUT_MS);
+}
+
+void tdist_coll_opts_init(tdist_coll_opts_t *opts)
+{
+    if (!opts) return;
+    memset(opts, 0, sizeof *opts);
+    opts->timeout_ms = -1;
+    opts->premul_factor = 1.0;
+}
+
+int tdist_pg_rank(const tdist_pg_t *pg) { return pg ? pg->rank : -1; }
+int tdist_pg_size(const tdist_pg_t *pg) { return pg ? pg->size : -1; }
+const char *tdist_pg_name(const tdist_pg_t *pg) { return pg ? pg->name : NULL; }
+
+int tdist_pg_world_rank(const tdist_pg_t *pg, int r)
+{
+    if (!pg || r < 0 || r >= pg->size) return -1;
+    return pg->wranks[r];
+}
+
+tdist_status_t tdist_pg_error(const tdist_pg_t *pg, char *buf, size_t n)
+{
+    if (!pg) return tdist__error(TDIST_ERR_INVALID_ARG, "tdist_pg_error: pg is NULL");
+    tdist_pg_t *g = (tdist_pg_t *)pg;
+    pthread_mutex_lock(&g->mu);
+    tdist_status_t st = g->err;
+    const char *m = g->errmsg;
+    if (st == TDIST_OK && g->p2p_err != TDIST_OK) {
+        st = g->p2p_err;
+        m = g->p2p_errmsg;
+    }
+    if (st == TDIST_OK && atomic_load(&g->aborted)) {
+        st = TDIST_ERR_ABORTED;
+        m = "the group was aborted";
+    }
+    if (buf && n) snprintf(buf, n, "%s", st == TDIST_OK || !m ? "" : m);
+    pthread_mutex_unlock(&g->mu);
+    return st;
+}
+
+tdist_status_t tdist_pg_abort(tdist_pg_t *pg)
+{
+    if (!pg) return tdist__error(TDIST_ERR_INVALID_ARG, "tdist_pg_abort: pg is NULL");
+    pthread_mutex_lock(&pg->mu);
+    atomic_store(&pg->aborted, true);
+    if (pg->tp) tdist__tp_abort(pg->tp);
+    if (pg->p2p_tp) tdist__tp_abort(pg->p2p_tp);
+    pthread_cond_broadcast(&pg->cv);
+    pthread_cond_broadcast(&pg->p2p_cv);
+    pthread_mutex_unlock(&pg->mu);
+    return TDIST_OK;
+}
+
+static void pg_free(tdist_pg_t *pg)
+{
+    if (!pg) return;
+    tdist__tp_destroy(pg->tp);
+    tdist__tp_destroy(pg->p2p_tp);
+    pthread_mutex_destroy(&pg->mu);
+    pthread_cond_destroy(&pg->cv);
+    pthread_cond_destroy(&pg->p2p_cv);
+    free(pg->wranks);
+    free(pg->name);
+    free(pg->uid);
+    free(pg->bind_addr);
+    free(pg->errmsg);
+    free(pg->p2p_errmsg);
+    free(pg->fp_mine);
+    free(pg->fp_theirs);
+    free(pg->fp_reqs);
+    free(pg->fp_reqp);
+    free(pg->fused_out);
+    free(pg->fused_in);
+    free(pg->fused_acc);
+    free(pg->p2p_send_seq);
+    free(pg->p2p_recv_seq);
+    free(pg);
+}
+
+void tdist_pg_destroy(tdist_pg_t *pg)
+{
+    if (!pg) return;
+    tdist_pg_abort(pg);
+    tdist__pg_stop_engine(pg);
+    tdist__p2p_stop(pg);
+    pg_free(pg);
+}
+
+/* ----------------------------------------------------------------- set-up */
+
+static uint64_t make_tag(const char *uid, const char *what)
+{
+    const char *g = getenv("TDIST_RESTART_COUNT");
+    uint64_t h = tdist__fnv1a(TDIST__FNV_INIT, uid, strlen(uid));
+    h = tdist__fnv1a(h, "/", 1);
+    if (g) h = tdist__fnv1a(h, g, strlen(g));
+    h = tdist__fnv1a(h, "/", 1);
+    return tdist__fnv1a(h, what, strlen(what));
+}
+
+static tdist_status_t check_transport(const char *t, const char *fn)
+{
+    if (!t) t = getenv("TDIST_TRANSPORT");
+    if (!t || !*t || strcmp(t, "tcp") == 0) return TDIST_OK;
+    if (strcmp(t, "shm") == 0)
+        return tdist__error(TDIST_ERR_NOT_SUPPORTED,
+                            "%s: transport \"shm\": the shared-memory transport is not built yet "
+                            "(use \"tcp\")",
+                            fn);
+    return tdist__error(TDIST_ERR_INVALID_ARG,
+                        "%s: unknown transport \"%s\" (TDIST_TRANSPORT or opts.transport: "
+                        "\"tcp\" or \"shm\")",
+                        fn, t);
+}
+
+/* Wait for n keys with a deadline; on timeout name the group ranks whose
+ * key is missing. */
+static tdist_status_t wait_keys(tdist_pg_t *pg, char **keys, int n, int64_t deadline_ms,
+                                const char *what)
+{
+    int64_t left = deadline_ms == INT64_MAX ? -1 : deadline_ms - tdist__now_ms();
+    if (left == 0) left = 1;
+    if (left < -1) left = 1;
+    tdist_status_t st = tdist_store_wait(pg->store, (const char *const *)keys, (size_t)n, left);
+    if (st == TDIST_OK) return TDIST_OK;
+    if (st != TDIST_ERR_TIMEOUT)
+        return tdist__error_context(st, "group %s: waiting for the %s of every rank", pg->name, what);
+    char list[400] = "";
+    int missing = 0;
+    for (int r = 0; r < n; r++) {
+        bool ok = false;
+        const char *k = keys[r];
+        if (tdist_store_check(pg->store, &k, 1, &ok) == TDIST_OK && ok) continue;
+        size_t l = strlen(list);
+        if (l < sizeof list - 16) snprintf(list + l, sizeof list - l, "%s%d", missing ? ", " : "", r);
+        missing++;
+    }
+    return tdist__error(TDIST_ERR_TIMEOUT,
+                        "group %s: rank %d: set-up timed out after %lld ms: no %s from group "
+                        "rank%s %s (did they create the group?)",
+                        pg->name, pg->rank, (long long)pg->timeout_ms, what,
+                        missing == 1 ? "" : "s", list);
+}
+
+static tdist_status_t exchange_and_connect(tdist_pg_t *pg, tdist__tp_t *tp, const char *kind,
+                                           int64_t deadline_ms)
+{
+    int n = pg->size;
+    char **keys = calloc((size_t)n, sizeof *keys);
+    void **vals = calloc((size_t)n, sizeof *vals);
+    size_t *lens = calloc((size_t)n, sizeof *lens);
+    char **addrs = calloc((size_t)n, sizeof *addrs);
+    tdist_status_t st = TDIST_OK;
+    if (!keys || !vals || !lens || !addrs) {
+        st = tdist__error(TDIST_ERR_NO_MEMORY, "group %s: out of memory", pg->name);
+        goto out;
+    }
+    for (int r = 0; r < n; r++) {
+        keys[r] = tdist__asprintf("pg/%s/%s/%d", pg->uid, kind, r);
+        if (!keys[r]) {
+            st = tdist__error(TDIST_ERR_NO_MEMORY, "group %s: out of memory", pg->name);
+            goto out;
+        }
+    }
+    const char *me = tdist__tp_address(tp);
+    TDIST_CHECK_GOTO(tdist_store_set(pg->store, keys[pg->rank], me, strlen(me)), st, out);
+    TDIST_CHECK_GOTO(wait_keys(pg, keys, n, deadline_ms, "transport address"), st, out);
+    TDIST_CHECK_GOTO(tdist_store_multi_get(pg->store, (const char *const *)keys, (size_t)n, vals,
+                                           lens),
+                     st, out);
+    for (int r = 0; r < n; r++) {
+        addrs[r] = malloc(lens[r] + 1);
+        if (!addrs[r]) {
+            st = tdist__error(TDIST_ERR_NO_MEMORY, "group %s: out of memory", pg->name);
+            goto out;
+        }
+        memcpy(addrs[r], vals[r], lens[r]);
+        addrs[r][lens[r]] = '\0';
+    }
+    st = tdist__tp_connect(tp, (const char *const *)addrs, deadline_ms);
+    if (st != TDIST_OK)
+        tdist__error_context(st, "group %s (%s mesh)", pg->name,
+                             strcmp(kind, "p2p") == 0 ? "p2p" : "collective");
+out:
+    for (int r = 0; r < n; r++) {
+        if (keys) free(keys[r]);
+        if (vals) free(vals[r]);
+        if (addrs) free(addrs[r]);
+    }
+    free(keys);
+    free(vals);
+    free(lens);
+    free(addrs);
+    return st;
+}
+
+/* Allocate a group and connect its meshes. wranks is taken over. */
+static tdist_status_t pg_build(tdist_world_t *world, tdist_store_t *store, int rank, int size,
+                               int *wranks, const char *uid, const char *name, int64_t timeout_ms,
+                               const char *bind_addr, tdist_pg_t **out)
+{
+    tdist_pg_t *pg = calloc(1, sizeof *pg);
+    if (!pg) {
+        free(wranks);
+        return tdist__error(TDIST_ERR_NO_MEMORY, "group %s: out of memory", name);
+    }
+    pthread_mutex_init(&pg->mu, NULL);
+    pthread_cond_init(&pg->cv, NULL);
+    pthread_cond_init(&pg->p2p_cv, NULL);
+    pg->world = world;
+    pg->store = store;
+    pg->rank = rank;
+    pg->size = size;
+    pg->wranks = wranks;
+    pg->uid = tdist__strdup(uid);
+    pg->name = tdist__strdup(name);
+    pg->bind_addr = tdist__strdup(bind_addr);
+    pg->timeout_ms = timeout_ms;
+    pg->uid_hash = tdist__fnv1a(TDIST__FNV_INIT, uid, strlen(uid));
+    int64_t chk = 1;
+    if (tdist__env_int("TDIST_CHECK_FINGERPRINT", 0, 1, &chk) == TDIST_ERR_INVALID_ARG) chk = 1;
+    tdist_clear_error();
+    pg->check_fp = chk != 0;
+    pg->fp_mine = calloc((size_t)size, sizeof *pg->fp_mine);
+    pg->fp_theirs = calloc((size_t)size, sizeof *pg->fp_theirs);
+    pg->fp_reqs = calloc((size_t)(2 * size), sizeof *pg->fp_reqs);
+    pg->fp_reqp = calloc((size_t)(2 * size), sizeof *pg->fp_reqp);
+    pg->p2p_send_seq = calloc((size_t)size, sizeof(uint64_t));
+    pg->p2p_recv_seq = calloc((size_t)size, sizeof(uint64_t));
+    pg->fused_out = malloc(sizeof(tdist__fp_t) + TDIST__FUSED_MAX);
+    pg->fused_in = malloc((size_t)size * TDIST__FUSED_MAX);
+    pg->fused_acc = malloc(TDIST__FUSED_MAX);
+    tdist_status_t st = TDIST_OK;
+    if (!pg->uid || !pg->name || !pg->bind_addr || !pg->fp_mine || !pg->fp_theirs ||
+        !pg->fp_reqs || !pg->fp_reqp || !pg->p2p_send_seq || !pg->p2p_recv_seq ||
+        !pg->fused_out || !pg->fused_in || !pg->fused_acc) {
+        st = tdist__error(TDIST_ERR_NO_MEMORY, "group %s: out of memory", name);
+        goto fail;
+    }
+    int64_t deadline = tdist__deadline_ms(timeout_ms);
+    tdist__tp_opts_t o = {.bind_addr = bind_addr, .tag = make_tag(uid, "coll")};
+    TDIST_CHECK_GOTO(tdist__tp_listen(TDIST__TP_TCP, rank, size, &o, &pg->tp), st, fail);
+    o.tag = make_tag(uid, "p2p");
+    TDIST_CHECK_GOTO(tdist__tp_listen(TDIST__TP_TCP, rank, size, &o, &pg->p2p_tp), st, fail);
+    TDIST_CHECK_GOTO(exchange_and_connect(pg, pg->tp, "addr", deadline), st, fail);
+    TDIST_CHECK_GOTO(exchange_and_connect(pg, pg->p2p_tp, "p2p", deadline), st, fail);
+    TDIST_CHECK_GOTO(tdist__pg_start_engine(pg), st, fail);
+    *out = pg;
+    return TDIST_OK;
+fail:
+    pg_free(pg);
+    return st;
+}
+
+static tdist_status_t pick_bind(tdist_world_t *world, const tdist_pg_opts_t *opts,
+                                const char *inherited, const char **bind)
+{
+    if (opts && opts->bind_addr) {
+        *bind = opts->bind_addr;
+        return TDIST_OK;
+    }
+    if (inherited) {
+        *bind = inherited;
+        return TDIST_OK;
+    }
+    if (tdist_world_local_size(world) == tdist_world_size(world)) {
+        *bind = "127.0.0.1";
+        return TDIST_OK;
+    }
+    return tdist__error(TDIST_ERR_NOT_SUPPORTED,
+                        "multi-host process groups need opts.bind_addr (interface selection is "
+                        "issue 6)");
+}
+
+tdist_status_t tdist_pg_create_world(tdist_world_t *world, const tdist_pg_opts_t *opts,
+                                     tdist_pg_t **out)
+{
+    static const char *fn = "tdist_pg_create_world";
+    TDIST_ARG_CHECK(world != NULL, fn);
+    TDIST_ARG_CHECK(out != NULL, fn);
+    if (opts && opts->timeout_ms <= 0)
+        return tdist__error(TDIST_ERR_INVALID_ARG, "%s: opts.timeout_ms must be > 0 (got %lld)",
+                            fn, (long long)opts->timeout_ms);
+    TDIST_CHECK(check_transport(opts ? opts->transport : NULL, fn));
+    const char *bind = NULL;
+    TDIST_CHECK(pick_bind(world, opts, NULL, &bind));
+    int size = tdist_world_size(world), rank = tdist_world_rank(world);
+    tdist_store_t *store = tdist_world_store(world);
+    if (size < 1 || rank < 0 || !store)
+        return tdist__error(TDIST_ERR_INVALID_ARG, "%s: world has no rank/size/store", fn);
+    int *wranks = malloc((size_t)size * sizeof *wranks);
+    if (!wranks) return tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory", fn);
+    for (int r = 0; r < size; r++) wranks[r] = r;
+    int64_t timeout = opts ? opts->timeout_ms : tdist__default_timeout_ms(TDIST_PG_DEFAULT_TIMEOUT_MS);
+    const char *name = opts && opts->name ? opts->name : "world";
+    /* Every rank creates its world groups in the same order (collective),
+     * so the n-th creation gets the same uid everywhere; a second world
+     * group never reads the first one's keys. */
+    static atomic_int creations;
+    int k = atomic_fetch_add(&creations, 1);
+    char uid[32];
+    if (k == 0)
+        snprintf(uid, sizeof uid, "world");
+    else
+        snprintf(uid, sizeof uid, "world~%d", k);
+    tdist_status_t st = pg_build(world, store, rank, size, wranks, uid, name, timeout, bind, out);
+    if (st != TDIST_OK) tdist__error_context(st, "%s: rank %d", fn, rank);
+    return st;
+}
+
+/* Members of a subgroup (parent ranks, in subgroup order) -> group. */
+static tdist_status_t make_sub(tdist_pg_t *parent, const int *ranks, int n, int me,
+                               const char *uid, const char *defname, const tdist_pg_opts_t *opts,
+                               const char *bind, tdist_pg_t **out)
+{
+    int *wranks = malloc((size_t)n * sizeof *wranks);
+    if (!wranks) return tdist__error(TDIST_ERR_NO_MEMORY, "group %s: out of memory", defname);
+    for (int i = 0; i < n; i++) wranks[i] = parent->wranks[ranks[i]];
+    int64_t timeout = opts ? opts->timeout_ms : parent->timeout_ms;
+    const char *name = opts && opts->name ? opts->name : defname;
+    return pg_build(parent->world, parent->store, me, n, wranks, uid, name, timeout, bind, out);
+}
+
+static tdist_status_t sub_common_checks(tdist_pg_t *parent, const tdist_pg_opts_t *opts,
+                                        const char *fn, const char **bind)
+{
+    if (opts && opts->timeout_ms <= 0)
+        return tdist__error(TDIST_ERR_INVALID_ARG, "%s: opts.timeout_ms must be > 0 (got %lld)",
+                            fn, (long long)opts->timeout_ms);
+    TDIST_CHECK(check_transport(opts ? opts->transport : NULL, fn));
+    TDIST_CHECK(pick_bind(parent->world, opts, parent->bind_addr, bind));
+    char *why = NULL;
+    tdist_status_t st = tdist__pg_sticky(parent, &why);
+    if (st != TDIST_OK) {
+        tdist__error(st, "%s: parent group %s failed earlier: %s", fn, parent->name,
+                     why ? why : "");
+        free(why);
+        return st;
+    }
+    if (atomic_load(&parent->aborted))
+        return tdist__error(TDIST_ERR_ABORTED, "%s: parent group %s was aborted", fn, parent->name);
+    return TDIST_OK;
+}
+
+tdist_status_t tdist_pg_new_group(tdist_pg_t *parent, const int *ranks, int n,
+                                  const tdist_pg_opts_t *opts, tdist_pg_t **out)
+{
+    static const char *fn = "tdist_pg_new_group";
+    TDIST_ARG_CHECK(parent != NULL, fn);
+    TDIST_ARG_CHECK(out != NULL, fn);
+    TDIST_ARG_CHECK(ranks != NULL, fn);
+    if (n < 1 || n > parent->size)
+        return tdist__error(TDIST_ERR_INVALID_ARG, "%s: n = %d, must be in [1, %d] (group %s)", fn,
+                            n, parent->size, parent->name);
+    int me = -1;
+    for (int i = 0; i < n; i++) {
+        if (ranks[i] < 0 || ranks[i] >= parent->size)
+            return tdist__error(TDIST_ERR_INVALID_ARG,
+                                "%s: ranks[%d] = %d is not a rank of group %s (size %d)", fn, i,
+                                ranks[i], parent->name, parent->size);
+        for (int j = 0; j < i; j++)
+            if (ranks[j] == ranks[i])
+                return tdist__error(TDIST_ERR_INVALID_ARG, "%s: rank %d listed twice (ranks[%d], ranks[%d])",
+                                    fn, ranks[i], j, i);
+        if (ranks[i] == parent->rank) me = i;
+    }
+    const char *bind = NULL;
+    TDIST_CHECK(sub_common_checks(parent, opts, fn, &bind));
+    int idx = parent->n_children++;
+    if (me < 0) {
+        *out = NULL;
+        return TDIST_OK;
+    }
+    char uid[256], defname[256];
+    snprintf(uid, sizeof uid, "%s.%d", parent->uid, idx);
+    snprintf(defname, sizeof defname, "%s.%d", parent->name, idx);
+    /* Every member checks that every member was given the same list. */
+    size_t cap = (size_t)n * 12 + 1, len = 0;
+    char *list = malloc(cap);
+    char **keys = calloc((size_t)n, sizeof *keys);
+    void **vals = calloc((size_t)n, sizeof *vals);
+    size_t *lens = calloc((size_t)n, sizeof *lens);
+    tdist_status_t st = TDIST_OK;
+    if (!list || !keys || !vals || !lens) {
+        st = tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory", fn);
+        goto out;
+    }
+    list[0] = '\0';
+    for (int i = 0; i < n; i++) len += (size_t)snprintf(list + len, cap - len, "%s%d", i ? "," : "", ranks[i]);
+    for (int i = 0; i < n; i++) {
+        keys[i] = tdist__asprintf("pg/%s/list/%d", uid, ranks[i]);
+        if (!keys[i]) {
+            st = tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory", fn);
+            goto out;
+        }
+    }
+    {
+        int64_t timeout = opts ? opts->timeout_ms : parent->timeout_ms;
+        tdist_status_t s2 = tdist_store_set(parent->store, keys[me], list, len);
+        if (s2 != TDIST_OK) {
+            st = tdist__error_context(s2, "%s: group %s", fn, defname);
+            goto out;
+        }
+        s2 = tdist_store_wait(parent->store, (const char *const *)keys, (size_t)n, timeout);
+        if (s2 == TDIST_ERR_TIMEOUT) {
+            char miss[300] = "";
+            int m = 0;
+            for (int i = 0; i < n; i++) {
+                bool ok = false;
+                const char *k = keys[i];
+                if (tdist_store_check(parent->store, &k, 1, &ok) == TDIST_OK && ok) continue;
+                size_t l = strlen(miss);
+                if (l < sizeof miss - 16) snprintf(miss + l, sizeof miss - l, "%s%d", m ? ", " : "", ranks[i]);
+                m++;
+            }
+            st = tdist__error(TDIST_ERR_TIMEOUT,
+                              "%s: group %s: rank %d of %s: parent rank%s %s did not call "
+                              "tdist_pg_new_group within %lld ms",
+                              fn, defname, parent->rank, parent->name, m == 1 ? "" : "s", miss,
+                              (long long)timeout);
+            goto out;
+        }
+        if (s2 != TDIST_OK) {
+            st = tdist__error_context(s2, "%s: group %s", fn, defname);
+            goto out;
+        }
+        s2 = tdist_store_multi_get(parent->store, (const char *const *)keys, (size_t)n, vals, lens);
+        if (s2 != TDIST_OK) {
+            st = tdist__error_context(s2, "%s: group %s", fn, defname);
+            goto out;
+        }
+        for (int i = 0; i < n; i++) {
+            if (lens[i] == len && memcmp(vals[i], list, len) == 0) continue;
+            st = tdist__error(TDIST_ERR_MISMATCH,
+                              "%s: group %s: parent rank %d was given ranks [%.*s] but parent "
+                              "rank %d was given [%s]",
+                              fn, defname, ranks[i], (int)TDIST_MIN(lens[i], 200),
+                              (const char *)vals[i], parent->rank, list);
+            goto out;
+        }
+    }
+    st = make_sub(parent, ranks, n, me, uid, defname, opts, bind, out);
+    if (st != TDIST_OK) tdist__error_context(st, "%s", fn);
+out:
+    for (int i = 0; i < n; i++) {
+        if (keys) free(keys[i]);
+        if (vals) free(vals[i]);
+    }
+    free(keys);
+    free(vals);
+    free(lens);
+    free(list);
+    return st;
+}
+
+tdist_status_t tdist_pg_split(tdist_pg_t *parent, int color, int key, const tdist_pg_opts_t *opts,
+                              tdist_pg_t **out)
+{
+    static const char *fn = "tdist_pg_split";
+    TDIST_ARG_CHECK(parent != NULL, fn);
+    TDIST_ARG_CHECK(out != NULL, fn);
+    const char *bind = NULL;
+    TDIST_CHECK(sub_common_checks(parent, opts, fn, &bind));
+    int n = parent->size;
+    int32_t mine[2] = {color, key};
+    int32_t *all = malloc((size_t)n * sizeof mine);
+    int *members = malloc((size_t)n * sizeof *members);
+    if (!all || !members) {
+        free(all);
+        free(members);
+        return tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory", fn);
+    }
+    tdist_status_t st = tdist_all_gather(parent, mine, all, 2, TDIST_I32, NULL, NULL);
+    int idx = parent->n_children++;
+    if (st != TDIST_OK) {
+        tdist__error_context(st, "%s: exchanging (color, key)", fn);
+        goto out;
+    }
+    if (color < 0) {
+        *out = NULL;
+        goto out;
+    }
+    int m = 0;
+    for (int r = 0; r < n; r++)
+        if (all[2 * r] == color) members[m++] = r;
+    /* order by (key, parent rank): insertion sort, stable */
+    for (int i = 1; i < m; i++) {
+        int v = members[i], j = i - 1;
+        while (j >= 0 && all[2 * members[j] + 1] > all[2 * v + 1]) {
+            members[j + 1] = members[j];
+            j--;
+        }
+        members[j + 1] = v;
+    }
+    int me = -1;
+    for (int i = 0; i < m; i++)
+        if (members[i] == parent->rank) me = i;
+    char uid[256], defname[256];
+    snprintf(uid, sizeof uid, "%s.%d.%d", parent->uid, idx, color);
+    snprintf(defname, sizeof defname, "%s.%d.%d", parent->name, idx, color);
+    st = make_sub(parent, members, m, me, uid, defname, opts, bind, out);
+    if (st != TDIST_OK) tdist__error_context(st, "%s", fn);
+out:
+    free(all);
+    free(members);
+    return st;
+}

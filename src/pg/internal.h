@@ -1,0 +1,204 @@
+/*
+ * pg/internal.h — process groups: the group and work structs shared by
+ * group.c (create / new_group / split / destroy / abort), engine.c (the
+ * ordered progress engine and work handles), check.c (fingerprints),
+ * p2p.c (send / recv on the group's second mesh) and api.c (the public
+ * collective entry points and their argument checks).
+ *
+ * Threads of a group:
+ *  - the caller's thread: argument checks, sequence numbers, queueing;
+ *  - the engine thread: runs the queued collectives one at a time, in
+ *    issue order, on the collective mesh (tp);
+ *  - the p2p thread (started on the first send/recv): drives the p2p mesh.
+ * pg->mu guards the queue, the sticky error, the abort/stop flags and the
+ * mesh pointers (abort may run on any thread while the engine destroys a
+ * failed mesh).
+ */
+#ifndef TDIST_PG_INTERNAL_H
+#define TDIST_PG_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/internal.h"
+#include "tdist/pg.h"
+#include "transport/transport.h"
+
+typedef enum tdist__op {
+    TDIST__OP_NONE = 0,
+    TDIST__OP_BROADCAST,
+    TDIST__OP_ALL_REDUCE,
+    TDIST__OP_REDUCE,
+    TDIST__OP_ALL_GATHER,
+    TDIST__OP_ALL_GATHERV,
+    TDIST__OP_GATHER,
+    TDIST__OP_SCATTER,
+    TDIST__OP_REDUCE_SCATTER,
+    TDIST__OP_ALL_TO_ALL,
+    TDIST__OP_ALL_TO_ALLV,
+    TDIST__OP_BARRIER,
+    TDIST__OP_MONITORED_BARRIER,
+    TDIST__OP_ALL_REDUCE_COALESCED,
+    TDIST__OP_BROADCAST_COALESCED,
+    TDIST__OP_SEND,
+    TDIST__OP_RECV,
+    TDIST__OP_COUNT
+} tdist__op_t;
+
+/* The fixed-size fingerprint every rank sends every peer before a
+ * collective (host byte order). The common part is the same in every
+ * copy a rank sends; send_to_you / recv_from_you are per peer
+ * (all_to_allv: "I send you s elements / I expect r from you"). */
+typedef struct tdist__fp {
+    uint32_t magic;
+    uint32_t op;
+    uint64_t uid_hash;
+    uint64_t seq;
+    uint64_t count;    /* elements (total for v / coalesced forms) */
+    uint64_t vec_hash; /* hash of recvcounts (all_gatherv) or counts (coalesced) */
+    uint64_t aux;      /* number of buffers (coalesced) */
+    int32_t dtype;     /* -1: none */
+    int32_t root;      /* -1: none */
+    int32_t redop;     /* -1: none */
+    int32_t pad;
+    uint64_t send_to_you;
+    uint64_t recv_from_you;
+} tdist__fp_t;
+
+#define TDIST__FP_MAGIC 0x74647066u /* "tdpf" */
+/* all_reduce payloads up to this many bytes travel with the fingerprint */
+#define TDIST__FUSED_MAX 1024
+
+struct tdist_work {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    atomic_int refs;
+    atomic_int status; /* TDIST_INPROGRESS until done */
+    char *msg;         /* error message; written before status is published */
+    struct tdist_work *next;
+
+    tdist__op_t op;
+    uint64_t seq;      /* group sequence (collectives) or per-pair (p2p) */
+    const void *sendbuf;
+    void *recvbuf;
+    size_t count;
+    tdist_dtype_t dtype;
+    tdist_redop_t redop;
+    int root;          /* root, or the peer of send/recv */
+    double premul;
+    size_t *sendcounts, *recvcounts; /* copies, size entries (v forms) */
+    void **bufs;                     /* coalesced: copies of the arrays */
+    size_t *counts;
+    size_t nbufs;
+    int nranks;         /* group size (entries of the count arrays) */
+    int64_t timeout_ms; /* < 0: the group's */
+    int64_t deadline_ms;
+    void (*on_complete)(tdist_status_t status, void *user_data);
+    void *user_data;
+
+    /* p2p state (p2p thread only) */
+    uint8_t hdr[24];
+    tdist__tp_req_t hreq, preq;
+    bool hdr_checked;
+    int p2p_status;     /* result being delivered (p2p thread) */
+    char *p2p_msg;
+};
+
+struct tdist_pg {
+    tdist_world_t *world; /* borrowed */
+    tdist_store_t *store; /* borrowed: the world's */
+    int rank, size;
+    int *wranks;          /* world rank of each group rank */
+    char *name;
+    char *uid;
+    uint64_t uid_hash;
+    int64_t timeout_ms;
+    char *bind_addr;
+    bool check_fp;        /* TDIST_CHECK_FINGERPRINT (measurement only) */
+    int n_children;       /* creation counter for subgroup uids */
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;    /* engine: queue not empty / stop */
+    tdist__tp_t *tp;      /* collective mesh; NULL once failed and destroyed */
+    tdist__tp_t *p2p_tp;  /* point-to-point mesh */
+    struct tdist_work *head, *tail;
+    uint64_t next_seq;
+    atomic_bool aborted;
+    bool stop;
+    bool busy;            /* a work is running (engine, or inline on the caller) */
+    tdist_status_t err;   /* sticky */
+    char *errmsg;
+    pthread_t engine;
+    bool engine_started;
+
+    /* fingerprint exchange scratch (engine thread) */
+    tdist__fp_t *fp_mine, *fp_theirs;
+    tdist__tp_req_t *fp_reqs;
+    tdist__tp_req_t **fp_reqp;
+    /* fused small all_reduce (engine.c): fingerprint + payload in one
+     * message; scratch of TDIST__FUSED_MAX bytes per rank */
+    uint8_t *fused_out, *fused_in, *fused_acc;
+
+    /* p2p (guarded by mu, driven by the p2p thread) */
+    pthread_t p2p_thread;
+    bool p2p_started;
+    pthread_cond_t p2p_cv;
+    struct tdist_work *p2p_head, *p2p_tail; /* submitted, not yet posted */
+    struct tdist_work *p2p_active;          /* posted, in progress */
+    uint64_t *p2p_send_seq, *p2p_recv_seq;
+    tdist_status_t p2p_err;
+    char *p2p_errmsg;
+};
+
+/* ---------------------------------------------------------------- check.c */
+
+const char *tdist__op_name(tdist__op_t op);
+/* "all_reduce(f32, 1024, sum)" for a work / a fingerprint. */
+void tdist__work_describe(const struct tdist_work *w, char *buf, size_t n);
+void tdist__fp_describe(const tdist__fp_t *fp, bool with_seq, char *buf, size_t n);
+uint64_t tdist__fnv1a(uint64_t h, const void *data, size_t len);
+#define TDIST__FNV_INIT 1469598103934665603ull
+/* Fill pg->fp_mine[p] for every peer p. */
+void tdist__fp_fill(tdist_pg_t *pg, const struct tdist_work *w);
+/* The common part of w's fingerprint (per-peer fields zero). */
+void tdist__fp_common(const struct tdist_work *w, uint64_t uid_hash, tdist__fp_t *fp);
+/* Exchange fingerprints with every peer and compare them; TDIST_OK or
+ * TDIST_ERR_MISMATCH (message identical on every rank) or the
+ * transport's error. */
+tdist_status_t tdist__fp_exchange(tdist_pg_t *pg, const struct tdist_work *w,
+                                  int64_t deadline_ms);
+/* Compare every rank's common part (pg->fp_theirs, own copied in) with
+ * rank 0's: TDIST_OK or TDIST_ERR_MISMATCH naming the first that differs. */
+tdist_status_t tdist__fp_compare(tdist_pg_t *pg);
+/* Compare one received fingerprint's common part with the local one;
+ * true if equal. */
+bool tdist__fp_common_equal(const tdist__fp_t *a, const tdist__fp_t *b);
+
+/* --------------------------------------------------------------- engine.c */
+
+struct tdist_work *tdist__work_new(tdist__op_t op, const tdist_coll_opts_t *opts);
+void tdist__work_release(struct tdist_work *w);
+/* Finish w with st (msg may be NULL on success): call on_complete, wake
+ * waiters, drop the engine's reference. */
+void tdist__work_finish(struct tdist_work *w, tdist_status_t st, const char *msg);
+/* Queue w (owned by the engine from now on) and return it to the caller
+ * (async), or wait for it (work == NULL). Assigns the sequence number. */
+tdist_status_t tdist__pg_submit(tdist_pg_t *pg, struct tdist_work *w, tdist_work_t **work);
+tdist_status_t tdist__pg_start_engine(tdist_pg_t *pg);
+void tdist__pg_stop_engine(tdist_pg_t *pg);
+/* The sticky error, copied (or TDIST_OK). Caller frees *msg. */
+tdist_status_t tdist__pg_sticky(tdist_pg_t *pg, char **msg);
+/* Record a failure: post the root cause to the store, make it sticky,
+ * destroy the collective mesh (peers blocked on it fail fast) and abort
+ * the p2p mesh. Returns the full message (malloc'd). */
+char *tdist__pg_fail(tdist_pg_t *pg, tdist_status_t st, const char *prefix, const char *cause);
+
+/* ------------------------------------------------------------------ p2p.c */
+
+tdist_status_t tdist__p2p_submit(tdist_pg_t *pg, struct tdist_work *w, tdist_work_t **work);
+void tdist__p2p_stop(tdist_pg_t *pg);
+
+#endif /* TDIST_PG_INTERNAL_H */

@@ -1,0 +1,488 @@
+/* tests/pg/test_pg_fail.c — rules 2 and 3 on real processes: every
+ * fingerprint mismatch of issue 3 fails on every rank within 1 s with the
+ * same message naming both calls and ranks; a peer killed (SIGKILL,
+ * SIGTERM, exit(0), exit(1), abort()) in the middle of an all_reduce loop
+ * fails every other rank's pending or next collective naming the dead rank
+ * within the group timeout + 1 s; a stopped peer fails the others at the
+ * timeout, not before; tdist_pg_abort from another thread; the
+ * monitored barrier names the missing ranks. */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "tdist/pg.h"
+
+static void *shared_alloc(size_t len)
+{
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) FAIL("mmap: %s", strerror(errno));
+    memset(p, 0, len);
+    return p;
+}
+
+static tdist_pg_t *open_world(tdist_world_t **w, int64_t timeout_ms)
+{
+    ASSERT_OK(tdist_init("env://", NULL, w));
+    tdist_pg_opts_t o;
+    tdist_pg_opts_init(&o);
+    o.timeout_ms = timeout_ms;
+    tdist_pg_t *pg = NULL;
+    ASSERT_OK(tdist_pg_create_world(*w, &o, &pg));
+    return pg;
+}
+
+/* ------------------------------------------------------------ mismatch */
+
+typedef enum mm_case {
+    MM_OP,        /* all_reduce vs broadcast */
+    MM_DTYPE,
+    MM_COUNT,
+    MM_COUNT_PATHS, /* 256 vs 257 f32: the small (fused) path vs the coll path */
+    MM_ROOT,
+    MM_REDOP,
+    MM_BARRIER,   /* barrier vs 1-element all_reduce */
+    MM_A2AV,      /* pairwise split disagreement */
+} mm_case_t;
+
+typedef struct mm_arg {
+    mm_case_t c;
+    const char *want;
+    int calls; /* on_complete calls, per rank (shared) */
+} mm_arg_t;
+
+typedef struct mm_shared {
+    atomic_int cb[8];
+    char msg[8][512];
+} mm_shared_t;
+
+static mm_shared_t *g_mm;
+
+static void mm_cb(tdist_status_t st, void *ud)
+{
+    int r = (int)(intptr_t)ud;
+    atomic_fetch_add(&g_mm->cb[r], st == TDIST_ERR_MISMATCH ? 1 : 100);
+}
+
+static void mm_body(int rank, int n, void *arg)
+{
+    const mm_arg_t *a = arg;
+    tdist_world_t *w;
+    tdist_pg_t *pg = open_world(&w, 30000);
+    ASSERT_OK(tdist_barrier(pg, NULL, NULL));
+    float buf[64] = {0};
+    double dbuf[64] = {0};
+    bool odd = rank == n - 1; /* the last rank calls something else */
+    tdist_coll_opts_t co;
+    tdist_coll_opts_init(&co);
+    co.on_complete = mm_cb;
+    co.user_data = (void *)(intptr_t)rank;
+    tdist_work_t *wk = NULL;
+    double t0 = tdist_test_now_ms();
+    switch (a->c) {
+    case MM_OP:
+        if (odd)
+            ASSERT_OK(tdist_broadcast(pg, buf, 64, TDIST_F32, 0, &co, &wk));
+        else
+            ASSERT_OK(tdist_all_reduce(pg, buf, buf, 64, TDIST_F32, TDIST_SUM, &co, &wk));
+        break;
+    case MM_DTYPE:
+        if (odd)
+            ASSERT_OK(tdist_all_reduce(pg, dbuf, dbuf, 64, TDIST_F64, TDIST_SUM, &co, &wk));
+        else
+            ASSERT_OK(tdist_all_reduce(pg, buf, buf, 64, TDIST_F32, TDIST_SUM, &co, &wk));
+        break;
+    case MM_COUNT:
+        ASSERT_OK(tdist_all_reduce(pg, buf, buf, odd ? 63 : 64, TDIST_F32, TDIST_SUM, &co, &wk));
+        break;
+    case MM_COUNT_PATHS: {
+        float *big = calloc(257, sizeof(float));
+        ASSERT_TRUE(big != NULL);
+        ASSERT_OK(tdist_all_reduce(pg, big, big, odd ? 257 : 256, TDIST_F32, TDIST_SUM, &co, &wk));
+        ASSERT_STATUS(tdist_work_wait(wk, 20000), TDIST_ERR_MISMATCH);
+        free(big);
+        break;
+    }
+    case MM_ROOT:
+        ASSERT_OK(tdist_broadcast(pg, buf, 64, TDIST_F32, odd ? 1 : 0, &co, &wk));
+        break;
+    case MM_REDOP:
+        ASSERT_OK(tdist_all_reduce(pg, buf, buf, 64, TDIST_F32, odd ? TDIST_MAX : TDIST_SUM, &co,
+                                   &wk));
+        break;
+    case MM_BARRIER:
+        if (odd)
+            ASSERT_OK(tdist_all_reduce(pg, buf, buf, 1, TDIST_F32, TDIST_SUM, &co, &wk));
+        else
+            ASSERT_OK(tdist_barrier(pg, &co, &wk));
+        break;
+    case MM_A2AV: {
+        /* everyone sends 1 to everyone, except rank 0 sends 2 to rank 1
+         * (rank 1 still expects 1) */
+        size_t sc[8], rc[8];
+        for (int p = 0; p < n; p++) sc[p] = rc[p] = 1;
+        if (rank == 0) sc[1] = 2;
+        ASSERT_OK(tdist_all_to_allv(pg, buf, sc, buf + 16, rc, TDIST_F32, &co, &wk));
+        break;
+    }
+    }
+    tdist_status_t st = tdist_work_wait(wk, 20000);
+    double dt = tdist_test_now_ms() - t0;
+    ASSERT_STATUS(st, TDIST_ERR_MISMATCH);
+    const char *m = tdist_last_error();
+    ASSERT_CONTAINS(m, a->want);
+    ASSERT_STREQ(tdist_work_error(wk), m);
+    const char *common = strstr(m, "collective mismatch:");
+    ASSERT_TRUE(common != NULL);
+    snprintf(g_mm->msg[rank], sizeof g_mm->msg[rank], "%s", common);
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "rank %d group world seq 2 ", rank);
+    ASSERT_CONTAINS(m, prefix);
+    if (dt > 1000) FAIL("mismatch took %.0f ms to report (limit 1000 ms)", dt);
+    tdist_work_free(wk);
+    ASSERT_EQ(atomic_load(&g_mm->cb[rank]), 1);
+    /* sticky: the next call fails at once with the same status */
+    ASSERT_STATUS(tdist_barrier(pg, NULL, NULL), TDIST_ERR_MISMATCH);
+    ASSERT_CONTAINS(tdist_last_error(), "failed earlier");
+    char eb[512];
+    ASSERT_STATUS(tdist_pg_error(pg, eb, sizeof eb), TDIST_ERR_MISMATCH);
+    ASSERT_CONTAINS(eb, a->want);
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
+}
+
+static void run_mm(int n, mm_case_t c, const char *want)
+{
+    g_mm = shared_alloc(sizeof *g_mm);
+    mm_arg_t a = {c, want, 0};
+    tdist_test_run_ranks(n, mm_body, &a);
+    for (int r = 1; r < n; r++)
+        if (strcmp(g_mm->msg[r], g_mm->msg[0]) != 0)
+            FAIL("rank %d reported \"%s\" but rank 0 \"%s\"", r, g_mm->msg[r], g_mm->msg[0]);
+    munmap(g_mm, sizeof *g_mm);
+}
+
+TEST(pg_mismatch_all_reduce_vs_broadcast, 30)
+{
+    run_mm(3, MM_OP, "collective mismatch: rank 0 all_reduce(f32, 64, sum) vs rank 2 broadcast(f32, 64, root 0)");
+}
+TEST(pg_mismatch_dtype, 30)
+{
+    run_mm(3, MM_DTYPE, "rank 0 all_reduce(f32, 64, sum) vs rank 2 all_reduce(f64, 64, sum)");
+}
+TEST(pg_mismatch_count, 30)
+{
+    run_mm(4, MM_COUNT, "rank 0 all_reduce(f32, 64, sum) vs rank 3 all_reduce(f32, 63, sum)");
+}
+TEST(pg_mismatch_count_small_vs_large_path, 30)
+{
+    run_mm(3, MM_COUNT_PATHS, "rank 0 all_reduce(f32, 256, sum) vs rank 2 all_reduce(f32, 257, sum)");
+}
+TEST(pg_mismatch_root, 30)
+{
+    run_mm(2, MM_ROOT, "rank 0 broadcast(f32, 64, root 0) vs rank 1 broadcast(f32, 64, root 1)");
+}
+TEST(pg_mismatch_redop, 30)
+{
+    run_mm(3, MM_REDOP, "rank 0 all_reduce(f32, 64, sum) vs rank 2 all_reduce(f32, 64, max)");
+}
+TEST(pg_mismatch_barrier_vs_1_element_all_reduce, 30)
+{
+    run_mm(2, MM_BARRIER, "rank 0 barrier() vs rank 1 all_reduce(f32, 1, sum)");
+}
+TEST(pg_mismatch_all_to_allv_pairwise, 30)
+{
+    run_mm(3, MM_A2AV, "all_to_allv splits disagree: rank 0 sends 2 elements to rank 1, which "
+                       "expects 1 from rank 0");
+}
+
+/* --------------------------------------------------------- peer deaths */
+
+typedef enum death { D_KILL, D_TERM, D_EXIT0, D_EXIT1, D_ABORT, D_STOP } death_t;
+
+typedef struct death_shared {
+    double t_death;       /* when the victim died / stopped */
+    int victim_pid;
+    double latency[8];    /* error time - death time, per rank */
+    double elapsed[8];    /* error time - call start, per rank */
+    int iters[8];
+    char msg[8][600];
+} death_shared_t;
+
+typedef struct death_arg {
+    death_t how;
+    int victim;
+    int64_t timeout_ms;
+    death_shared_t *sh;
+    bool async; /* 4 outstanding works per iteration instead of one blocking call */
+} death_arg_t;
+
+/* 4 async all_reduces, then wait for all; TDIST_OK or the first error
+ * (every failed work's message must name the dead rank). */
+static tdist_status_t four_async(tdist_pg_t *pg, const float *in, float *out, size_t cnt,
+                                 int victim, char *msg, size_t msg_len)
+{
+    tdist_work_t *ws[4];
+    for (int k = 0; k < 4; k++) {
+        tdist_status_t st = tdist_all_reduce(pg, in, out + k * cnt, cnt, TDIST_F32, TDIST_SUM,
+                                             NULL, &ws[k]);
+        if (st != TDIST_OK) {
+            snprintf(msg, msg_len, "%s", tdist_last_error());
+            for (int j = 0; j < k; j++) {
+                (void)tdist_work_wait(ws[j], -1);
+                tdist_work_free(ws[j]);
+            }
+            return st;
+        }
+    }
+    tdist_status_t first = TDIST_OK;
+    char want[64];
+    snprintf(want, sizeof want, "peer rank %d", victim);
+    for (int k = 0; k < 4; k++) {
+        tdist_status_t st = tdist_work_wait(ws[k], -1);
+        if (st != TDIST_OK) {
+            if (!strstr(tdist_work_error(ws[k]), want))
+                FAIL("work %d's error does not name rank %d: %s", k, victim, tdist_work_error(ws[k]));
+            if (first == TDIST_OK) {
+                first = st;
+                snprintf(msg, msg_len, "%s", tdist_work_error(ws[k]));
+            }
+        }
+        tdist_work_free(ws[k]);
+    }
+    return first;
+}
+
+static void death_body(int rank, int n, void *arg)
+{
+    death_arg_t *a = arg;
+    tdist_world_t *w;
+    tdist_pg_t *pg = open_world(&w, a->timeout_ms);
+    enum { CNT = 4096 };
+    float *in = malloc(CNT * sizeof(float)), *out = malloc(4 * CNT * sizeof(float));
+    ASSERT_TRUE(in && out);
+    for (int i = 0; i < CNT; i++) in[i] = (float)(rank + 1);
+    double limit = tdist_test_now_ms() + 20000 * tdist_test_timeout_mult();
+    for (int it = 0; it < 100000 && tdist_test_now_ms() < limit; it++) {
+        if (rank == a->victim && it == 20) {
+            a->sh->victim_pid = getpid();
+            a->sh->t_death = tdist_test_now_ms();
+            switch (a->how) {
+            case D_KILL: raise(SIGKILL); break;
+            case D_TERM: raise(SIGTERM); break;
+            case D_EXIT0: exit(0);
+            case D_EXIT1: exit(1);
+            case D_ABORT: abort();
+            case D_STOP: raise(SIGSTOP); break;
+            }
+            FAIL("victim still running");
+        }
+        double t0 = tdist_test_now_ms();
+        char amsg[600] = "";
+        tdist_status_t st =
+            a->async ? four_async(pg, in, out, CNT, a->victim, amsg, sizeof amsg)
+                     : tdist_all_reduce(pg, in, out, CNT, TDIST_F32, TDIST_SUM, NULL, NULL);
+        if (st == TDIST_OK) {
+            if (out[0] != (float)(n * (n + 1) / 2)) FAIL("iteration %d: wrong sum %g", it, (double)out[0]);
+            continue;
+        }
+        double t1 = tdist_test_now_ms();
+        a->sh->latency[rank] = t1 - a->sh->t_death;
+        a->sh->elapsed[rank] = t1 - t0;
+        a->sh->iters[rank] = it;
+        snprintf(a->sh->msg[rank], sizeof a->sh->msg[rank], "%s",
+                 a->async ? amsg : tdist_last_error());
+        if (a->sh->t_death == 0) FAIL("collective failed before the victim died: %s", tdist_last_error());
+        /* the next call fails at once too */
+        double t2 = tdist_test_now_ms();
+        ASSERT_TRUE(tdist_barrier(pg, NULL, NULL) != TDIST_OK);
+        ASSERT_LE(tdist_test_now_ms() - t2, 100);
+        break;
+    }
+    if (a->sh->latency[rank] == 0) FAIL("no collective failed");
+    if (rank == 0 && a->how == D_STOP) kill(a->sh->victim_pid, SIGKILL);
+    free(in);
+    free(out);
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
+}
+
+static void run_death_x(int n, int victim, death_t how, int64_t timeout_ms, bool async)
+{
+    death_shared_t *sh = shared_alloc(sizeof *sh);
+    death_arg_t a = {how, victim, timeout_ms, sh, async};
+    tdist_ranks_opts_t o;
+    tdist_ranks_opts_init(&o, n);
+    o.kill_others_after_ms = -1; /* the victim's end is expected */
+    tdist_rank_result_t res[8];
+    tdist_test_spawn_ranks(&o, death_body, &a, res);
+    char buf[128], want[64];
+    snprintf(want, sizeof want, "peer rank %d", victim);
+    double worst = 0;
+    for (int r = 0; r < n; r++) {
+        if (r == victim) continue;
+        if (!res[r].exited || res[r].code != 0)
+            FAIL("rank %d %s (its error: %s)", r, tdist_test_describe(&res[r], buf, sizeof buf),
+                 sh->msg[r]);
+        if (!strstr(sh->msg[r], want))
+            FAIL("rank %d's error does not name the dead rank (\"%s\"): %s", r, want, sh->msg[r]);
+        if (sh->latency[r] > (double)timeout_ms + 1000)
+            FAIL("rank %d failed %.0f ms after the victim's end (timeout %lld ms)", r,
+                 sh->latency[r], (long long)timeout_ms);
+        if (how == D_STOP && sh->elapsed[r] < (double)timeout_ms - 250)
+            FAIL("rank %d failed after %.0f ms, before the timeout (%lld ms)", r, sh->elapsed[r],
+                 (long long)timeout_ms);
+        if (sh->latency[r] > worst) worst = sh->latency[r];
+    }
+    fprintf(stderr, "death %d: worst latency from the victim's end to the error: %.1f ms; rank 0: %s\n",
+            (int)how, worst, sh->msg[victim == 0 ? 1 : 0]);
+    munmap(sh, sizeof *sh);
+}
+
+static void run_death(int n, int victim, death_t how, int64_t timeout_ms)
+{
+    run_death_x(n, victim, how, timeout_ms, false);
+}
+
+TEST(pg_peer_sigkill_fails_pending_async_works, 40) { run_death_x(4, 1, D_KILL, 3000, true); }
+TEST(pg_peer_sigkill_fails_others, 40) { run_death(4, 2, D_KILL, 3000); }
+TEST(pg_peer_sigterm_fails_others, 40) { run_death(4, 1, D_TERM, 3000); }
+TEST(pg_peer_exit0_fails_others, 40) { run_death(3, 2, D_EXIT0, 3000); }
+TEST(pg_peer_exit1_fails_others, 40) { run_death(3, 0, D_EXIT1, 3000); }
+TEST(pg_peer_abort_fails_others, 40) { run_death(4, 3, D_ABORT, 3000); }
+TEST(pg_peer_sigstop_fails_others_at_timeout, 40) { run_death(3, 1, D_STOP, 2000); }
+
+/* ------------------------------------------------------------- abort */
+
+typedef struct abort_arg {
+    tdist_pg_t *pg;
+} abort_arg_t;
+
+static void *abort_thread(void *p)
+{
+    abort_arg_t *a = p;
+    usleep(300 * 1000);
+    tdist_pg_abort(a->pg);
+    return NULL;
+}
+
+static void abort_body(int rank, int n, void *arg)
+{
+    (void)n;
+    bool inline_call = arg != NULL;
+    tdist_world_t *w;
+    tdist_pg_t *pg = open_world(&w, 30000);
+    ASSERT_OK(tdist_barrier(pg, NULL, NULL));
+    if (rank == 0) {
+        abort_arg_t a = {pg};
+        pthread_t t;
+        ASSERT_EQ(pthread_create(&t, NULL, abort_thread, &a), 0);
+        float x = 1, y = 0;
+        tdist_work_t *queued = NULL;
+        double t0 = tdist_test_now_ms();
+        /* rank 1 never joins: blocked until the abort */
+        if (inline_call) {
+            /* a blocking call on an idle group runs on this thread */
+            ASSERT_STATUS(tdist_all_reduce(pg, &x, &y, 1, TDIST_F32, TDIST_SUM, NULL, NULL),
+                          TDIST_ERR_ABORTED);
+        } else {
+            /* engine thread: an async work, and a blocking call queued behind it */
+            ASSERT_OK(tdist_all_reduce(pg, &x, &y, 1, TDIST_F32, TDIST_SUM, NULL, &queued));
+            ASSERT_STATUS(tdist_barrier(pg, NULL, NULL), TDIST_ERR_ABORTED);
+        }
+        double dt = tdist_test_now_ms() - t0;
+        ASSERT_CONTAINS(tdist_last_error(), "aborted");
+        ASSERT_GE(dt, 250);
+        ASSERT_LE(dt, 1300);
+        if (queued) {
+            ASSERT_STATUS(tdist_work_wait(queued, 1000), TDIST_ERR_ABORTED);
+            tdist_work_free(queued);
+        }
+        pthread_join(t, NULL);
+        t0 = tdist_test_now_ms();
+        ASSERT_STATUS(tdist_all_reduce(pg, &x, &y, 1, TDIST_F32, TDIST_SUM, NULL, NULL),
+                      TDIST_ERR_ABORTED);
+        ASSERT_LE(tdist_test_now_ms() - t0, 50);
+        ASSERT_OK(tdist_pg_abort(pg)); /* idempotent */
+    } else {
+        usleep(1500 * 1000); /* alive, but never joins the all_reduce */
+    }
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
+}
+
+TEST(pg_abort_from_another_thread, 30) { tdist_test_run_ranks(2, abort_body, NULL); }
+TEST(pg_abort_blocking_inline_call, 30)
+{
+    static int yes = 1;
+    tdist_test_run_ranks(2, abort_body, &yes);
+}
+
+/* destroy with works still queued: they fail ABORTED, handles stay valid */
+static void destroy_pending_body(int rank, int n, void *arg)
+{
+    (void)n;
+    (void)arg;
+    tdist_world_t *w;
+    tdist_pg_t *pg = open_world(&w, 30000);
+    if (rank == 0) {
+        float x[3] = {1, 2, 3}, y[3];
+        tdist_work_t *ws[3];
+        for (int i = 0; i < 3; i++)
+            ASSERT_OK(tdist_all_reduce(pg, &x[i], &y[i], 1, TDIST_F32, TDIST_SUM, NULL, &ws[i]));
+        tdist_pg_destroy(pg);
+        for (int i = 0; i < 3; i++) {
+            ASSERT_STATUS(tdist_work_wait(ws[i], 1000), TDIST_ERR_ABORTED);
+            tdist_work_free(ws[i]);
+        }
+    } else {
+        tdist_pg_destroy(pg);
+    }
+    tdist_world_destroy(w);
+}
+
+TEST(pg_destroy_with_pending_works, 30) { tdist_test_run_ranks(2, destroy_pending_body, NULL); }
+
+/* ---------------------------------------------------- monitored barrier */
+
+typedef struct mbar_shared {
+    char msg[4][512];
+} mbar_shared_t;
+
+static void mbar_body(int rank, int n, void *arg)
+{
+    (void)n;
+    mbar_shared_t *sh = arg;
+    tdist_world_t *w;
+    tdist_pg_t *pg = open_world(&w, 30000);
+    ASSERT_OK(tdist_monitored_barrier(pg, NULL));
+    tdist_coll_opts_t co;
+    tdist_coll_opts_init(&co);
+    co.timeout_ms = 1000;
+    if (rank == 1 || rank == 3) {
+        usleep(2500 * 1000); /* do not arrive, but stay alive */
+    } else {
+        double t0 = tdist_test_now_ms();
+        ASSERT_STATUS(tdist_monitored_barrier(pg, &co), TDIST_ERR_TIMEOUT);
+        double dt = tdist_test_now_ms() - t0;
+        snprintf(sh->msg[rank], sizeof sh->msg[rank], "%s", tdist_last_error());
+        ASSERT_CONTAINS(tdist_last_error(), "monitored_barrier: ranks 1, 3 did not arrive within 1000 ms");
+        ASSERT_GE(dt, rank == 0 ? 950 : 500); /* rank 2 may have arrived a little later */
+        ASSERT_LE(dt, 2500);
+    }
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
+}
+
+TEST(pg_monitored_barrier_names_missing_ranks, 30)
+{
+    mbar_shared_t *sh = shared_alloc(sizeof *sh);
+    tdist_test_run_ranks(4, mbar_body, sh);
+    munmap(sh, sizeof *sh);
+}
