@@ -344,7 +344,11 @@ static void drop(conn_t *c, const char *why)
     TDIST_LOGD("store server %s: closing connection from %s: %s", srv->addr, c->peer, why);
     c->dead = true;
     clear_pending(c);
-    close(c->fd); /* also removes it from the epoll set */
+    /* Remove it from epoll explicitly: close() alone does not when another
+     * process shares the socket (a child between fork and exec), and epoll
+     * would then report events for a connection that has been freed. */
+    epoll_ctl(srv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+    close(c->fd);
     c->fd = -1;
     if (c->prev)
         c->prev->next = c->next;

@@ -609,8 +609,10 @@ TEST(tdistrun_two_nodes_restart_together, 90)
     run_t r0, r1;
     wait_for(p0, 60000 * tdist_test_timeout_mult(), "rnode0", start, &r0);
     wait_for(p1, 60000 * tdist_test_timeout_mult(), "rnode1", start, &r1);
-    ASSERT_EXIT(r1, 0);
-    ASSERT_EXIT(r0, 0);
+    if (!r0.exited || r0.code != 0 || !r1.exited || r1.code != 0)
+        FAIL("node 0: %s %d\n--- node 0 stderr:\n%s\n--- node 1: %s %d\n--- node 1 stderr:\n%s",
+             r0.exited ? "exit" : "signal", r0.exited ? r0.code : r0.sig, r0.err,
+             r1.exited ? "exit" : "signal", r1.exited ? r1.code : r1.sig, r1.err);
     ASSERT_CONTAINS(r1.err, "rank 3 (local rank 1, pid ");
     ASSERT_CONTAINS(r1.err, "restarting the worker set (restart 1 of 1) after rank 3 exited with status 9");
     ASSERT_CONTAINS(r0.err, "another node failed: node 1: rank 3 exited with status 9");
