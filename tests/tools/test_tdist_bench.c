@@ -1,0 +1,235 @@
+/* tests/tools/test_tdist_bench.c — the collective benchmark, run as a real
+ * program under the built launcher with 2 ranks.
+ *
+ * Each run goes to files in the test's temporary directory (fork + exec,
+ * bounded wait), then the rows rank 0 printed are parsed: one per size,
+ * the expected sizes in order, 0 wrong elements, a positive time, and the
+ * RESULT lines. Bad flags must exit 2; a corrupted element must be caught.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define BENCH_RUN TDIST_BIN_DIR "/tools/tdistrun/tdistrun"
+#define BENCH_BIN TDIST_BIN_DIR "/tools/tdist-bench/tdist-bench"
+
+typedef struct bench_run {
+    int code;  /* exit code, -1 if killed by a signal */
+    char *out; /* stdout (malloc'd) */
+    char *err; /* stderr (malloc'd) */
+} bench_run_t;
+
+static char *bench_slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) FAIL("cannot open %s: %s", path, strerror(errno));
+    size_t cap = 8192, len = 0;
+    char *buf = malloc(cap);
+    if (!buf) FAIL("out of memory");
+    for (int guard = 0; guard < 100000; guard++) {
+        if (len + 4096 + 1 > cap) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+            if (!buf) FAIL("out of memory");
+        }
+        size_t n = fread(buf + len, 1, 4096, f);
+        len += n;
+        if (n == 0) break;
+    }
+    buf[len] = '\0';
+    fclose(f);
+    return buf;
+}
+
+/* Run argv (stdout/stderr to <tag>.out/.err), wait at most timeout_s. */
+static void bench_exec(const char *const argv[], double timeout_s, const char *tag,
+                       bench_run_t *r)
+{
+    char out[512], err[512];
+    snprintf(out, sizeof out, "%s/%s.out", tdist_test_tmpdir(), tag);
+    snprintf(err, sizeof err, "%s/%s.err", tdist_test_tmpdir(), tag);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) FAIL("fork: %s", strerror(errno));
+    if (pid == 0) {
+        int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fo < 0 || fe < 0) _exit(120);
+        dup2(fo, STDOUT_FILENO);
+        dup2(fe, STDERR_FILENO);
+        close(fo);
+        close(fe);
+        execv(argv[0], (char *const *)argv);
+        _exit(121);
+    }
+    double end = tdist_test_now_ms() + timeout_s * 1000.0 * tdist_test_timeout_mult();
+    int status = 0;
+    for (;;) {
+        pid_t w = waitpid(pid, &status, WNOHANG);
+        if (w == pid) break;
+        if (w < 0 && errno != EINTR) FAIL("waitpid: %s", strerror(errno));
+        if (tdist_test_now_ms() > end) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            FAIL("%s: still running after %.0f s", tag, timeout_s);
+        }
+        usleep(5000);
+    }
+    r->code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    if (r->code == 121) FAIL("%s: could not execute %s", tag, argv[0]);
+    r->out = bench_slurp(out);
+    r->err = bench_slurp(err);
+}
+
+static void bench_free(bench_run_t *r)
+{
+    free(r->out);
+    free(r->err);
+    r->out = r->err = NULL;
+}
+
+#define BENCH_FAIL(r, ...)                                                     \
+    do {                                                                       \
+        char msg_[512];                                                        \
+        snprintf(msg_, sizeof msg_, __VA_ARGS__);                              \
+        FAIL("%s (exit %d)\n--- stdout:\n%s\n--- stderr:\n%s", msg_, (r).code, (r).out, (r).err); \
+    } while (0)
+
+/* Parse the rows of rank 0 ("[rank 0]  bytes count type redop time algbw
+ * busbw wrong") and check them against the expected sizes. */
+static void check_rows(const bench_run_t *r, const char *op, const char *redop,
+                       double bus_factor, const size_t *sizes, int nsizes)
+{
+    int row = 0;
+    const char *line = r->out;
+    for (int guard = 0; line && *line && guard < 10000; guard++) {
+        const char *eol = strchr(line, '\n');
+        static const char prefix[] = "[rank 0] ";
+        if (strncmp(line, prefix, sizeof prefix - 1) == 0) {
+            const char *p = line + sizeof prefix - 1;
+            size_t bytes, count;
+            char type[16], rop[32];
+            double t, algbw, busbw;
+            long wrong;
+            if (sscanf(p, " %zu %zu %15s %31s %lf %lf %lf %ld", &bytes, &count, type, rop, &t,
+                       &algbw, &busbw, &wrong) == 8) {
+                if (row >= nsizes) BENCH_FAIL(*r, "%s: more than %d rows", op, nsizes);
+                if (bytes != sizes[row])
+                    BENCH_FAIL(*r, "%s: row %d has %zu bytes, want %zu", op, row, bytes,
+                               sizes[row]);
+                if (count != bytes / 4) BENCH_FAIL(*r, "%s: row %d count %zu", op, row, count);
+                if (strcmp(type, "f32") != 0 || strcmp(rop, redop) != 0)
+                    BENCH_FAIL(*r, "%s: row %d type %s redop %s", op, row, type, rop);
+                /* Printed with 3 decimals: algbw = bytes / time, busbw =
+                 * algbw x the nccl-tests factor (2 ranks: 1 or 1/2). */
+                double want_alg = (double)bytes / (t * 1e3);
+                double want_bus = want_alg * bus_factor;
+                if (!(t > 0.0) || fabs(algbw - want_alg) > 0.0006 ||
+                    fabs(busbw - want_bus) > 0.0006)
+                    BENCH_FAIL(*r, "%s: row %d time %f algbw %f (want %f) busbw %f (want %f)", op,
+                               row, t, algbw, want_alg, busbw, want_bus);
+                if (wrong != 0) BENCH_FAIL(*r, "%s: row %d has %ld wrong elements", op, row, wrong);
+                row++;
+            }
+        }
+        line = eol ? eol + 1 : NULL;
+    }
+    if (row != nsizes) BENCH_FAIL(*r, "%s: %d rows, want %d", op, row, nsizes);
+}
+
+TEST(tdistrun_bench_collectives_2_ranks, 240)
+{
+    static const char *const ops[] = {"all_reduce", "broadcast", "all_gather", "reduce_scatter",
+                                      "all_to_all"};
+    static const size_t sizes[] = {8, 64, 512, 4096, 32768, 65536}; /* MAX ends */
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
+        const char *argv[] = {BENCH_RUN, "--nproc-per-node", "2", "--grace-period", "1",
+                              BENCH_BIN, "-o", ops[i], "-b", "8", "-e", "64K", "-f", "8",
+                              "-n", "3", "-w", "1", "-d", "f32", "-r", "sum", NULL};
+        bench_run_t r;
+        bench_exec(argv, 60, ops[i], &r);
+        if (r.code != 0) BENCH_FAIL(r, "%s: expected exit 0", ops[i]);
+        bool red = strcmp(ops[i], "all_reduce") == 0 || strcmp(ops[i], "reduce_scatter") == 0;
+        bool half = strcmp(ops[i], "all_reduce") != 0 && strcmp(ops[i], "broadcast") != 0;
+        check_rows(&r, ops[i], red ? "sum" : "-", half ? 0.5 : 1.0, sizes, 6);
+        char want[128];
+        snprintf(want, sizeof want, "[rank 0] RESULT %s_f32%s_time_8B ", ops[i],
+                 red ? "_sum" : "");
+        if (!strstr(r.out, want)) BENCH_FAIL(r, "no \"%s\"", want);
+        snprintf(want, sizeof want, "[rank 0] RESULT %s_f32%s_busbw_64KiB ", ops[i],
+                 red ? "_sum" : "");
+        if (!strstr(r.out, want)) BENCH_FAIL(r, "no \"%s\"", want);
+        snprintf(want, sizeof want, "[rank 0] RESULT %s_f32%s_wrong_elements 0 elements", ops[i],
+                 red ? "_sum" : "");
+        if (!strstr(r.out, want)) BENCH_FAIL(r, "no \"%s\"", want);
+        if (strstr(r.out, "[rank 1]")) BENCH_FAIL(r, "rank 1 printed to stdout");
+        bench_free(&r);
+    }
+}
+
+TEST(tdistrun_bench_detects_wrong_elements, 60)
+{
+    /* Rank 1 corrupts the last element of its output after each size. */
+    setenv("TDIST_BENCH_INJECT_ERROR", "1", 1);
+    const char *argv[] = {BENCH_RUN, "--nproc-per-node", "2", "--grace-period", "1", BENCH_BIN,
+                          "-o", "all_reduce", "-b", "64", "-e", "512", "-f", "8",
+                          "-n", "2", "-w", "0", NULL};
+    bench_run_t r;
+    bench_exec(argv, 60, "inject", &r);
+    unsetenv("TDIST_BENCH_INJECT_ERROR");
+    if (r.code == 0) BENCH_FAIL(r, "a corrupted element went unnoticed");
+    /* The row still prints, with the worst rank's count: 1 wrong element. */
+    if (!strstr(r.out, " 1\n")) BENCH_FAIL(r, "no row with 1 wrong element");
+    ASSERT_CONTAINS(r.out, "RESULT all_reduce_f32_sum_wrong_elements 2 elements");
+    bench_free(&r);
+}
+
+TEST(tdistrun_bench_bad_flags_exit_2, 30)
+{
+    static const char *const bad[][5] = {
+        {"-x", NULL},
+        {"-o", "all_reduce_nope", NULL},
+        {"-e", "2G", NULL},                 /* above the 1 GiB buffer limit */
+        {"-b", "1M", "-e", "1K", NULL},     /* min > max */
+        {"-f", "1", NULL},                  /* would never grow */
+        {"-d", "f32", "-r", "band", NULL},  /* band needs an integer dtype */
+        {"-n", "0", NULL},
+        {"-c", "2", NULL},
+        {"-b", "12Q", NULL},
+        {"-w", NULL},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *argv[8] = {BENCH_BIN};
+        int k = 1;
+        for (int j = 0; j < 5 && bad[i][j]; j++) argv[k++] = bad[i][j];
+        argv[k] = NULL;
+        char tag[32];
+        snprintf(tag, sizeof tag, "bad%zu", i);
+        bench_run_t r;
+        bench_exec(argv, 20, tag, &r);
+        if (r.code != 2) BENCH_FAIL(r, "bad flags #%zu (%s): expected exit 2", i, bad[i][0]);
+        ASSERT_CONTAINS(r.err, "usage: ");
+        bench_free(&r);
+    }
+    /* -h: usage on stdout, exit 0; and through the launcher a bad flag
+     * still fails the job. */
+    const char *help[] = {BENCH_BIN, "-h", NULL};
+    bench_run_t r;
+    bench_exec(help, 20, "help", &r);
+    if (r.code != 0) BENCH_FAIL(r, "-h: expected exit 0");
+    ASSERT_CONTAINS(r.out, "usage: ");
+    bench_free(&r);
+    const char *launched[] = {BENCH_RUN, "--nproc-per-node", "2", BENCH_BIN, "-o", "nope", NULL};
+    bench_exec(launched, 30, "launched_bad", &r);
+    if (r.code == 0) BENCH_FAIL(r, "bad flag under tdistrun: expected a failure");
+    ASSERT_CONTAINS(r.err, "unknown op 'nope'");
+    bench_free(&r);
+}
