@@ -1,13 +1,15 @@
 /*
- * bench/transport_pingpong.c — the TCP transport between two processes
- * (fork) on 127.0.0.1: round-trip latency of an 8-byte ping-pong and
- * one-way bandwidth of a 64 MiB message (acknowledged by 1 byte).
+ * bench/transport_pingpong.c — a transport between two processes (fork):
+ * TCP on 127.0.0.1 or shared memory; round-trip latency of an 8-byte
+ * ping-pong and one-way bandwidth of a 64 MiB message (acknowledged by 1
+ * byte).
  *
- * Usage: bench_transport_pingpong [pingpong_iters] [bw_reps]
+ * Usage: bench_transport_pingpong [pingpong_iters] [bw_reps] [tcp|shm]
  * Latency: median of pingpong_iters (default 20000) timed round trips
  * after 1000 warm-up ones. Bandwidth: median of bw_reps (default 7)
  * timed transfers after one warm-up. Ends with RESULT lines.
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,7 +47,7 @@ static void die(const char *what, tdist_status_t st)
     } while (0)
 
 /* Both ranks run this; rank 0 times. */
-static void run(tdist__tp_t *tp, int rank, int iters, int reps)
+static void run(tdist__tp_t *tp, int rank, int iters, int reps, const char *kind)
 {
     int peer = 1 - rank;
     int64_t dl = tdist__now_ms() + 120000;
@@ -85,8 +87,8 @@ static void run(tdist__tp_t *tp, int rank, int iters, int reps)
         double l = median(lat, iters), b = median(bw, reps);
         printf("8 B round trip: median %.2f us over %d; 64 MiB one way: median %.2f GB/s over %d\n",
                l, iters, b, reps);
-        printf("RESULT transport_tcp_pingpong_8B_rtt %.2f us\n", l);
-        printf("RESULT transport_tcp_oneway_64MiB_bw %.3f GB/s\n", b);
+        printf("RESULT transport_%s_pingpong_8B_rtt %.2f us\n", kind, l);
+        printf("RESULT transport_%s_oneway_64MiB_bw %.3f GB/s\n", kind, b);
     }
     free(lat);
     free(bw);
@@ -97,18 +99,19 @@ int main(int argc, char **argv)
 {
     int iters = argc > 1 ? atoi(argv[1]) : 20000;
     int reps = argc > 2 ? atoi(argv[2]) : 7;
-    if (iters < 1 || reps < 1) {
-        fprintf(stderr, "usage: %s [pingpong_iters >= 1] [bw_reps >= 1]\n", argv[0]);
+    const char *kind = argc > 3 ? argv[3] : "tcp";
+    bool shm = strcmp(kind, "shm") == 0;
+    if (iters < 1 || reps < 1 || (!shm && strcmp(kind, "tcp") != 0)) {
+        fprintf(stderr, "usage: %s [pingpong_iters >= 1] [bw_reps >= 1] [tcp|shm]\n", argv[0]);
         return 2;
     }
-    /* Both ends listen before the fork, so each knows both addresses. */
-    tdist__tp_opts_t o = {.bind_addr = "127.0.0.1", .tag = 0x62656e6368ull};
-    tdist__tp_t *tp[2];
-    for (int r = 0; r < 2; r++) CHECK("listen", tdist__tp_listen(TDIST__TP_TCP, r, 2, &o, &tp[r]));
-    char a0[80], a1[80];
-    snprintf(a0, sizeof a0, "%s", tdist__tp_address(tp[0]));
-    snprintf(a1, sizeof a1, "%s", tdist__tp_address(tp[1]));
-    const char *addrs[2] = {a0, a1};
+    /* Each end listens after the fork (a shared-memory segment belongs to
+     * its process) and the two swap addresses through pipes. */
+    int to_child[2], to_parent[2];
+    if (pipe(to_child) != 0 || pipe(to_parent) != 0) {
+        perror("pipe");
+        return 1;
+    }
     fflush(stdout);
     pid_t pid = fork();
     if (pid < 0) {
@@ -116,10 +119,25 @@ int main(int argc, char **argv)
         return 1;
     }
     int rank = pid == 0 ? 1 : 0;
-    tdist__tp_destroy(tp[1 - rank]); /* this process's copy of the other end */
-    CHECK("connect", tdist__tp_connect(tp[rank], addrs, tdist__now_ms() + 30000));
-    run(tp[rank], rank, iters, reps);
-    tdist__tp_destroy(tp[rank]);
+    tdist__tp_opts_t o = {.bind_addr = "127.0.0.1", .tag = 0x62656e6368ull};
+    tdist__tp_t *tp;
+    CHECK("listen", tdist__tp_listen(shm ? TDIST__TP_SHM : TDIST__TP_TCP, rank, 2, &o, &tp));
+    char mine[128] = {0}, theirs[128] = {0};
+    snprintf(mine, sizeof mine, "%s", tdist__tp_address(tp));
+    int wfd = rank == 0 ? to_child[1] : to_parent[1], rfd = rank == 0 ? to_parent[0] : to_child[0];
+    if (write(wfd, mine, sizeof mine) != (ssize_t)sizeof mine ||
+        read(rfd, theirs, sizeof theirs) != (ssize_t)sizeof theirs) {
+        perror("address exchange");
+        return 1;
+    }
+    close(to_child[0]);
+    close(to_child[1]);
+    close(to_parent[0]);
+    close(to_parent[1]);
+    const char *addrs[2] = {rank == 0 ? mine : theirs, rank == 0 ? theirs : mine};
+    CHECK("connect", tdist__tp_connect(tp, addrs, tdist__now_ms() + 30000));
+    run(tp, rank, iters, reps, kind);
+    tdist__tp_destroy(tp);
     if (rank == 1) return 0;
     int status = 0;
     waitpid(pid, &status, 0);

@@ -29,7 +29,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "transport/transport.h"
+#include "transport/ops.h"
 
 #define HS_LEN 32
 #define HS_MAGIC 0x70746474u /* "tdtp" little-endian */
@@ -270,7 +270,7 @@ static tdist_status_t fail_aborted(tdist__tp_t *tp)
 
 /* ------------------------------------------------------------- listen */
 
-tdist_status_t tdist__tp_listen(tdist__tp_kind_t kind, int rank, int size,
+tdist_status_t tdist__tcp_listen(tdist__tp_kind_t kind, int rank, int size,
                                 const tdist__tp_opts_t *opts, tdist__tp_t **out)
 {
     static const char fn[] = "tdist__tp_listen";
@@ -347,11 +347,11 @@ tdist_status_t tdist__tp_listen(tdist__tp_kind_t kind, int rank, int size,
     *out = tp;
     return TDIST_OK;
 fail:
-    tdist__tp_destroy(tp);
+    tdist__tcp_destroy(tp);
     return st;
 }
 
-const char *tdist__tp_address(const tdist__tp_t *tp) { return tp ? tp->addr : NULL; }
+const char *tdist__tcp_address(const tdist__tp_t *tp) { return tp ? tp->addr : NULL; }
 
 /* ------------------------------------------------------------ connect */
 
@@ -606,7 +606,7 @@ static tdist_status_t connect_timeout(tdist__tp_t *tp, int64_t start)
     return fail(tp, TDIST_ERR_TIMEOUT, "%s", msg);
 }
 
-tdist_status_t tdist__tp_connect(tdist__tp_t *tp, const char *const *addrs, int64_t deadline_ms)
+tdist_status_t tdist__tcp_connect(tdist__tp_t *tp, const char *const *addrs, int64_t deadline_ms)
 {
     static const char fn[] = "tdist__tp_connect";
     TDIST_ARG_CHECK(tp != NULL, fn);
@@ -767,13 +767,13 @@ static tdist_status_t post(tdist__tp_t *tp, tdist__tp_req_t *req, int peer, void
     return TDIST_OK;
 }
 
-tdist_status_t tdist__tp_post_send(tdist__tp_t *tp, tdist__tp_req_t *req, int peer,
+tdist_status_t tdist__tcp_post_send(tdist__tp_t *tp, tdist__tp_req_t *req, int peer,
                                    const void *buf, size_t len)
 {
     return post(tp, req, peer, (void *)buf, len, true, "tdist__tp_post_send");
 }
 
-tdist_status_t tdist__tp_post_recv(tdist__tp_t *tp, tdist__tp_req_t *req, int peer, void *buf,
+tdist_status_t tdist__tcp_post_recv(tdist__tp_t *tp, tdist__tp_req_t *req, int peer, void *buf,
                                    size_t len)
 {
     return post(tp, req, peer, buf, len, false, "tdist__tp_post_recv");
@@ -860,7 +860,7 @@ static bool drive_recv(tdist__tp_t *tp, int peer)
     return moved;
 }
 
-tdist_status_t tdist__tp_progress(tdist__tp_t *tp, int timeout_ms)
+tdist_status_t tdist__tcp_progress(tdist__tp_t *tp, int timeout_ms)
 {
     TDIST_ARG_CHECK(tp != NULL, "tdist__tp_progress");
     if (tp->err != TDIST_OK) return sticky(tp);
@@ -937,16 +937,6 @@ tdist_status_t tdist__tp_progress(tdist__tp_t *tp, int timeout_ms)
     return tp->err != TDIST_OK ? sticky(tp) : TDIST_OK;
 }
 
-bool tdist__tp_req_done(const tdist__tp_req_t *req) { return req && req->finished; }
-
-tdist_status_t tdist__tp_req_status(const tdist__tp_req_t *req)
-{
-    if (!req)
-        return tdist__error(TDIST_ERR_INVALID_ARG,
-                            "tdist__tp_req_status: invalid argument: req is NULL");
-    return req->finished ? req->status : TDIST_INPROGRESS;
-}
-
 /* The deadline passed: name every peer still owed bytes by reqs. */
 static tdist_status_t wait_timeout(tdist__tp_t *tp, tdist__tp_req_t *const *reqs, size_t n,
                                    int64_t start)
@@ -971,7 +961,7 @@ static tdist_status_t wait_timeout(tdist__tp_t *tp, tdist__tp_req_t *const *reqs
     return tdist__error(TDIST_ERR_TIMEOUT, "%s", msg);
 }
 
-tdist_status_t tdist__tp_wait(tdist__tp_t *tp, tdist__tp_req_t *const *reqs, size_t n,
+tdist_status_t tdist__tcp_wait(tdist__tp_t *tp, tdist__tp_req_t *const *reqs, size_t n,
                               int64_t deadline_ms)
 {
     static const char fn[] = "tdist__tp_wait";
@@ -998,7 +988,7 @@ tdist_status_t tdist__tp_wait(tdist__tp_t *tp, tdist__tp_req_t *const *reqs, siz
         if (tp->err != TDIST_OK) return sticky(tp);
         int64_t now = tdist__now_ms();
         bool late = now >= deadline_ms;
-        TDIST_CHECK(tdist__tp_progress(tp, late ? 0 : tdist__ms_left(deadline_ms)));
+        TDIST_CHECK(tdist__tcp_progress(tp, late ? 0 : tdist__ms_left(deadline_ms)));
         if (late) {
             bool all = true;
             for (size_t i = 0; i < n; i++) all = all && reqs[i]->finished;
@@ -1013,35 +1003,35 @@ tdist_status_t tdist__tp_wait(tdist__tp_t *tp, tdist__tp_req_t *const *reqs, siz
 static tdist_status_t wait_blocking(tdist__tp_t *tp, tdist__tp_req_t *const *reqs, size_t n,
                                     int64_t deadline_ms)
 {
-    tdist_status_t st = tdist__tp_wait(tp, reqs, n, deadline_ms);
+    tdist_status_t st = tdist__tcp_wait(tp, reqs, n, deadline_ms);
     if (st == TDIST_ERR_TIMEOUT)
         return fail(tp, TDIST_ERR_TIMEOUT, "%s (a blocking call timed out: the transport is failed)",
                     tdist_last_error());
     return st;
 }
 
-tdist_status_t tdist__tp_send(tdist__tp_t *tp, int peer, const void *buf, size_t len,
+tdist_status_t tdist__tcp_send(tdist__tp_t *tp, int peer, const void *buf, size_t len,
                               int64_t deadline_ms)
 {
     tdist__tp_req_t req, *r = &req;
-    TDIST_CHECK(tdist__tp_post_send(tp, &req, peer, buf, len));
+    TDIST_CHECK(tdist__tcp_post_send(tp, &req, peer, buf, len));
     return wait_blocking(tp, &r, 1, deadline_ms);
 }
 
-tdist_status_t tdist__tp_recv(tdist__tp_t *tp, int peer, void *buf, size_t len,
+tdist_status_t tdist__tcp_recv(tdist__tp_t *tp, int peer, void *buf, size_t len,
                               int64_t deadline_ms)
 {
     tdist__tp_req_t req, *r = &req;
-    TDIST_CHECK(tdist__tp_post_recv(tp, &req, peer, buf, len));
+    TDIST_CHECK(tdist__tcp_post_recv(tp, &req, peer, buf, len));
     return wait_blocking(tp, &r, 1, deadline_ms);
 }
 
-tdist_status_t tdist__tp_sendrecv(tdist__tp_t *tp, int to, const void *sbuf, size_t slen,
+tdist_status_t tdist__tcp_sendrecv(tdist__tp_t *tp, int to, const void *sbuf, size_t slen,
                                   int from, void *rbuf, size_t rlen, int64_t deadline_ms)
 {
     tdist__tp_req_t sreq, rreq, *rs[2] = {&sreq, &rreq};
-    TDIST_CHECK(tdist__tp_post_send(tp, &sreq, to, sbuf, slen));
-    tdist_status_t st = tdist__tp_post_recv(tp, &rreq, from, rbuf, rlen);
+    TDIST_CHECK(tdist__tcp_post_send(tp, &sreq, to, sbuf, slen));
+    tdist_status_t st = tdist__tcp_post_recv(tp, &rreq, from, rbuf, rlen);
     if (st != TDIST_OK) {
         if (!sreq.finished)
             return fail(tp, st, "%s (the send half was posted: the transport is failed)",
@@ -1051,7 +1041,7 @@ tdist_status_t tdist__tp_sendrecv(tdist__tp_t *tp, int to, const void *sbuf, siz
     return wait_blocking(tp, rs, 2, deadline_ms);
 }
 
-void tdist__tp_abort(tdist__tp_t *tp)
+void tdist__tcp_abort(tdist__tp_t *tp)
 {
     if (!tp) return;
     atomic_store(&tp->aborted, true);
@@ -1061,7 +1051,7 @@ void tdist__tp_abort(tdist__tp_t *tp)
     (void)rc; /* EAGAIN: the counter is already non-zero, a wake-up is pending */
 }
 
-void tdist__tp_destroy(tdist__tp_t *tp)
+void tdist__tcp_destroy(tdist__tp_t *tp)
 {
     if (!tp) return;
     for (int p = 0; p < tp->size; p++) close_fd(&tp->ch[p].fd);

@@ -45,6 +45,7 @@
 
 typedef enum tdist__tp_kind {
     TDIST__TP_TCP = 0, /* sockets: between hosts, or forced with TDIST_TRANSPORT=tcp */
+    TDIST__TP_SHM = 1, /* shared memory: ranks on one host (transport/shm.c) */
 } tdist__tp_kind_t;
 
 typedef struct tdist__tp tdist__tp_t;
@@ -57,6 +58,10 @@ typedef struct tdist__tp_opts {
      * the job, group and generation), so a stray or stale connection is
      * refused rather than spliced into the mesh. */
     uint64_t tag;
+    /* SHM: bytes of each directed ring (sender -> receiver), rounded up to
+     * a power of two >= 4096, at most 1 GiB; 0 means the default, 1 MiB.
+     * TCP ignores it. SHM ignores bind_addr (may be NULL). */
+    size_t shm_ring_bytes;
 } tdist__tp_opts_t;
 
 /* A send or a receive, owned by the caller, who keeps it (and its buffer)
@@ -73,8 +78,10 @@ typedef struct tdist__tp_req {
     tdist_status_t status;
 } tdist__tp_req_t;
 
-/* Open this rank's end: listen on opts->bind_addr (a numeric IPv4 or IPv6
- * literal; brackets allowed), port 0. Does not block. On success the
+/* Open this rank's end. TCP: listen on opts->bind_addr (a numeric IPv4 or
+ * IPv6 literal; brackets allowed), port 0. SHM: create this rank's inbound
+ * segment (/dev/shm/tdist-<pid>-<random>, unlinked by connect once every
+ * peer mapped it, or by abort/destroy); address "shm:/<name>:<pid>". Does not block. On success the
  * caller owns *out (tdist__tp_destroy); on failure *out is untouched.
  * Errors: TDIST_ERR_INVALID_ARG (bad rank/size/address),
  * TDIST_ERR_NOT_SUPPORTED (kind), TDIST_ERR_SYSTEM. Thread-safe (each call
