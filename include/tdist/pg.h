@@ -67,9 +67,12 @@ typedef struct tdist_pg_opts {
     /* Name used in messages ("world", "tp0", ...). NULL: "world" for the
      * world group, "<parent>.<n>" for subgroups. Copied. */
     const char *name;
-    /* Transport: "tcp" (the only one so far), or NULL for
-     * TDIST_TRANSPORT from the environment, else the default. "shm" is
-     * TDIST_ERR_NOT_SUPPORTED for now; any other name INVALID_ARG. */
+    /* Transport: "shm" (shared memory; every rank on one host), "tcp", or
+     * "auto"/NULL: TDIST_TRANSPORT from the environment, else shared
+     * memory when every rank of the world is on this host and TCP
+     * otherwise. "shm" across hosts is TDIST_ERR_NOT_SUPPORTED; any other
+     * name INVALID_ARG. A subgroup keeps its parent's transport unless its
+     * opts name one. */
     const char *transport;
     /* Address this rank's channels listen on. NULL: 127.0.0.1 when every
      * rank of the world is on this host, else creation fails with

@@ -128,18 +128,34 @@ static uint64_t make_tag(const char *uid, const char *what)
     return tdist__fnv1a(h, what, strlen(what));
 }
 
-static tdist_status_t check_transport(const char *t, const char *fn)
+/* The transport for a group of world: opts->transport, else TDIST_TRANSPORT,
+ * else shared memory when every rank of the world is on this host and TCP
+ * otherwise. "shm" across hosts is TDIST_ERR_NOT_SUPPORTED. */
+static tdist_status_t pick_transport(tdist_world_t *world, const char *t, const char *fn,
+                                     tdist__tp_kind_t *kind)
 {
+    bool one_host = tdist_world_local_size(world) == tdist_world_size(world);
     if (!t) t = getenv("TDIST_TRANSPORT");
-    if (!t || !*t || strcmp(t, "tcp") == 0) return TDIST_OK;
-    if (strcmp(t, "shm") == 0)
-        return tdist__error(TDIST_ERR_NOT_SUPPORTED,
-                            "%s: transport \"shm\": the shared-memory transport is not built yet "
-                            "(use \"tcp\")",
-                            fn);
+    if (!t || !*t || strcmp(t, "auto") == 0) {
+        *kind = one_host ? TDIST__TP_SHM : TDIST__TP_TCP;
+        return TDIST_OK;
+    }
+    if (strcmp(t, "tcp") == 0) {
+        *kind = TDIST__TP_TCP;
+        return TDIST_OK;
+    }
+    if (strcmp(t, "shm") == 0) {
+        if (!one_host)
+            return tdist__error(TDIST_ERR_NOT_SUPPORTED,
+                                "%s: transport \"shm\" needs every rank on one host; this world "
+                                "spans hosts (use \"tcp\" or \"auto\")",
+                                fn);
+        *kind = TDIST__TP_SHM;
+        return TDIST_OK;
+    }
     return tdist__error(TDIST_ERR_INVALID_ARG,
                         "%s: unknown transport \"%s\" (TDIST_TRANSPORT or opts.transport: "
-                        "\"tcp\" or \"shm\")",
+                        "\"auto\", \"shm\" or \"tcp\")",
                         fn, t);
 }
 
@@ -227,7 +243,7 @@ out:
 /* Allocate a group and connect its meshes. wranks is taken over. */
 static tdist_status_t pg_build(tdist_world_t *world, tdist_store_t *store, int rank, int size,
                                int *wranks, const char *uid, const char *name, int64_t timeout_ms,
-                               const char *bind_addr, tdist_pg_t **out)
+                               tdist__tp_kind_t kind, const char *bind_addr, tdist_pg_t **out)
 {
     tdist_pg_t *pg = calloc(1, sizeof *pg);
     if (!pg) {
@@ -237,6 +253,7 @@ static tdist_status_t pg_build(tdist_world_t *world, tdist_store_t *store, int r
     pthread_mutex_init(&pg->mu, NULL);
     pthread_cond_init(&pg->cv, NULL);
     pthread_cond_init(&pg->p2p_cv, NULL);
+    pg->kind = kind;
     pg->world = world;
     pg->store = store;
     pg->rank = rank;
@@ -261,7 +278,7 @@ static tdist_status_t pg_build(tdist_world_t *world, tdist_store_t *store, int r
     pg->fused_in = malloc((size_t)size * TDIST__FUSED_MAX);
     pg->fused_acc = malloc(TDIST__FUSED_MAX);
     tdist_status_t st = TDIST_OK;
-    if (!pg->uid || !pg->name || !pg->bind_addr || !pg->fp_mine || !pg->fp_theirs ||
+    if (!pg->uid || !pg->name || (bind_addr && !pg->bind_addr) || !pg->fp_mine || !pg->fp_theirs ||
         !pg->fp_reqs || !pg->fp_reqp || !pg->p2p_send_seq || !pg->p2p_recv_seq ||
         !pg->fused_out || !pg->fused_in || !pg->fused_acc) {
         st = tdist__error(TDIST_ERR_NO_MEMORY, "group %s: out of memory", name);
@@ -269,9 +286,9 @@ static tdist_status_t pg_build(tdist_world_t *world, tdist_store_t *store, int r
     }
     int64_t deadline = tdist__deadline_ms(timeout_ms);
     tdist__tp_opts_t o = {.bind_addr = bind_addr, .tag = make_tag(uid, "coll")};
-    TDIST_CHECK_GOTO(tdist__tp_listen(TDIST__TP_TCP, rank, size, &o, &pg->tp), st, fail);
+    TDIST_CHECK_GOTO(tdist__tp_listen(kind, rank, size, &o, &pg->tp), st, fail);
     o.tag = make_tag(uid, "p2p");
-    TDIST_CHECK_GOTO(tdist__tp_listen(TDIST__TP_TCP, rank, size, &o, &pg->p2p_tp), st, fail);
+    TDIST_CHECK_GOTO(tdist__tp_listen(kind, rank, size, &o, &pg->p2p_tp), st, fail);
     TDIST_CHECK_GOTO(exchange_and_connect(pg, pg->tp, "addr", deadline), st, fail);
     TDIST_CHECK_GOTO(exchange_and_connect(pg, pg->p2p_tp, "p2p", deadline), st, fail);
     TDIST_CHECK_GOTO(tdist__pg_start_engine(pg), st, fail);
@@ -311,9 +328,10 @@ tdist_status_t tdist_pg_create_world(tdist_world_t *world, const tdist_pg_opts_t
     if (opts && opts->timeout_ms <= 0)
         return tdist__error(TDIST_ERR_INVALID_ARG, "%s: opts.timeout_ms must be > 0 (got %lld)",
                             fn, (long long)opts->timeout_ms);
-    TDIST_CHECK(check_transport(opts ? opts->transport : NULL, fn));
+    tdist__tp_kind_t kind;
+    TDIST_CHECK(pick_transport(world, opts ? opts->transport : NULL, fn, &kind));
     const char *bind = NULL;
-    TDIST_CHECK(pick_bind(world, opts, NULL, &bind));
+    if (kind == TDIST__TP_TCP) TDIST_CHECK(pick_bind(world, opts, NULL, &bind));
     int size = tdist_world_size(world), rank = tdist_world_rank(world);
     tdist_store_t *store = tdist_world_store(world);
     if (size < 1 || rank < 0 || !store)
@@ -333,7 +351,8 @@ tdist_status_t tdist_pg_create_world(tdist_world_t *world, const tdist_pg_opts_t
         snprintf(uid, sizeof uid, "world");
     else
         snprintf(uid, sizeof uid, "world~%d", k);
-    tdist_status_t st = pg_build(world, store, rank, size, wranks, uid, name, timeout, bind, out);
+    tdist_status_t st =
+        pg_build(world, store, rank, size, wranks, uid, name, timeout, kind, bind, out);
     if (st != TDIST_OK) tdist__error_context(st, "%s: rank %d", fn, rank);
     return st;
 }
@@ -341,24 +360,29 @@ tdist_status_t tdist_pg_create_world(tdist_world_t *world, const tdist_pg_opts_t
 /* Members of a subgroup (parent ranks, in subgroup order) -> group. */
 static tdist_status_t make_sub(tdist_pg_t *parent, const int *ranks, int n, int me,
                                const char *uid, const char *defname, const tdist_pg_opts_t *opts,
-                               const char *bind, tdist_pg_t **out)
+                               tdist__tp_kind_t kind, const char *bind, tdist_pg_t **out)
 {
     int *wranks = malloc((size_t)n * sizeof *wranks);
     if (!wranks) return tdist__error(TDIST_ERR_NO_MEMORY, "group %s: out of memory", defname);
     for (int i = 0; i < n; i++) wranks[i] = parent->wranks[ranks[i]];
     int64_t timeout = opts ? opts->timeout_ms : parent->timeout_ms;
     const char *name = opts && opts->name ? opts->name : defname;
-    return pg_build(parent->world, parent->store, me, n, wranks, uid, name, timeout, bind, out);
+    return pg_build(parent->world, parent->store, me, n, wranks, uid, name, timeout, kind, bind,
+                    out);
 }
 
 static tdist_status_t sub_common_checks(tdist_pg_t *parent, const tdist_pg_opts_t *opts,
-                                        const char *fn, const char **bind)
+                                        const char *fn, tdist__tp_kind_t *kind, const char **bind)
 {
     if (opts && opts->timeout_ms <= 0)
         return tdist__error(TDIST_ERR_INVALID_ARG, "%s: opts.timeout_ms must be > 0 (got %lld)",
                             fn, (long long)opts->timeout_ms);
-    TDIST_CHECK(check_transport(opts ? opts->transport : NULL, fn));
-    TDIST_CHECK(pick_bind(parent->world, opts, parent->bind_addr, bind));
+    /* a subgroup keeps its parent's transport unless opts name one */
+    *kind = parent->kind;
+    if (opts && opts->transport)
+        TDIST_CHECK(pick_transport(parent->world, opts->transport, fn, kind));
+    *bind = NULL;
+    if (*kind == TDIST__TP_TCP) TDIST_CHECK(pick_bind(parent->world, opts, parent->bind_addr, bind));
     char *why = NULL;
     tdist_status_t st = tdist__pg_sticky(parent, &why);
     if (st != TDIST_OK) {
@@ -395,7 +419,8 @@ tdist_status_t tdist_pg_new_group(tdist_pg_t *parent, const int *ranks, int n,
         if (ranks[i] == parent->rank) me = i;
     }
     const char *bind = NULL;
-    TDIST_CHECK(sub_common_checks(parent, opts, fn, &bind));
+    tdist__tp_kind_t kind;
+    TDIST_CHECK(sub_common_checks(parent, opts, fn, &kind, &bind));
     int idx = parent->n_children++;
     if (me < 0) {
         *out = NULL;
@@ -469,7 +494,7 @@ tdist_status_t tdist_pg_new_group(tdist_pg_t *parent, const int *ranks, int n,
             goto out;
         }
     }
-    st = make_sub(parent, ranks, n, me, uid, defname, opts, bind, out);
+    st = make_sub(parent, ranks, n, me, uid, defname, opts, kind, bind, out);
     if (st != TDIST_OK) tdist__error_context(st, "%s", fn);
 out:
     for (int i = 0; i < n; i++) {
@@ -490,7 +515,8 @@ tdist_status_t tdist_pg_split(tdist_pg_t *parent, int color, int key, const tdis
     TDIST_ARG_CHECK(parent != NULL, fn);
     TDIST_ARG_CHECK(out != NULL, fn);
     const char *bind = NULL;
-    TDIST_CHECK(sub_common_checks(parent, opts, fn, &bind));
+    tdist__tp_kind_t kind;
+    TDIST_CHECK(sub_common_checks(parent, opts, fn, &kind, &bind));
     int n = parent->size;
     int32_t mine[2] = {color, key};
     int32_t *all = malloc((size_t)n * sizeof mine);
@@ -528,7 +554,7 @@ tdist_status_t tdist_pg_split(tdist_pg_t *parent, int color, int key, const tdis
     char uid[256], defname[256];
     snprintf(uid, sizeof uid, "%s.%d.%d", parent->uid, idx, color);
     snprintf(defname, sizeof defname, "%s.%d.%d", parent->name, idx, color);
-    st = make_sub(parent, members, m, me, uid, defname, opts, bind, out);
+    st = make_sub(parent, members, m, me, uid, defname, opts, kind, bind, out);
     if (st != TDIST_OK) tdist__error_context(st, "%s", fn);
 out:
     free(all);

@@ -108,6 +108,7 @@ struct tdist_work {
 };
 
 struct tdist_pg {
+    tdist__tp_kind_t kind; /* transport of both meshes */
     tdist_world_t *world; /* borrowed */
     tdist_store_t *store; /* borrowed: the world's */
     int rank, size;

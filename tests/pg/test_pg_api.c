@@ -431,24 +431,39 @@ static void args_body(int rank, int n, void *arg)
 
 TEST(pg_bad_arguments_send_nothing, 30) { tdist_test_run_ranks(3, args_body, NULL); }
 
+/* One all_reduce on a fresh world group made with opts (NULL: defaults). */
+static void one_all_reduce(tdist_world_t *w, const tdist_pg_opts_t *o, int n)
+{
+    tdist_pg_t *pg = NULL;
+    ASSERT_OK(tdist_pg_create_world(w, o, &pg));
+    int32_t v = tdist_pg_rank(pg) + 1, out = 0;
+    ASSERT_OK(tdist_all_reduce(pg, &v, &out, 1, TDIST_I32, TDIST_SUM, NULL, NULL));
+    ASSERT_EQ(out, n * (n + 1) / 2);
+    tdist_pg_destroy(pg);
+}
+
 static void transport_env_body(int rank, int n, void *arg)
 {
     (void)rank;
-    (void)n;
     (void)arg;
     tdist_world_t *w;
     ASSERT_OK(tdist_init("env://", NULL, &w));
     tdist_pg_t *pg = NULL;
     tdist_pg_opts_t o;
     tdist_pg_opts_init(&o);
+    unsetenv("TDIST_TRANSPORT");
+    one_all_reduce(w, NULL, n); /* auto: shared memory on one host */
     o.transport = "shm";
-    ASSERT_STATUS(tdist_pg_create_world(w, &o, &pg), TDIST_ERR_NOT_SUPPORTED);
-    ASSERT_CONTAINS(tdist_last_error(), "not built yet");
+    one_all_reduce(w, &o, n);
+    o.transport = "tcp";
+    one_all_reduce(w, &o, n);
     o.transport = "carrier-pigeon";
     ASSERT_STATUS(tdist_pg_create_world(w, &o, &pg), TDIST_ERR_INVALID_ARG);
-    setenv("TDIST_TRANSPORT", "shm", 1);
-    ASSERT_STATUS(tdist_pg_create_world(w, NULL, &pg), TDIST_ERR_NOT_SUPPORTED);
-    ASSERT_CONTAINS(tdist_last_error(), "shared-memory transport is not built yet");
+    ASSERT_CONTAINS(tdist_last_error(), "unknown transport \"carrier-pigeon\"");
+    setenv("TDIST_TRANSPORT", "tcp", 1);
+    one_all_reduce(w, NULL, n);
+    setenv("TDIST_TRANSPORT", "bogus", 1);
+    ASSERT_STATUS(tdist_pg_create_world(w, NULL, &pg), TDIST_ERR_INVALID_ARG);
     unsetenv("TDIST_TRANSPORT");
     o.transport = "tcp";
     o.timeout_ms = 0;
@@ -608,6 +623,10 @@ static void two_hosts_body(int rank, int n, void *arg)
     ASSERT_CONTAINS(tdist_last_error(), "multi-host process groups need opts.bind_addr");
     tdist_pg_opts_t o;
     tdist_pg_opts_init(&o);
+    o.transport = "shm"; /* shared memory cannot span hosts */
+    ASSERT_STATUS(tdist_pg_create_world(w, &o, &pg), TDIST_ERR_NOT_SUPPORTED);
+    ASSERT_CONTAINS(tdist_last_error(), "needs every rank on one host");
+    o.transport = NULL;
     o.bind_addr = "127.0.0.1";
     o.timeout_ms = 20000;
     ASSERT_OK(tdist_pg_create_world(w, &o, &pg));
