@@ -15,87 +15,36 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "harness.h"
 #include "coll/coll.h"
+#include "mesh.h"
 
-#define MAXR 8
-#define ADDR_MAX 80
 #define TAG 0x636f6c6c74657374ull
 
+/* A test mesh and the collective context over it. */
 typedef struct coll_rank {
-    tdist_world_t *w;
-    tdist__tp_t *tp;
-    int rank, n;
-    char addrs[MAXR][ADDR_MAX];
-    const char *ap[MAXR];
+    tp_rank_t m;
     tdist__coll_ctx_t ctx;
 } coll_rank_t;
 
-static int64_t deadline_in(double ms) { return tdist__now_ms() + (int64_t)(ms * tdist_test_timeout_mult()); }
-
 /* Wait until every rank in [0, upto) has set "<name>/<rank>". */
-static void store_barrier(coll_rank_t *t, const char *name, int upto)
-{
-    tdist_store_t *s = tdist_world_store(t->w);
-    char kb[MAXR][48];
-    const char *keys[MAXR];
-    void *vals[MAXR];
-    size_t lens[MAXR];
-    for (int r = 0; r < upto; r++) {
-        snprintf(kb[r], sizeof kb[r], "%s/%d", name, r);
-        keys[r] = kb[r];
-    }
-    ASSERT_OK(tdist_store_set(s, kb[t->rank], "1", 1));
-    ASSERT_OK(tdist_store_multi_get(s, keys, (size_t)upto, vals, lens));
-    for (int r = 0; r < upto; r++) free(vals[r]);
-}
+static void store_barrier(coll_rank_t *t, const char *name, int upto) { mesh_barrier(&t->m, name, upto); }
 
-/* Join the job, listen, publish this rank's address, gather all, connect
- * (copied from tests/transport/test_tcp_transport.c). */
-static void mesh_open(coll_rank_t *t, int rank, int n)
+/* Join, connect a mesh (TCP unless TDIST_TRANSPORT=shm: ctest runs every
+ * coll test on both) and set up the context. */
+static void mesh_up(coll_rank_t *t, int rank, int n)
 {
     memset(t, 0, sizeof *t);
-    if (n > MAXR) FAIL("world size %d > %d", n, MAXR);
-    t->rank = rank;
-    t->n = n;
-    ASSERT_OK(tdist_init("env://", NULL, &t->w));
-    tdist__tp_opts_t o = {.bind_addr = "127.0.0.1", .tag = TAG};
-    /* TCP unless TDIST_TRANSPORT=shm: ctest runs every coll test on both */
     const char *tr = getenv("TDIST_TRANSPORT");
     tdist__tp_kind_t kind = tr && strcmp(tr, "shm") == 0 ? TDIST__TP_SHM : TDIST__TP_TCP;
-    ASSERT_OK(tdist__tp_listen(kind, rank, n, &o, &t->tp));
-    const char *me = tdist__tp_address(t->tp);
-    ASSERT_TRUE(me != NULL);
-    tdist_store_t *s = tdist_world_store(t->w);
-    char kb[MAXR][32];
-    const char *keys[MAXR];
-    void *vals[MAXR];
-    size_t lens[MAXR];
-    for (int r = 0; r < n; r++) {
-        snprintf(kb[r], sizeof kb[r], "tp/%d", r);
-        keys[r] = kb[r];
-    }
-    ASSERT_OK(tdist_store_set(s, kb[rank], me, strlen(me)));
-    ASSERT_OK(tdist_store_multi_get(s, keys, (size_t)n, vals, lens));
-    for (int r = 0; r < n; r++) {
-        ASSERT_TRUE(lens[r] > 0 && lens[r] < ADDR_MAX);
-        memcpy(t->addrs[r], vals[r], lens[r]);
-        t->addrs[r][lens[r]] = '\0';
-        t->ap[r] = t->addrs[r];
-        free(vals[r]);
-    }
-    ASSERT_OK(tdist__tp_connect(t->tp, t->ap, deadline_in(15000)));
-    t->ctx.tp = t->tp;
+    mesh_open(&t->m, kind, rank, n, "127.0.0.1", TAG);
+    tp_connect(&t->m);
+    t->ctx.tp = t->m.tp;
     t->ctx.rank = rank;
     t->ctx.size = n;
     t->ctx.deadline_ms = deadline_in(60000);
 }
 
-static void mesh_close(coll_rank_t *t)
-{
-    tdist__tp_destroy(t->tp);
-    tdist_world_destroy(t->w);
-}
+static void mesh_close(coll_rank_t *t) { tp_close(&t->m); }
 
 /* ------------------------------------------------------------ inputs */
 
@@ -216,7 +165,7 @@ static void run_reductions(coll_rank_t *t, tdist_dtype_t dt, tdist_redop_t op, s
                            uint64_t seed, size_t mode, bool all_algos)
 {
     const tdist__coll_ctx_t *c = &t->ctx;
-    int n = t->n, r = t->rank;
+    int n = t->m.n, r = t->m.rank;
     size_t es = tdist_dtype_size(dt), bytes = count * es;
     uint8_t *want = malloc(bytes ? bytes : 1), *mine = malloc(bytes ? bytes : 1);
     ASSERT_TRUE(want && mine);
@@ -281,7 +230,7 @@ static void run_data_movement(coll_rank_t *t, tdist_dtype_t dt, size_t count, ui
                               size_t mode)
 {
     const tdist__coll_ctx_t *c = &t->ctx;
-    int n = t->n, r = t->rank, root = (int)(seed % (uint64_t)n);
+    int n = t->m.n, r = t->m.rank, root = (int)(seed % (uint64_t)n);
     size_t es = tdist_dtype_size(dt), bytes = count * es;
 
     /* broadcast */
@@ -387,7 +336,7 @@ static void matrix_body(int rank, int n, void *arg)
 {
     const matrix_arg_t *m = arg;
     coll_rank_t t;
-    mesh_open(&t, rank, n);
+    mesh_up(&t, rank, n);
     uint64_t seed = 1;
     size_t ncounts = m->big ? 5 : 4;
     for (size_t ci = 0; ci < ncounts; ci++) {
@@ -452,8 +401,8 @@ static void identical_body(int rank, int n, void *arg)
 {
     (void)arg;
     coll_rank_t t;
-    mesh_open(&t, rank, n);
-    tdist_store_t *s = tdist_world_store(t.w);
+    mesh_up(&t, rank, n);
+    tdist_store_t *s = tdist_world_store(t.m.w);
     static const tdist_dtype_t dts[] = {TDIST_F32, TDIST_F64, TDIST_F16, TDIST_BF16};
     static const tdist_redop_t ops[] = {TDIST_SUM, TDIST_AVG, TDIST_MIN, TDIST_MAX,
                                         TDIST_PREMUL_SUM, TDIST_PROD};
@@ -517,7 +466,7 @@ static void big_body(int rank, int n, void *arg)
 {
     (void)arg;
     coll_rank_t t;
-    mesh_open(&t, rank, n);
+    mesh_up(&t, rank, n);
     size_t count = (32u << 20) / 4;
     float *b = malloc(count * 4);
     ASSERT_TRUE(b != NULL);
@@ -560,7 +509,7 @@ static void env_body(int rank, int n, void *arg)
 {
     (void)arg;
     coll_rank_t t;
-    mesh_open(&t, rank, n);
+    mesh_up(&t, rank, n);
     static const char *names[] = {"ring", "rd", "direct", "auto"};
     int32_t v[3] = {rank + 1, rank * 2, -rank}, want[3] = {0, 0, 0};
     for (int r = 0; r < n; r++) {
@@ -611,7 +560,7 @@ static void kill_body(int rank, int n, void *arg)
 {
     const kill_arg_t *k = arg;
     coll_rank_t t;
-    mesh_open(&t, rank, n);
+    mesh_up(&t, rank, n);
     float *b = calloc(k->count, 4);
     ASSERT_TRUE(b != NULL);
     ASSERT_OK(tdist__coll_all_reduce(&t.ctx, b, b, k->count, TDIST_F32, TDIST_SUM, 1.0, k->algo));
@@ -640,13 +589,13 @@ static void kill_body(int rank, int n, void *arg)
      * to rank 3 (ring: rank 1) learn of the failure from that close. The
      * pause lets every neighbour of rank 3 see rank 3's death first. */
     usleep(200 * 1000);
-    tdist__tp_destroy(t.tp);
+    tdist__tp_destroy(t.m.tp);
     /* bounded: a survivor that failed an assertion must not leave the
      * others waiting here until the test's deadline */
-    tdist_store_set_timeout(tdist_world_store(t.w), (int64_t)(10000 * tdist_test_timeout_mult()));
+    tdist_store_set_timeout(tdist_world_store(t.m.w), (int64_t)(10000 * tdist_test_timeout_mult()));
     store_barrier(&t, k->algo == TDIST__AR_DIRECT ? "kd" : "kr", 3); /* survivors */
     free(b);
-    tdist_world_destroy(t.w);
+    tdist_world_destroy(t.m.w);
 }
 
 static void run_kill(tdist__ar_algo_t algo, size_t count)
@@ -679,7 +628,7 @@ static void late_body(int rank, int n, void *arg)
 {
     (void)arg;
     coll_rank_t t;
-    mesh_open(&t, rank, n);
+    mesh_up(&t, rank, n);
     if (rank != 2) {
         static const tdist__ar_algo_t algos[] = {TDIST__AR_RING, TDIST__AR_DIRECT};
         for (int a = 0; a < 2; a++) {
@@ -728,7 +677,7 @@ static void perf_body(int rank, int n, void *arg)
 {
     (void)arg;
     coll_rank_t t;
-    mesh_open(&t, rank, n);
+    mesh_up(&t, rank, n);
     t.ctx.deadline_ms = deadline_in(600000);
     static const size_t sizes[] = {8, 256, 4096, 65536, 1u << 20, 16u << 20};
     static const tdist__ar_algo_t algos[] = {TDIST__AR_RING, TDIST__AR_RD, TDIST__AR_DIRECT,

@@ -20,35 +20,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "harness.h"
-#include "transport/transport.h"
+#include "mesh.h"
 
-#define MAXR 8
-#define ADDR_MAX 80
 #define TAG 0x7464697374303031ull
 
-typedef struct tp_rank {
-    tdist_world_t *w;
-    tdist__tp_t *tp;
-    int rank, n;
-    char addrs[MAXR][ADDR_MAX];
-    const char *ap[MAXR];
-} tp_rank_t;
-
-/* An absolute deadline ms from now, scaled for sanitizer builds. */
-static int64_t deadline_in(double ms) { return tdist__now_ms() + (int64_t)(ms * tdist_test_timeout_mult()); }
-
-/* Open fds of this process, without the one opendir holds. */
-static int count_fds(void)
+/* This file's mesh: shm. */
+static void tp_open(tp_rank_t *t, int rank, int n, const char *bind, uint64_t tag)
 {
-    DIR *d = opendir("/proc/self/fd");
-    if (!d) FAIL("opendir /proc/self/fd: %s", strerror(errno));
-    int n = 0;
-    for (struct dirent *e = readdir(d); e; e = readdir(d))
-        if (e->d_name[0] != '.') n++;
-    closedir(d);
-    return n - 1;
+    mesh_open(t, TDIST__TP_SHM, rank, n, bind, tag);
 }
+
+/* Wait until every rank has set "<name>/<rank>". */
+static void store_barrier(tp_rank_t *t, const char *name) { mesh_barrier(t, name, t->n); }
 
 /* The pid in a published shm address "shm:/<name>:<pid>". */
 static int addr_pid(const char *addr)
@@ -70,95 +53,6 @@ static int shm_entries(int pid)
         if (strncmp(e->d_name, pre, (size_t)n) == 0) found++;
     closedir(d);
     return found;
-}
-
-/* Wait until every rank has set "<name>/<rank>". */
-static void store_barrier(tp_rank_t *t, const char *name)
-{
-    tdist_store_t *s = tdist_world_store(t->w);
-    char kb[MAXR][48];
-    const char *keys[MAXR];
-    void *vals[MAXR];
-    size_t lens[MAXR];
-    for (int r = 0; r < t->n; r++) {
-        snprintf(kb[r], sizeof kb[r], "%s/%d", name, r);
-        keys[r] = kb[r];
-    }
-    ASSERT_OK(tdist_store_set(s, kb[t->rank], "1", 1));
-    ASSERT_OK(tdist_store_multi_get(s, keys, (size_t)t->n, vals, lens));
-    for (int r = 0; r < t->n; r++) free(vals[r]);
-}
-
-/* Join the job, listen, publish this rank's address and gather all. */
-static void tp_open(tp_rank_t *t, int rank, int n, const char *bind, uint64_t tag)
-{
-    memset(t, 0, sizeof *t);
-    if (n > MAXR) FAIL("world size %d > %d", n, MAXR);
-    t->rank = rank;
-    t->n = n;
-    ASSERT_OK(tdist_init("env://", NULL, &t->w));
-    tdist__tp_opts_t o = {.bind_addr = bind, .tag = tag};
-    ASSERT_OK(tdist__tp_listen(TDIST__TP_SHM, rank, n, &o, &t->tp));
-    const char *me = tdist__tp_address(t->tp);
-    ASSERT_TRUE(me != NULL);
-    tdist_store_t *s = tdist_world_store(t->w);
-    char kb[MAXR][32];
-    const char *keys[MAXR];
-    void *vals[MAXR];
-    size_t lens[MAXR];
-    for (int r = 0; r < n; r++) {
-        snprintf(kb[r], sizeof kb[r], "tp/%d", r);
-        keys[r] = kb[r];
-    }
-    ASSERT_OK(tdist_store_set(s, kb[rank], me, strlen(me)));
-    ASSERT_OK(tdist_store_multi_get(s, keys, (size_t)n, vals, lens));
-    for (int r = 0; r < n; r++) {
-        ASSERT_TRUE(lens[r] > 0 && lens[r] < ADDR_MAX);
-        memcpy(t->addrs[r], vals[r], lens[r]);
-        t->addrs[r][lens[r]] = '\0';
-        t->ap[r] = t->addrs[r];
-        free(vals[r]);
-    }
-    ASSERT_STREQ(t->addrs[rank], me);
-}
-
-static void tp_connect(tp_rank_t *t) { ASSERT_OK(tdist__tp_connect(t->tp, t->ap, deadline_in(15000))); }
-
-static void tp_close(tp_rank_t *t)
-{
-    tdist__tp_destroy(t->tp);
-    t->tp = NULL;
-    tdist_world_destroy(t->w);
-    t->w = NULL;
-}
-
-/* The byte at offset off of message idx from rank `from` to rank `to`. */
-static uint8_t pat(int from, int to, int idx, size_t off)
-{
-    return (uint8_t)(off * 131u + (off >> 9) * 7u + (unsigned)from * 37u + (unsigned)to * 11u +
-                     (unsigned)idx * 73u + 1u);
-}
-
-static void fill(uint8_t *b, size_t len, int from, int to, int idx)
-{
-    for (size_t i = 0; i < len; i++) b[i] = pat(from, to, idx, i);
-}
-
-static void check(const uint8_t *b, size_t len, int from, int to, int idx)
-{
-    for (size_t i = 0; i < len; i++)
-        if (b[i] != pat(from, to, idx, i))
-            FAIL("message %d from rank %d to rank %d: byte %zu of %zu is %u, expected %u", idx,
-                 from, to, i, len, b[i], pat(from, to, idx, i));
-}
-
-/* Memory shared by the ranks of one test (mapped before the fork). */
-static void *shared_alloc(size_t len)
-{
-    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) FAIL("mmap: %s", strerror(errno));
-    memset(p, 0, len);
-    return p;
 }
 
 /* ---------------------------------------------- every pair, every size */
@@ -185,7 +79,7 @@ static void pairs_body(int rank, int n, void *arg)
             size_t len = pair_sizes[i];
             bufs[k] = malloc(len + 1);
             ASSERT_TRUE(bufs[k] != NULL);
-            fill(bufs[k], len, rank, to, i);
+            mesh_fill(bufs[k], len, rank, to, i);
             ASSERT_OK(tdist__tp_post_send(t.tp, &reqs[k], to, bufs[k], len));
             rp[k] = &reqs[k];
             k++;
@@ -210,7 +104,7 @@ static void pairs_body(int rank, int n, void *arg)
             k++;
             ASSERT_TRUE(tdist__tp_req_done(&reqs[k]));
             ASSERT_OK(tdist__tp_req_status(&reqs[k]));
-            check(bufs[k], pair_sizes[i], from, rank, i);
+            mesh_check(bufs[k], pair_sizes[i], from, rank, i);
             ASSERT_EQ(bufs[k][pair_sizes[i]], 0xee); /* nothing past len */
             k++;
         }
@@ -298,15 +192,15 @@ static void sendrecv_big_body(int rank, int n, void *arg)
     int peer = 1 - rank;
     uint8_t *s = malloc(BIG_BYTES), *r = malloc(BIG_BYTES);
     ASSERT_TRUE(s && r);
-    fill(s, BIG_BYTES, rank, peer, 5);
+    mesh_fill(s, BIG_BYTES, rank, peer, 5);
     /* to == from, both ranks at once: no deadlock however large. */
     ASSERT_OK(tdist__tp_sendrecv(t.tp, peer, s, BIG_BYTES, peer, r, BIG_BYTES, deadline_in(30000)));
-    check(r, BIG_BYTES, peer, rank, 5);
+    mesh_check(r, BIG_BYTES, peer, rank, 5);
     /* Uneven halves: one sends 64 MiB, the other 1 byte. */
     size_t slen = rank == 0 ? BIG_BYTES : 1, rlen = rank == 0 ? 1 : BIG_BYTES;
-    fill(s, slen, rank, peer, 6);
+    mesh_fill(s, slen, rank, peer, 6);
     ASSERT_OK(tdist__tp_sendrecv(t.tp, peer, s, slen, peer, r, rlen, deadline_in(30000)));
-    check(r, rlen, peer, rank, 6);
+    mesh_check(r, rlen, peer, rank, 6);
     free(s);
     free(r);
     store_barrier(&t, "big-done");
@@ -431,7 +325,7 @@ static void departed_body(int rank, int n, void *arg)
     int k = 0;
     for (int p = 0; p < n; p++) {
         if (p == rank) continue;
-        fill(s[p], 64, rank, p, 1);
+        mesh_fill(s[p], 64, rank, p, 1);
         ASSERT_OK(tdist__tp_post_send(t.tp, &reqs[k], p, s[p], 64));
         rp[k] = &reqs[k];
         k++;
@@ -441,7 +335,7 @@ static void departed_body(int rank, int n, void *arg)
     }
     ASSERT_OK(tdist__tp_wait(t.tp, rp, (size_t)k, deadline_in(10000)));
     for (int p = 0; p < n; p++)
-        if (p != rank) check(r[p], 64, p, rank, 1);
+        if (p != rank) mesh_check(r[p], 64, p, rank, 1);
     if (rank == 2) {
         tdist__tp_destroy(t.tp); /* leaves; then tells the others */
         t.tp = NULL;
@@ -454,10 +348,10 @@ static void departed_body(int rank, int n, void *arg)
     ASSERT_OK(tdist__tp_progress(t.tp, 100));
     ASSERT_OK(tdist__tp_progress(t.tp, 100));
     int other = 1 - rank;
-    fill(s[other], 64, rank, other, 2);
+    mesh_fill(s[other], 64, rank, other, 2);
     ASSERT_OK(tdist__tp_sendrecv(t.tp, other, s[other], 64, other, r[other], 64,
                                  deadline_in(10000)));
-    check(r[other], 64, other, rank, 2);
+    mesh_check(r[other], 64, other, rank, 2);
     /* Now one of them needs rank 2: a send (rank 0) or a receive (rank 1). */
     char want[160];
     snprintf(want, sizeof want, "rank %d: peer rank 2 (pid %d) ", rank, addr_pid(t.addrs[2]));
@@ -514,7 +408,7 @@ static void death_body(int rank, int n, void *argp)
         g_keep_bufs[0] = reqs;
         g_keep_bufs[1] = rp;
         g_keep_bufs[2] = b;
-        fill(b, DEATH_BYTES / 2, rank, 0, 0);
+        mesh_fill(b, DEATH_BYTES / 2, rank, 0, 0);
         int k = 0;
         for (int p = 0; p < n; p++) {
             if (p == rank) continue;
@@ -542,7 +436,7 @@ static void death_body(int rank, int n, void *argp)
         if (p == rank) continue;
         bufs[k] = malloc(DEATH_BYTES);
         ASSERT_TRUE(bufs[k] != NULL);
-        fill(bufs[k], DEATH_BYTES, rank, p, 0);
+        mesh_fill(bufs[k], DEATH_BYTES, rank, p, 0);
         ASSERT_OK(tdist__tp_post_send(t.tp, &reqs[k], p, bufs[k], DEATH_BYTES));
         rp[k] = &reqs[k];
         k++;
@@ -645,7 +539,7 @@ static void stop_body(int rank, int n, void *arg)
         d->pid[1] = getpid();
         atomic_store(&d->stopping, 1);
         raise(SIGSTOP); /* rank 0 continues us after its deadline */
-        fill(b, STOP_BYTES, 1, 0, 3);
+        mesh_fill(b, STOP_BYTES, 1, 0, 3);
         ASSERT_OK(tdist__tp_send(t.tp, 0, b, STOP_BYTES, deadline_in(10000)));
         char c = 0;
         ASSERT_OK(tdist__tp_recv(t.tp, 0, &c, 1, deadline_in(10000)));
@@ -673,7 +567,7 @@ static void stop_body(int rank, int n, void *arg)
         ASSERT_TRUE(is_stopped(d->pid[1]));
         ASSERT_EQ(kill(d->pid[1], SIGCONT), 0);
         ASSERT_OK(tdist__tp_wait(t.tp, &rp, 1, deadline_in(10000)));
-        check(b, STOP_BYTES, 1, 0, 3);
+        mesh_check(b, STOP_BYTES, 1, 0, 3);
         char c = 'k';
         ASSERT_OK(tdist__tp_send(t.tp, 1, &c, 1, deadline_in(10000)));
     }
