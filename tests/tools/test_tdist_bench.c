@@ -15,86 +15,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "harness.h"
+#include "proc.h"
 
 #define BENCH_RUN TDIST_BIN_DIR "/tools/tdistrun/tdistrun"
 #define BENCH_BIN TDIST_BIN_DIR "/tools/tdist-bench/tdist-bench"
-
-typedef struct bench_run {
-    int code;  /* exit code, -1 if killed by a signal */
-    char *out; /* stdout (malloc'd) */
-    char *err; /* stderr (malloc'd) */
-} bench_run_t;
-
-static char *bench_slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) FAIL("cannot open %s: %s", path, strerror(errno));
-    size_t cap = 8192, len = 0;
-    char *buf = malloc(cap);
-    if (!buf) FAIL("out of memory");
-    for (int guard = 0; guard < 100000; guard++) {
-        if (len + 4096 + 1 > cap) {
-            cap *= 2;
-            buf = realloc(buf, cap);
-            if (!buf) FAIL("out of memory");
-        }
-        size_t n = fread(buf + len, 1, 4096, f);
-        len += n;
-        if (n == 0) break;
-    }
-    buf[len] = '\0';
-    fclose(f);
-    return buf;
-}
-
-/* Run argv (stdout/stderr to <tag>.out/.err), wait at most timeout_s. */
-static void bench_exec(const char *const argv[], double timeout_s, const char *tag,
-                       bench_run_t *r)
-{
-    char out[512], err[512];
-    snprintf(out, sizeof out, "%s/%s.out", tdist_test_tmpdir(), tag);
-    snprintf(err, sizeof err, "%s/%s.err", tdist_test_tmpdir(), tag);
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid < 0) FAIL("fork: %s", strerror(errno));
-    if (pid == 0) {
-        int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fo < 0 || fe < 0) _exit(120);
-        dup2(fo, STDOUT_FILENO);
-        dup2(fe, STDERR_FILENO);
-        close(fo);
-        close(fe);
-        execv(argv[0], (char *const *)argv);
-        _exit(121);
-    }
-    double end = tdist_test_now_ms() + timeout_s * 1000.0 * tdist_test_timeout_mult();
-    int status = 0;
-    for (;;) {
-        pid_t w = waitpid(pid, &status, WNOHANG);
-        if (w == pid) break;
-        if (w < 0 && errno != EINTR) FAIL("waitpid: %s", strerror(errno));
-        if (tdist_test_now_ms() > end) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            FAIL("%s: still running after %.0f s", tag, timeout_s);
-        }
-        usleep(5000);
-    }
-    r->code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    if (r->code == 121) FAIL("%s: could not execute %s", tag, argv[0]);
-    r->out = bench_slurp(out);
-    r->err = bench_slurp(err);
-}
-
-static void bench_free(bench_run_t *r)
-{
-    free(r->out);
-    free(r->err);
-    r->out = r->err = NULL;
-}
 
 #define BENCH_FAIL(r, ...)                                                     \
     do {                                                                       \
@@ -105,7 +29,7 @@ static void bench_free(bench_run_t *r)
 
 /* Parse the rows of rank 0 ("[rank 0]  bytes count type redop time algbw
  * busbw wrong") and check them against the expected sizes. */
-static void check_rows(const bench_run_t *r, const char *op, const char *redop,
+static void check_rows(const run_t *r, const char *op, const char *redop,
                        double bus_factor, const size_t *sizes, int nsizes)
 {
     int row = 0;
@@ -159,8 +83,8 @@ TEST(tdistrun_bench_collectives_2_ranks, 240)
         const char *argv[] = {BENCH_RUN, "--nproc-per-node", "2", "--grace-period", "1",
                               BENCH_BIN, "-o", ops[i], "-b", "8", "-e", "64K", "-f", "8",
                               "-n", "3", "-w", "1", "-d", "f32", "-r", "sum", NULL};
-        bench_run_t r;
-        bench_exec(argv, 60, ops[i], &r);
+        run_t r;
+        run(argv, 60, ops[i], &r);
         if (r.code != 0) BENCH_FAIL(r, "%s: expected exit 0", ops[i]);
         bool red = strcmp(ops[i], "all_reduce") == 0 || strcmp(ops[i], "reduce_scatter") == 0;
         bool half = strcmp(ops[i], "all_reduce") != 0 && strcmp(ops[i], "broadcast") != 0;
@@ -176,7 +100,7 @@ TEST(tdistrun_bench_collectives_2_ranks, 240)
                  red ? "_sum" : "");
         if (!strstr(r.out, want)) BENCH_FAIL(r, "no \"%s\"", want);
         if (strstr(r.out, "[rank 1]")) BENCH_FAIL(r, "rank 1 printed to stdout");
-        bench_free(&r);
+        run_free(&r);
     }
 }
 
@@ -187,14 +111,14 @@ TEST(tdistrun_bench_detects_wrong_elements, 60)
     const char *argv[] = {BENCH_RUN, "--nproc-per-node", "2", "--grace-period", "1", BENCH_BIN,
                           "-o", "all_reduce", "-b", "64", "-e", "512", "-f", "8",
                           "-n", "2", "-w", "0", NULL};
-    bench_run_t r;
-    bench_exec(argv, 60, "inject", &r);
+    run_t r;
+    run(argv, 60, "inject", &r);
     unsetenv("TDIST_BENCH_INJECT_ERROR");
     if (r.code == 0) BENCH_FAIL(r, "a corrupted element went unnoticed");
     /* The row still prints, with the worst rank's count: 1 wrong element. */
     if (!strstr(r.out, " 1\n")) BENCH_FAIL(r, "no row with 1 wrong element");
     ASSERT_CONTAINS(r.out, "RESULT all_reduce_f32_sum_wrong_elements 2 elements");
-    bench_free(&r);
+    run_free(&r);
 }
 
 TEST(tdistrun_bench_bad_flags_exit_2, 30)
@@ -218,23 +142,23 @@ TEST(tdistrun_bench_bad_flags_exit_2, 30)
         argv[k] = NULL;
         char tag[32];
         snprintf(tag, sizeof tag, "bad%zu", i);
-        bench_run_t r;
-        bench_exec(argv, 20, tag, &r);
+        run_t r;
+        run(argv, 20, tag, &r);
         if (r.code != 2) BENCH_FAIL(r, "bad flags #%zu (%s): expected exit 2", i, bad[i][0]);
         ASSERT_CONTAINS(r.err, "usage: ");
-        bench_free(&r);
+        run_free(&r);
     }
     /* -h: usage on stdout, exit 0; and through the launcher a bad flag
      * still fails the job. */
     const char *help[] = {BENCH_BIN, "-h", NULL};
-    bench_run_t r;
-    bench_exec(help, 20, "help", &r);
+    run_t r;
+    run(help, 20, "help", &r);
     if (r.code != 0) BENCH_FAIL(r, "-h: expected exit 0");
     ASSERT_CONTAINS(r.out, "usage: ");
-    bench_free(&r);
+    run_free(&r);
     const char *launched[] = {BENCH_RUN, "--nproc-per-node", "2", BENCH_BIN, "-o", "nope", NULL};
-    bench_exec(launched, 30, "launched_bad", &r);
+    run(launched, 30, "launched_bad", &r);
     if (r.code == 0) BENCH_FAIL(r, "bad flag under tdistrun: expected a failure");
     ASSERT_CONTAINS(r.err, "unknown op 'nope'");
-    bench_free(&r);
+    run_free(&r);
 }
