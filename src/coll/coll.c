@@ -15,6 +15,9 @@
  *   when size > 2.
  * all_gatherv: direct (everything posted at once) up to 32 KiB in total,
  *   ring above.
+ * With shared-memory collectives (c->shm, every rank on one host):
+ *   all_reduce (unless TDIST_ALGO_ALLREDUCE forces an algorithm), reduce
+ *   and broadcast go through the staging area (shm_coll.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -153,6 +156,11 @@ tdist_status_t tdist__coll_all_reduce(const tdist__coll_ctx_t *c, const void *se
         TDIST_CHECK(tdist__coll_load(recvbuf, sendbuf, count, dtype, op, premul));
         return tdist__coll_finish(c, recvbuf, count, dtype, op);
     }
+    if (c->shm && algo == TDIST__AR_AUTO) {
+        TDIST_CHECK(forced_ar_algo(&algo));
+        if (algo == TDIST__AR_AUTO)
+            return tdist__shmc_all_reduce(c, sendbuf, recvbuf, count, dtype, op, premul, -1);
+    }
     if (algo == TDIST__AR_AUTO) TDIST_CHECK(forced_ar_algo(&algo));
     if (algo == TDIST__AR_AUTO) {
         size_t bytes = tdist__coll_bytes(count, dtype);
@@ -179,6 +187,7 @@ tdist_status_t tdist__coll_broadcast(const tdist__coll_ctx_t *c, void *buf, size
 {
     size_t bytes = tdist__coll_bytes(count, dtype);
     if (bytes == 0 || c->size == 1) return TDIST_OK;
+    if (c->shm) return tdist__shmc_broadcast(c, buf, count, dtype, root);
     if (bytes >= TDIST__COLL_BCAST_CHAIN_MIN && c->size > 2)
         return tdist__coll_broadcast_chain(c, buf, bytes, root);
     return tdist__coll_broadcast_tree(c, buf, bytes, root);
@@ -193,6 +202,7 @@ tdist_status_t tdist__coll_reduce(const tdist__coll_ctx_t *c, const void *sendbu
         TDIST_CHECK(tdist__coll_load(recvbuf, sendbuf, count, dtype, op, premul));
         return tdist__coll_finish(c, recvbuf, count, dtype, op);
     }
+    if (c->shm) return tdist__shmc_all_reduce(c, sendbuf, recvbuf, count, dtype, op, premul, root);
     size_t bytes = tdist__coll_bytes(count, dtype);
     if (bytes >= TDIST__COLL_REDUCE_RSG_MIN && count >= (size_t)c->size)
         return tdist__coll_reduce_rsg(c, sendbuf, recvbuf, count, dtype, op, premul, root);

@@ -30,8 +30,11 @@
 #include "core/internal.h"
 #include "transport/transport.h"
 
+typedef struct tdist__shmc tdist__shmc_t;
+
 typedef struct tdist__coll_ctx {
     tdist__tp_t *tp;     /* mesh over the group's ranks */
+    tdist__shmc_t *shm;  /* shared-memory collectives (shm_coll.c), or NULL */
     int rank, size;      /* this rank and the group size */
     int64_t deadline_ms; /* absolute (tdist__now_ms clock); INT64_MAX: none */
 } tdist__coll_ctx_t;
@@ -97,5 +100,55 @@ tdist_status_t tdist__coll_all_to_allv(const tdist__coll_ctx_t *c, const void *s
 
 /* Returns once every rank has entered (dissemination barrier). */
 tdist_status_t tdist__coll_barrier(const tdist__coll_ctx_t *c);
+
+/* ------------------------------------------ shared-memory collectives
+ *
+ * When every rank of a group shares one host (shm transport), the group's
+ * collectives run through a collective area in each rank's segment
+ * (shm_coll.c has the layout and the protocol):
+ *  - a line exchange: each rank publishes a blob of up to
+ *    TDIST__SHMC_BLOB_MAX bytes (pg/: the fingerprint, plus a tiny
+ *    all_reduce's data) and reads every rank's — the first step of every
+ *    collective, so it is also the check of rule 2 and a barrier;
+ *  - all_reduce / reduce: chunks of the input staged in a 2-slot area,
+ *    each rank reducing its slice of every chunk in rank order (results
+ *    bit-identical on every rank), peers copying the reduced slices out;
+ *  - broadcast: the root stages chunks, the others copy them out.
+ * Waits go through tdist__tp_wait_until (spin, yield, futex; liveness). */
+
+#define TDIST__SHMC_BLOB_MAX 496
+
+/* Bytes of collective area the shm transport must reserve per rank. */
+size_t tdist__shmc_area_bytes(void);
+
+/* After tdist__tp_connect of an shm mesh made with shm_coll_bytes =
+ * tdist__shmc_area_bytes(): the group's shared-memory collective state.
+ * The caller owns *out (tdist__shmc_destroy, before destroying tp). */
+tdist_status_t tdist__shmc_create(tdist__tp_t *tp, int rank, int size, tdist__shmc_t **out);
+void tdist__shmc_destroy(tdist__shmc_t *s);
+
+/* Publish blob (len <= TDIST__SHMC_BLOB_MAX) and wait until every rank
+ * has published its blob of this exchange; blobs[r] (size entries) then
+ * points at rank r's (blobs[rank] at this rank's copy), lens[r] its length
+ * (lens may be NULL). The pointers stay valid until this rank's next
+ * exchange. On timeout: TDIST_ERR_TIMEOUT naming the ranks missing. */
+tdist_status_t tdist__shmc_exchange(const tdist__coll_ctx_t *c, const void *blob, size_t len,
+                                    const uint8_t **blobs, size_t *lens);
+
+/* The two halves of an exchange, for a protocol in which only some ranks
+ * read: publish this rank's blob for the next exchange (no wait), and
+ * read rank r's blob of the current exchange if it has published it
+ * (NULL otherwise). */
+void tdist__shmc_publish(const tdist__coll_ctx_t *c, const void *blob, size_t len);
+const uint8_t *tdist__shmc_peek(const tdist__coll_ctx_t *c, int r, size_t *len);
+
+/* all_reduce (root < 0) or reduce to root through the staging area. */
+tdist_status_t tdist__shmc_all_reduce(const tdist__coll_ctx_t *c, const void *sendbuf,
+                                      void *recvbuf, size_t count, tdist_dtype_t dtype,
+                                      tdist_redop_t op, double premul, int root);
+
+/* broadcast of root's buf through the staging area. */
+tdist_status_t tdist__shmc_broadcast(const tdist__coll_ctx_t *c, void *buf, size_t count,
+                                     tdist_dtype_t dtype, int root);
 
 #endif /* TDIST_COLL_H */

@@ -278,8 +278,10 @@ static tdist_status_t run_monitored_barrier(tdist_pg_t *pg, struct tdist_work *w
 
 static tdist_status_t run_coll(tdist_pg_t *pg, struct tdist_work *w, int64_t deadline_ms)
 {
-    tdist__coll_ctx_t c = {.tp = pg->tp, .rank = pg->rank, .size = pg->size,
+    tdist__coll_ctx_t c = {.tp = pg->tp, .shm = pg->shm, .rank = pg->rank, .size = pg->size,
                            .deadline_ms = deadline_ms};
+    if (pg->ar_forced && (w->op == TDIST__OP_ALL_REDUCE || w->op == TDIST__OP_ALL_REDUCE_COALESCED))
+        c.shm = NULL;
     size_t es = tdist_dtype_size(w->dtype);
     switch (w->op) {
     case TDIST__OP_BROADCAST:
@@ -388,6 +390,57 @@ static tdist_status_t run_fused_all_reduce(tdist_pg_t *pg, struct tdist_work *w,
     return TDIST_OK;
 }
 
+/* Shared-memory groups: every collective starts with a line exchange
+ * (shm_coll.c) carrying the fingerprint — the check of rule 2 and a
+ * barrier in one — and a tiny all_reduce's data with it, reduced in rank
+ * order from the lines. all_to_allv's per-pair counts still go through
+ * the transport's exchange. */
+static bool shm_tiny(const tdist_pg_t *pg, const struct tdist_work *w)
+{
+    return w->op == TDIST__OP_ALL_REDUCE && !pg->ar_forced && w->count > 0 &&
+           w->count * tdist_dtype_size(w->dtype) <= TDIST__SHMC_BLOB_MAX - sizeof(tdist__fp_t);
+}
+
+static tdist_status_t run_shm(tdist_pg_t *pg, struct tdist_work *w, int64_t deadline_ms)
+{
+    tdist__coll_ctx_t c = {.tp = pg->tp, .shm = pg->shm, .rank = pg->rank, .size = pg->size,
+                           .deadline_ms = deadline_ms};
+    size_t fps = sizeof(tdist__fp_t), len = fps;
+    _Alignas(64) uint8_t blob[TDIST__SHMC_BLOB_MAX];
+    tdist__fp_fill(pg, w);
+    memcpy(blob, &pg->fp_mine[0], fps);
+    bool tiny = shm_tiny(pg, w);
+    if (tiny) {
+        size_t bytes = w->count * tdist_dtype_size(w->dtype);
+        memcpy(blob + fps, w->sendbuf, bytes);
+        if (w->redop == TDIST_PREMUL_SUM)
+            TDIST_CHECK(tdist_scale(blob + fps, w->count, w->dtype, w->premul));
+        len += bytes;
+    }
+    const uint8_t **b = pg->shm_blobs;
+    if (w->op == TDIST__OP_MONITORED_BARRIER) {
+        /* Only rank 0 collects (over the transport, to name who is
+         * missing); the line just keeps every rank's exchange count and
+         * shows this call to a rank that issued something else. */
+        tdist__shmc_publish(&c, blob, len);
+        return TDIST_OK;
+    }
+    TDIST_CHECK(tdist__shmc_exchange(&c, blob, len, b, NULL));
+    if (pg->check_fp) {
+        for (int r = 0; r < pg->size; r++) memcpy(&pg->fp_theirs[r], b[r], fps);
+        TDIST_CHECK(tdist__fp_compare(pg));
+        if (w->op == TDIST__OP_ALL_TO_ALLV) TDIST_CHECK(tdist__fp_exchange(pg, w, deadline_ms));
+    }
+    if (w->op == TDIST__OP_BARRIER) return TDIST_OK;
+    if (!tiny) return run_coll(pg, w, deadline_ms);
+    void *out = w->recvbuf;
+    TDIST_CHECK(tdist_reduce(out, b[0] + fps, b[1] + fps, w->count, w->dtype, w->redop));
+    for (int r = 2; r < pg->size; r++)
+        TDIST_CHECK(tdist_reduce(out, out, b[r] + fps, w->count, w->dtype, w->redop));
+    if (w->redop == TDIST_AVG) TDIST_CHECK(tdist_divide(out, w->count, w->dtype, pg->size));
+    return TDIST_OK;
+}
+
 static void run_work(tdist_pg_t *pg, struct tdist_work *w)
 {
     char d[200], prefix[400];
@@ -412,7 +465,11 @@ static void run_work(tdist_pg_t *pg, struct tdist_work *w)
     int64_t timeout = w->timeout_ms >= 0 ? w->timeout_ms : pg->timeout_ms;
     int64_t deadline = tdist__deadline_ms(timeout);
     tdist_clear_error();
-    if (w->op == TDIST__OP_MONITORED_BARRIER) {
+    if (pg->shm && pg->tp) {
+        st = run_shm(pg, w, deadline);
+        if (st == TDIST_OK && w->op == TDIST__OP_MONITORED_BARRIER)
+            st = run_monitored_barrier(pg, w, timeout, deadline);
+    } else if (w->op == TDIST__OP_MONITORED_BARRIER) {
         st = run_monitored_barrier(pg, w, timeout, deadline);
     } else if (fused_eligible(pg, w)) {
         st = run_fused_all_reduce(pg, w, deadline);

@@ -84,6 +84,7 @@ tdist_status_t tdist_pg_abort(tdist_pg_t *pg)
 static void pg_free(tdist_pg_t *pg)
 {
     if (!pg) return;
+    tdist__shmc_destroy(pg->shm);
     tdist__tp_destroy(pg->tp);
     tdist__tp_destroy(pg->p2p_tp);
     pthread_mutex_destroy(&pg->mu);
@@ -102,6 +103,7 @@ static void pg_free(tdist_pg_t *pg)
     free(pg->fused_out);
     free(pg->fused_in);
     free(pg->fused_acc);
+    free(pg->shm_blobs);
     free(pg->p2p_send_seq);
     free(pg->p2p_recv_seq);
     free(pg);
@@ -285,12 +287,25 @@ static tdist_status_t pg_build(tdist_world_t *world, tdist_store_t *store, int r
         goto fail;
     }
     int64_t deadline = tdist__deadline_ms(timeout_ms);
-    tdist__tp_opts_t o = {.bind_addr = bind_addr, .tag = make_tag(uid, "coll")};
+    bool shmc = kind == TDIST__TP_SHM && size > 1;
+    tdist__tp_opts_t o = {.bind_addr = bind_addr, .tag = make_tag(uid, "coll"),
+                          .shm_coll_bytes = shmc ? tdist__shmc_area_bytes() : 0};
     TDIST_CHECK_GOTO(tdist__tp_listen(kind, rank, size, &o, &pg->tp), st, fail);
     o.tag = make_tag(uid, "p2p");
+    o.shm_coll_bytes = 0;
     TDIST_CHECK_GOTO(tdist__tp_listen(kind, rank, size, &o, &pg->p2p_tp), st, fail);
     TDIST_CHECK_GOTO(exchange_and_connect(pg, pg->tp, "addr", deadline), st, fail);
     TDIST_CHECK_GOTO(exchange_and_connect(pg, pg->p2p_tp, "p2p", deadline), st, fail);
+    if (shmc) {
+        pg->shm_blobs = calloc((size_t)size, sizeof *pg->shm_blobs);
+        if (!pg->shm_blobs) {
+            st = tdist__error(TDIST_ERR_NO_MEMORY, "group %s: out of memory", name);
+            goto fail;
+        }
+        TDIST_CHECK_GOTO(tdist__shmc_create(pg->tp, rank, size, &pg->shm), st, fail);
+        const char *forced = getenv("TDIST_ALGO_ALLREDUCE");
+        pg->ar_forced = forced && *forced && strcmp(forced, "auto") != 0;
+    }
     TDIST_CHECK_GOTO(tdist__pg_start_engine(pg), st, fail);
     *out = pg;
     return TDIST_OK;

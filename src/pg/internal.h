@@ -25,6 +25,7 @@
 
 #include "core/internal.h"
 #include "tdist/pg.h"
+#include "coll/coll.h"
 #include "transport/transport.h"
 
 typedef enum tdist__op {
@@ -142,6 +143,11 @@ struct tdist_pg {
     /* fused small all_reduce (engine.c): fingerprint + payload in one
      * message; scratch of TDIST__FUSED_MAX bytes per rank */
     uint8_t *fused_out, *fused_in, *fused_acc;
+    /* shared-memory collectives (every rank on this host, shm transport):
+     * NULL otherwise. Valid while tp is. */
+    tdist__shmc_t *shm;
+    bool ar_forced;          /* TDIST_ALGO_ALLREDUCE names an algorithm */
+    const uint8_t **shm_blobs; /* size entries: exchange scratch */
 
     /* p2p (guarded by mu, driven by the p2p thread) */
     pthread_t p2p_thread;

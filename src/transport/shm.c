@@ -40,7 +40,7 @@
 #include "transport/ops.h"
 
 #define SEG_MAGIC 0x6d68737470647474ull /* "ttdptshm" */
-#define SEG_VERSION 1
+#define SEG_VERSION 2
 #define HDR_BYTES 256
 #define SLOT_HDR_BYTES 256
 #define DEFAULT_RING (1u << 20)
@@ -60,6 +60,7 @@ typedef struct seg_hdr {
     _Alignas(64) uint64_t magic;
     uint32_t version, size, owner, pid;
     uint64_t tag, ring_bytes;
+    uint64_t coll_bytes; /* collective area at coll_offset() */
     atomic_uint closed; /* the owner destroyed its transport */
     _Alignas(64) atomic_uint mapped; /* peers that mapped this segment and wrote their hello */
     _Alignas(64) atomic_uint bell;   /* futex word: bumped to wake the owner */
@@ -108,6 +109,7 @@ typedef struct shm_tp {
     uint8_t *seg; /* my inbound segment */
     size_t seg_len;
     uint64_t ring_bytes;
+    uint64_t coll_bytes; /* collective area of every segment of the mesh */
     seg_hdr_t *hdr;
     atomic_bool unlinked;
     peer_t *pe;          /* size entries, pe[rank] unused */
@@ -135,9 +137,17 @@ static inline void cpu_relax(void)
 
 static size_t slot_stride(uint64_t ring) { return SLOT_HDR_BYTES + (size_t)ring; }
 
-static size_t seg_bytes(int size, uint64_t ring)
+static size_t rings_end(int size, uint64_t ring)
 {
     return HDR_BYTES + (size_t)(size > 1 ? size - 1 : 0) * slot_stride(ring);
+}
+
+/* The collective area starts on a page after the rings. */
+static size_t coll_offset(int size, uint64_t ring) { return (rings_end(size, ring) + 4095) & ~(size_t)4095; }
+
+static size_t seg_bytes(int size, uint64_t ring, uint64_t coll)
+{
+    return coll ? coll_offset(size, ring) + (size_t)coll : rings_end(size, ring);
 }
 
 /* Index of sender s's slot in owner o's segment. */
@@ -235,6 +245,10 @@ tdist_status_t tdist__shm_listen(tdist__tp_kind_t kind, int rank, int size,
     uint64_t r2 = MIN_RING;
     while (r2 < ring) r2 <<= 1;
     ring = r2;
+    if (opts->shm_coll_bytes > MAX_RING)
+        return tdist__error(TDIST_ERR_INVALID_ARG, "%s: rank %d: shm_coll_bytes %zu is above %llu",
+                            fn, rank, opts->shm_coll_bytes, (unsigned long long)MAX_RING);
+    uint64_t coll = ((uint64_t)opts->shm_coll_bytes + 4095) & ~(uint64_t)4095;
 
     shm_tp_t *tp = calloc(1, sizeof *tp);
     peer_t *pe = calloc((size_t)size, sizeof *pe);
@@ -253,6 +267,7 @@ tdist_status_t tdist__shm_listen(tdist__tp_kind_t kind, int rank, int size,
     tp->size = size;
     tp->tag = opts->tag;
     tp->ring_bytes = ring;
+    tp->coll_bytes = coll;
     tp->pe = pe;
     tp->pfd = pfd;
     tp->pfd_peer = pfd_peer;
@@ -261,7 +276,7 @@ tdist_status_t tdist__shm_listen(tdist__tp_kind_t kind, int rank, int size,
     for (int p = 0; p < size; p++) pe[p].pidfd = -1;
 
     tdist_status_t st;
-    tp->seg_len = seg_bytes(size, ring);
+    tp->seg_len = seg_bytes(size, ring, coll);
     int fd = -1;
     for (int attempt = 0; attempt < 16 && fd < 0; attempt++) {
         uint64_t rnd = 0;
@@ -300,6 +315,7 @@ tdist_status_t tdist__shm_listen(tdist__tp_kind_t kind, int rank, int size,
     tp->hdr->pid = (uint32_t)getpid();
     tp->hdr->tag = tp->tag;
     tp->hdr->ring_bytes = ring;
+    tp->hdr->coll_bytes = coll;
     atomic_thread_fence(memory_order_release);
     __atomic_store_n(&tp->hdr->magic, SEG_MAGIC, __ATOMIC_RELEASE);
     snprintf(tp->addr, sizeof tp->addr, "shm:%s:%d", tp->name, (int)getpid());
@@ -455,9 +471,13 @@ static int map_peer(shm_tp_t *tp, int p)
         why = wb;
     } else if (h->ring_bytes < MIN_RING || h->ring_bytes > MAX_RING ||
                (h->ring_bytes & (h->ring_bytes - 1)) ||
-               (size_t)sb.st_size < seg_bytes(tp->size, h->ring_bytes)) {
+               (size_t)sb.st_size < seg_bytes(tp->size, h->ring_bytes, h->coll_bytes)) {
         snprintf(wb, sizeof wb, "ring size %llu does not fit a segment of %lld bytes",
                  (unsigned long long)h->ring_bytes, (long long)sb.st_size);
+        why = wb;
+    } else if (h->coll_bytes != tp->coll_bytes) {
+        snprintf(wb, sizeof wb, "a collective area of %llu bytes, expected %llu",
+                 (unsigned long long)h->coll_bytes, (unsigned long long)tp->coll_bytes);
         why = wb;
     }
     if (why) {
@@ -896,6 +916,80 @@ tdist_status_t tdist__shm_sendrecv(tdist__tp_t *tp, int to, const void *sbuf, si
         return st;
     }
     return wait_blocking(TP(tp), rs, 2, deadline_ms);
+}
+
+/* ------------------------------------------------- collective area */
+
+void *tdist__shm_area(tdist__tp_t *t, int r, size_t *bytes)
+{
+    if (!t) return NULL;
+    shm_tp_t *tp = TP(t);
+    if (!tp->connected || !tp->coll_bytes || r < 0 || r >= tp->size) return NULL;
+    if (bytes) *bytes = (size_t)tp->coll_bytes;
+    if (r == tp->rank) return tp->seg + coll_offset(tp->size, tp->ring_bytes);
+    peer_t *c = &tp->pe[r];
+    return c->seg + coll_offset(tp->size, c->hdr->ring_bytes);
+}
+
+void tdist__shm_notify(tdist__tp_t *t)
+{
+    shm_tp_t *tp = TP(t);
+    atomic_thread_fence(memory_order_seq_cst);
+    for (int p = 0; p < tp->size; p++) {
+        if (p == tp->rank || !tp->pe[p].hdr) continue;
+        seg_hdr_t *h = tp->pe[p].hdr;
+        if (atomic_load_explicit(&h->sleeping, memory_order_relaxed)) {
+            atomic_fetch_add(&h->bell, 1);
+            futex_wake(&h->bell);
+        }
+    }
+}
+
+/* A lost peer fails a collective wait whoever it is: every rank takes part. */
+static tdist_status_t check_lost(shm_tp_t *tp)
+{
+    check_peers(tp);
+    for (int p = 0; p < tp->size; p++) {
+        if (p == tp->rank) continue;
+        if (tp->pe[p].dead || tp->pe[p].closed) return peer_lost(tp, p, NULL);
+    }
+    return TDIST_OK;
+}
+
+tdist_status_t tdist__shm_wait_until(tdist__tp_t *t, bool (*cond)(void *arg), void *arg,
+                                     int64_t deadline_ms)
+{
+    shm_tp_t *tp = TP(t);
+    if (tp->err != TDIST_OK) return sticky(tp);
+    if (cond(arg)) return TDIST_OK;
+    for (int i = 0; i < SPIN_ROUNDS; i++) {
+        cpu_relax();
+        if (cond(arg)) return TDIST_OK;
+    }
+    uint64_t start = tdist__now_ns();
+    uint64_t end = deadline_ms == INT64_MAX ? UINT64_MAX
+                   : deadline_ms <= 0        ? 0
+                                             : (uint64_t)deadline_ms * 1000000ull;
+    for (unsigned i = 0;; i++) {
+        if (atomic_load_explicit(&tp->aborted, memory_order_relaxed)) return fail_aborted(tp);
+        uint64_t now = tdist__now_ns();
+        if (now - tp->last_check_ns >= LIVENESS_NS) TDIST_CHECK(check_lost(tp));
+        if (now >= end) return TDIST_ERR_TIMEOUT;
+        if (now - start < YIELD_NS) {
+            sched_yield();
+        } else {
+            atomic_store(&tp->hdr->sleeping, 1);
+            atomic_thread_fence(memory_order_seq_cst);
+            unsigned b = atomic_load(&tp->hdr->bell);
+            if (!cond(arg) && !atomic_load(&tp->aborted)) {
+                uint64_t left_ms = end == UINT64_MAX ? SLEEP_MAX_MS : (end - now + 999999) / 1000000;
+                futex_wait(&tp->hdr->bell, b, (int)TDIST_MIN(left_ms, (uint64_t)SLEEP_MAX_MS));
+            }
+            atomic_store(&tp->hdr->sleeping, 0);
+        }
+        if (cond(arg)) return TDIST_OK;
+        (void)i;
+    }
 }
 
 /* Any thread, also a signal handler: atomics, one futex wake, unlink. */

@@ -106,3 +106,28 @@ void tdist__tp_destroy(tdist__tp_t *tp)
 {
     if (tp) ops(tp)->destroy(tp);
 }
+
+/* Shared-memory collectives: only the shm kind has them. */
+static bool is_shm(const tdist__tp_t *tp)
+{
+    return tp && *(const tdist__tp_kind_t *)(const void *)tp == TDIST__TP_SHM;
+}
+
+void *tdist__tp_shm_area(tdist__tp_t *tp, int r, size_t *bytes)
+{
+    return is_shm(tp) ? tdist__shm_area(tp, r, bytes) : NULL;
+}
+
+tdist_status_t tdist__tp_wait_until(tdist__tp_t *tp, bool (*cond)(void *arg), void *arg,
+                                    int64_t deadline_ms)
+{
+    if (!is_shm(tp) || !cond)
+        return tdist__error(TDIST_ERR_NOT_SUPPORTED, "tdist__tp_wait_until: needs a shared-memory "
+                            "transport and a condition");
+    return tdist__shm_wait_until(tp, cond, arg, deadline_ms);
+}
+
+void tdist__tp_notify(tdist__tp_t *tp)
+{
+    if (is_shm(tp)) tdist__shm_notify(tp);
+}

@@ -62,6 +62,11 @@ typedef struct tdist__tp_opts {
      * a power of two >= 4096, at most 1 GiB; 0 means the default, 1 MiB.
      * TCP ignores it. SHM ignores bind_addr (may be NULL). */
     size_t shm_ring_bytes;
+    /* SHM: bytes of a collective area at the end of this rank's segment,
+     * which every peer maps (tdist__tp_shm_area); rounded up to 4096;
+     * 0: none. Every rank of the mesh must pass the same value (checked
+     * at connect). coll/ lays it out; TCP ignores it. */
+    size_t shm_coll_bytes;
 } tdist__tp_opts_t;
 
 /* A send or a receive, owned by the caller, who keeps it (and its buffer)
@@ -147,6 +152,32 @@ tdist_status_t tdist__tp_recv(tdist__tp_t *tp, int peer, void *buf, size_t len,
  * deadlock however large the buffers. */
 tdist_status_t tdist__tp_sendrecv(tdist__tp_t *tp, int to, const void *sbuf, size_t slen,
                                   int from, void *rbuf, size_t rlen, int64_t deadline_ms);
+
+/* ---- Shared-memory collectives (SHM only; coll/shm*.c) ----
+ *
+ * Each rank's segment may end in a collective area that only its owner
+ * writes and every peer reads (mapped by connect). The layout is coll/'s;
+ * the transport only maps it, wakes sleepers and watches liveness. */
+
+/* Rank r's collective area as mapped in this process (r == own rank: this
+ * rank's), or NULL for TCP, before connect, or without an area. *bytes
+ * (may be NULL) gets its size. Cheap; no locking. */
+void *tdist__tp_shm_area(tdist__tp_t *tp, int r, size_t *bytes);
+
+/* Wait until cond(arg) is true: spin ~64 pauses, then sched_yield for up
+ * to ~1 ms, then sleep on this rank's doorbell a few ms at a time (a
+ * tdist__tp_notify from any peer wakes it), checking peers' liveness every
+ * ~2 ms and the abort flag always. Returns TDIST_OK once cond holds;
+ * TDIST_ERR_TIMEOUT at deadline_ms (no message: the caller knows what it
+ * waited for; the transport stays usable); a peer that exited or closed
+ * its transport fails the transport (sticky TDIST_ERR_CONNECTION naming
+ * it); abort gives TDIST_ERR_ABORTED. TDIST_ERR_NOT_SUPPORTED for TCP. */
+tdist_status_t tdist__tp_wait_until(tdist__tp_t *tp, bool (*cond)(void *arg), void *arg,
+                                    int64_t deadline_ms);
+
+/* After writing to this rank's collective area: wake every peer that
+ * sleeps in tdist__tp_wait_until (no syscall when none sleeps). */
+void tdist__tp_notify(tdist__tp_t *tp);
 
 /* Make every pending and later call fail with TDIST_ERR_ABORTED (unless
  * the transport already failed otherwise) and wake a thread blocked in

@@ -1,5 +1,7 @@
 /* tests/coll/test_coll.c — the collective algorithms of coll/ on real
- * processes over the TCP mesh: every function x dtype x valid reduce op x
+ * processes over the TCP mesh (and, in the __shm twins, over shared memory,
+ * where all_reduce auto, reduce and broadcast use the shared-memory
+ * collectives of shm_coll.c): every function x dtype x valid reduce op x
  * counts {0, 1, 7, 1000, 65537} at world sizes 1..8, each forced
  * all_reduce algorithm, in place / out of place / unaligned buffers,
  * bit-identical results on every rank for inexact floats, a 32 MiB
@@ -42,9 +44,17 @@ static void mesh_up(coll_rank_t *t, int rank, int n)
     t->ctx.rank = rank;
     t->ctx.size = n;
     t->ctx.deadline_ms = deadline_in(60000);
+    /* On shared memory the context gets the shared-memory collectives:
+     * all_reduce auto, reduce and broadcast then run through them. */
+    if (kind == TDIST__TP_SHM && n > 1) ASSERT_OK(tdist__shmc_create(t->m.tp, rank, n, &t->ctx.shm));
 }
 
-static void mesh_close(coll_rank_t *t) { tp_close(&t->m); }
+static void mesh_close(coll_rank_t *t)
+{
+    tdist__shmc_destroy(t->ctx.shm);
+    t->ctx.shm = NULL;
+    tp_close(&t->m);
+}
 
 /* ------------------------------------------------------------ inputs */
 
@@ -406,14 +416,15 @@ static void identical_body(int rank, int n, void *arg)
     static const tdist_dtype_t dts[] = {TDIST_F32, TDIST_F64, TDIST_F16, TDIST_BF16};
     static const tdist_redop_t ops[] = {TDIST_SUM, TDIST_AVG, TDIST_MIN, TDIST_MAX,
                                         TDIST_PREMUL_SUM, TDIST_PROD};
-    static const tdist__ar_algo_t algos[] = {TDIST__AR_RING, TDIST__AR_RD, TDIST__AR_DIRECT};
-    static const size_t counts[] = {1, 37, 5003};
+    static const tdist__ar_algo_t algos[] = {TDIST__AR_RING, TDIST__AR_RD, TDIST__AR_DIRECT,
+                                             TDIST__AR_AUTO};
+    static const size_t counts[] = {1, 37, 5003, 140001}; /* the last: several shm chunks */
     int idx = 0;
     for (size_t di = 0; di < 4; di++)
         for (size_t oi = 0; oi < 6; oi++)
-            for (size_t ci = 0; ci < 3; ci++) {
+            for (size_t ci = 0; ci < 4; ci++) {
                 size_t count = counts[ci], es = tdist_dtype_size(dts[di]);
-                uint8_t *in = malloc(count * es), *out[3];
+                uint8_t *in = malloc(count * es), *out[4];
                 for (size_t i = 0; i < count; i++) {
                     uint64_t h = mix((uint64_t)rank * 1000003u + i * 31u + ci);
                     double v = (double)(h % 100000) / 977.0 * ((h >> 20) % 2 ? 1 : -1);
@@ -422,7 +433,7 @@ static void identical_body(int rank, int n, void *arg)
                     put(in, i, dts[di], v);
                 }
                 char key[64], val[64];
-                for (size_t a = 0; a < 3; a++) {
+                for (size_t a = 0; a < 4; a++) {
                     out[a] = malloc(count * es);
                     ASSERT_OK(tdist__coll_all_reduce(&t.ctx, in, out[a], count, dts[di], ops[oi],
                                                      0.37, algos[a]));
@@ -431,7 +442,7 @@ static void identical_body(int rank, int n, void *arg)
                     ASSERT_OK(tdist_store_set(s, key, val, strlen(val)));
                 }
                 /* every rank's hash of every algorithm equals this rank's */
-                for (size_t a = 0; a < 3; a++) {
+                for (size_t a = 0; a < 4; a++) {
                     char mine[64];
                     snprintf(mine, sizeof mine, "%016" PRIx64, fnv(out[a], count * es));
                     for (int p = 0; p < n; p++) {
@@ -589,6 +600,7 @@ static void kill_body(int rank, int n, void *arg)
      * to rank 3 (ring: rank 1) learn of the failure from that close. The
      * pause lets every neighbour of rank 3 see rank 3's death first. */
     usleep(200 * 1000);
+    tdist__shmc_destroy(t.ctx.shm);
     tdist__tp_destroy(t.m.tp);
     /* bounded: a survivor that failed an assertion must not leave the
      * others waiting here until the test's deadline */

@@ -1,6 +1,8 @@
 /* tests/harness/mesh.c — test meshes over the transport (see mesh.h). */
 #include "mesh.h"
 
+#include "coll/coll.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
@@ -53,7 +55,10 @@ void mesh_open(tp_rank_t *t, tdist__tp_kind_t kind, int rank, int n, const char 
     t->rank = rank;
     t->n = n;
     ASSERT_OK(tdist_init("env://", NULL, &t->w));
-    tdist__tp_opts_t o = {.bind_addr = bind, .tag = tag};
+    /* shm meshes carry a collective area, so coll tests can run the
+     * shared-memory collectives over them (transport tests ignore it). */
+    tdist__tp_opts_t o = {.bind_addr = bind, .tag = tag,
+                          .shm_coll_bytes = kind == TDIST__TP_SHM ? tdist__shmc_area_bytes() : 0};
     ASSERT_OK(tdist__tp_listen(kind, rank, n, &o, &t->tp));
     const char *me = tdist__tp_address(t->tp);
     ASSERT_TRUE(me != NULL);

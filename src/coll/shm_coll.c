@@ -1,0 +1,393 @@
+/*
+ * coll/shm_coll.c — collectives through shared memory, for groups whose
+ * ranks all share one host (see coll.h, "shared-memory collectives").
+ *
+ * Every rank owns a collective area at the end of its shm transport
+ * segment. Only the owner writes it; every peer maps it and reads it:
+ *
+ *   0      three progress counters, one cache line each:
+ *          in  = chunks whose input this rank has staged,
+ *          red = chunks whose slice this rank has reduced,
+ *          out = chunks this rank has copied out (its slot may be reused)
+ *   256    two exchange lines of 512 bytes (used alternately): a sequence
+ *          number and a blob (the fingerprint, and a tiny all_reduce's data)
+ *   4096   two staging slots of CHUNK bytes (used alternately by chunk)
+ *
+ * Every counter and line sequence only grows (no resets, no shared
+ * atomics: each is written by its owner alone). All ranks run the same
+ * collectives in the same order (rule 1, checked by the line exchange), so
+ * they agree on the global chunk index g, which picks the slot (g & 1).
+ *
+ * all_reduce of chunk g, on rank me (slices of a chunk: one per rank,
+ * cache-line aligned):
+ *   stage   wait every out >= g-1 (slot g&1 is free: chunk g-2 copied out
+ *           everywhere); copy the other ranks' slices of my input into my
+ *           slot (my own slice stays in my input; PREMUL_SUM stages and
+ *           scales all of it); in = g+1
+ *   reduce  wait every in >= g+1; my slice = op over ranks' slices in rank
+ *           order, written into my slot (AVG divides); red = g+1
+ *   next    stage chunk g+1 while the others still reduce chunk g
+ *   copy    wait every red >= g+1; copy every rank's reduced slice into
+ *           the output; out = g+1
+ * Each element is reduced once, by one rank, in one order: every rank gets
+ * the same bits. A line exchange needs no acknowledgement: a rank can only
+ * write line parity p again (two exchanges later) after every rank has
+ * published the exchange in between, i.e. finished reading this one.
+ */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll/coll_internal.h"
+
+#define CTL_BYTES 256
+#define LINE_BYTES 512
+#define STAGE_OFF 4096
+#define CHUNK (256u * 1024u) /* bytes of one staging slot */
+
+typedef struct ctl {
+    _Alignas(64) atomic_uint_least64_t in;
+    _Alignas(64) atomic_uint_least64_t red;
+    _Alignas(64) atomic_uint_least64_t out;
+} ctl_t;
+
+typedef struct line {
+    _Alignas(64) atomic_uint_least64_t seq;
+    uint32_t len, pad;
+    uint8_t blob[LINE_BYTES - 16];
+} line_t;
+
+_Static_assert(sizeof(ctl_t) <= CTL_BYTES, "ctl");
+_Static_assert(sizeof(line_t) == LINE_BYTES, "line");
+_Static_assert(TDIST__SHMC_BLOB_MAX == LINE_BYTES - 16, "blob");
+_Static_assert(CTL_BYTES + 2 * LINE_BYTES <= STAGE_OFF, "layout");
+
+struct tdist__shmc {
+    tdist__tp_t *tp;
+    int rank, size;
+    uint8_t **area;     /* size entries: every rank's area, mapped here */
+    uint64_t line_seq;  /* exchanges done */
+    uint64_t chunks;    /* staged chunks done (global chunk index) */
+    uint8_t *scratch;   /* CHUNK bytes: PREMUL_SUM accumulator (ranks >= 2) */
+};
+
+size_t tdist__shmc_area_bytes(void) { return STAGE_OFF + 2 * (size_t)CHUNK; }
+
+static inline ctl_t *ctl_of(const tdist__shmc_t *s, int r) { return (ctl_t *)(void *)s->area[r]; }
+
+static inline line_t *line_of(const tdist__shmc_t *s, int r, uint64_t seq)
+{
+    return (line_t *)(void *)(s->area[r] + CTL_BYTES + (size_t)(seq & 1) * LINE_BYTES);
+}
+
+static inline uint8_t *slot_of(const tdist__shmc_t *s, int r, uint64_t g)
+{
+    return s->area[r] + STAGE_OFF + (size_t)(g & 1) * CHUNK;
+}
+
+tdist_status_t tdist__shmc_create(tdist__tp_t *tp, int rank, int size, tdist__shmc_t **out)
+{
+    tdist__shmc_t *s = calloc(1, sizeof *s);
+    uint8_t **area = calloc((size_t)(unsigned)size, sizeof *area);
+    uint8_t *scratch = size > 2 ? malloc(CHUNK) : NULL;
+    if (!s || !area || (size > 2 && !scratch)) {
+        free(s);
+        free(area);
+        free(scratch);
+        return tdist__error(TDIST_ERR_NO_MEMORY, "rank %d: shared-memory collectives: out of "
+                            "memory", rank);
+    }
+    for (int r = 0; r < size; r++) {
+        size_t bytes = 0;
+        area[r] = tdist__tp_shm_area(tp, r, &bytes);
+        if (!area[r] || bytes < tdist__shmc_area_bytes()) {
+            free(s);
+            free(area);
+            free(scratch);
+            return tdist__error(TDIST_ERR_INTERNAL, "rank %d: shared-memory collectives: rank "
+                                "%d's collective area is missing or too small (%zu bytes)",
+                                rank, r, bytes);
+        }
+    }
+    s->tp = tp;
+    s->rank = rank;
+    s->size = size;
+    s->area = area;
+    s->scratch = scratch;
+    /* Counters start where this rank's own area says (zero when new). */
+    s->line_seq = atomic_load(&line_of(s, rank, 0)->seq);
+    uint64_t l1 = atomic_load(&line_of(s, rank, 1)->seq);
+    if (l1 > s->line_seq) s->line_seq = l1;
+    s->chunks = atomic_load(&ctl_of(s, rank)->out);
+    *out = s;
+    return TDIST_OK;
+}
+
+void tdist__shmc_destroy(tdist__shmc_t *s)
+{
+    if (!s) return;
+    free(s->area);
+    free(s->scratch);
+    free(s);
+}
+
+/* ------------------------------------------------------------- waiting */
+
+typedef enum { W_IN, W_RED, W_OUT, W_LINE } what_t;
+
+typedef struct waitfor {
+    const tdist__shmc_t *s;
+    what_t what;
+    uint64_t v;
+    int only; /* >= 0: wait for this rank alone */
+} waitfor_t;
+
+static uint64_t read_counter(const tdist__shmc_t *s, int r, what_t what, uint64_t v)
+{
+    switch (what) {
+    case W_IN: return atomic_load_explicit(&ctl_of(s, r)->in, memory_order_acquire);
+    case W_RED: return atomic_load_explicit(&ctl_of(s, r)->red, memory_order_acquire);
+    case W_OUT: return atomic_load_explicit(&ctl_of(s, r)->out, memory_order_acquire);
+    case W_LINE:
+    default: return atomic_load_explicit(&line_of(s, r, v)->seq, memory_order_acquire);
+    }
+}
+
+static bool reached(void *arg)
+{
+    const waitfor_t *w = arg;
+    const tdist__shmc_t *s = w->s;
+    if (w->only >= 0) return read_counter(s, w->only, w->what, w->v) >= w->v;
+    for (int r = 0; r < s->size; r++) {
+        if (r == s->rank) continue;
+        if (read_counter(s, r, w->what, w->v) < w->v) return false;
+    }
+    return true;
+}
+
+static const char *what_name(what_t w)
+{
+    switch (w) {
+    case W_IN: return "staging chunk";
+    case W_RED: return "reducing chunk";
+    case W_OUT: return "copying out chunk";
+    case W_LINE:
+    default: return "exchange";
+    }
+}
+
+static tdist_status_t wait_for(const tdist__coll_ctx_t *c, what_t what, uint64_t v, int only)
+{
+    const tdist__shmc_t *s = c->shm;
+    waitfor_t w = {s, what, v, only};
+    tdist_status_t st = tdist__tp_wait_until(s->tp, reached, &w, c->deadline_ms);
+    if (st != TDIST_ERR_TIMEOUT) return st;
+    char list[256] = "";
+    size_t used = 0;
+    int missing = 0;
+    for (int r = 0; r < s->size && used < sizeof list; r++) {
+        if (r == s->rank || (only >= 0 && r != only)) continue;
+        if (read_counter(s, r, what, v) >= v) continue;
+        used += (size_t)snprintf(list + used, sizeof list - used, "%speer rank %d",
+                                 missing++ ? ", " : "", r);
+    }
+    return tdist__error(TDIST_ERR_TIMEOUT, "rank %d: shared-memory collective timed out waiting "
+                        "for %s (%s %llu)", s->rank, list, what_name(what), (unsigned long long)v);
+}
+
+static void publish(const tdist__coll_ctx_t *c, atomic_uint_least64_t *ctr, uint64_t v)
+{
+    atomic_store_explicit(ctr, v, memory_order_release);
+    tdist__tp_notify(c->shm->tp);
+}
+
+/* ------------------------------------------------------------ exchange */
+
+void tdist__shmc_publish(const tdist__coll_ctx_t *c, const void *blob, size_t len)
+{
+    tdist__shmc_t *s = c->shm;
+    if (len > TDIST__SHMC_BLOB_MAX) len = TDIST__SHMC_BLOB_MAX;
+    uint64_t seq = ++s->line_seq;
+    line_t *mine = line_of(s, s->rank, seq);
+    if (len) memcpy(mine->blob, blob, len);
+    mine->len = (uint32_t)len;
+    publish(c, &mine->seq, seq);
+}
+
+const uint8_t *tdist__shmc_peek(const tdist__coll_ctx_t *c, int r, size_t *len)
+{
+    tdist__shmc_t *s = c->shm;
+    line_t *l = line_of(s, r, s->line_seq);
+    if (atomic_load_explicit(&l->seq, memory_order_acquire) != s->line_seq) return NULL;
+    if (len) *len = l->len <= TDIST__SHMC_BLOB_MAX ? l->len : TDIST__SHMC_BLOB_MAX;
+    return l->blob;
+}
+
+tdist_status_t tdist__shmc_exchange(const tdist__coll_ctx_t *c, const void *blob, size_t len,
+                                    const uint8_t **blobs, size_t *lens)
+{
+    tdist__shmc_t *s = c->shm;
+    if (len > TDIST__SHMC_BLOB_MAX)
+        return tdist__error(TDIST_ERR_INTERNAL, "shm exchange: blob of %zu bytes", len);
+    tdist__shmc_publish(c, blob, len);
+    uint64_t seq = s->line_seq;
+    TDIST_CHECK(wait_for(c, W_LINE, seq, -1));
+    for (int r = 0; r < s->size; r++) {
+        size_t l = 0;
+        blobs[r] = tdist__shmc_peek(c, r, &l);
+        if (!blobs[r])
+            return tdist__error(TDIST_ERR_INTERNAL, "rank %d: shm exchange %llu: rank %d is "
+                                "already past it", s->rank, (unsigned long long)seq, r);
+        if (lens) lens[r] = l;
+    }
+    return TDIST_OK;
+}
+
+/* ---------------------------------------------------- staged reduction */
+
+/* Rank q's slice [*lo, *hi) of a chunk of e elements (64-byte aligned). */
+static void slice_of(size_t e, int n, int q, size_t es, size_t *lo, size_t *hi)
+{
+    size_t align = es >= 64 ? 1 : 64 / es;
+    size_t per = (e + (size_t)n - 1) / (size_t)n;
+    per = (per + align - 1) / align * align;
+    size_t l = per * (size_t)q;
+    *lo = l < e ? l : e;
+    *hi = l + per < e ? l + per : e;
+}
+
+typedef struct red_job {
+    const uint8_t *sb;
+    uint8_t *rb; /* NULL: no output on this rank */
+    size_t count, cap, es;
+    tdist_dtype_t dtype;
+    tdist_redop_t op;
+    double premul;
+    uint64_t g0;
+} red_job_t;
+
+static tdist_status_t stage_chunk(const tdist__coll_ctx_t *c, const red_job_t *j, size_t k)
+{
+    tdist__shmc_t *s = c->shm;
+    uint64_t g = j->g0 + k;
+    if (g >= 1) TDIST_CHECK(wait_for(c, W_OUT, g - 1, -1));
+    size_t off = k * j->cap, e = TDIST_MIN(j->cap, j->count - off);
+    uint8_t *slot = slot_of(s, s->rank, g);
+    const uint8_t *src = j->sb + off * j->es;
+    bool pm = j->op == TDIST_PREMUL_SUM;
+    for (int q = 0; q < s->size; q++) {
+        if (q == s->rank && !pm) continue;
+        size_t lo, hi;
+        slice_of(e, s->size, q, j->es, &lo, &hi);
+        if (hi > lo) memcpy(slot + lo * j->es, src + lo * j->es, (hi - lo) * j->es);
+    }
+    if (pm && e) TDIST_CHECK(tdist_scale(slot, e, j->dtype, j->premul));
+    publish(c, &ctl_of(s, s->rank)->in, g + 1);
+    return TDIST_OK;
+}
+
+static tdist_status_t reduce_chunk(const tdist__coll_ctx_t *c, const red_job_t *j, size_t k)
+{
+    tdist__shmc_t *s = c->shm;
+    uint64_t g = j->g0 + k;
+    size_t off = k * j->cap, e = TDIST_MIN(j->cap, j->count - off);
+    size_t lo, hi;
+    slice_of(e, s->size, s->rank, j->es, &lo, &hi);
+    TDIST_CHECK(wait_for(c, W_IN, g + 1, -1));
+    if (hi > lo) {
+        bool pm = j->op == TDIST_PREMUL_SUM;
+        size_t b = lo * j->es, m = hi - lo;
+        uint8_t *dst = slot_of(s, s->rank, g) + b;
+        /* PREMUL_SUM staged (and scaled) this rank's slice in dst itself:
+         * ranks >= 2 would overwrite it before adding it, so they sum into
+         * scratch and copy. */
+        const uint8_t *own = pm ? dst : j->sb + off * j->es + b;
+        uint8_t *acc = pm && s->rank >= 2 ? s->scratch : dst;
+        const uint8_t *a = s->rank == 0 ? own : slot_of(s, 0, g) + b;
+        const uint8_t *bb = s->rank == 1 ? own : slot_of(s, 1, g) + b;
+        TDIST_CHECK(tdist_reduce(acc, a, bb, m, j->dtype, j->op));
+        for (int q = 2; q < s->size; q++) {
+            const uint8_t *x = q == s->rank ? own : slot_of(s, q, g) + b;
+            TDIST_CHECK(tdist_reduce(acc, acc, x, m, j->dtype, j->op));
+        }
+        if (acc != dst) memcpy(dst, acc, m * j->es);
+        if (j->op == TDIST_AVG) TDIST_CHECK(tdist_divide(dst, m, j->dtype, s->size));
+    }
+    publish(c, &ctl_of(s, s->rank)->red, g + 1);
+    return TDIST_OK;
+}
+
+static tdist_status_t copy_chunk(const tdist__coll_ctx_t *c, const red_job_t *j, size_t k)
+{
+    tdist__shmc_t *s = c->shm;
+    uint64_t g = j->g0 + k;
+    size_t off = k * j->cap, e = TDIST_MIN(j->cap, j->count - off);
+    TDIST_CHECK(wait_for(c, W_RED, g + 1, -1));
+    if (j->rb) {
+        uint8_t *dst = j->rb + off * j->es;
+        for (int q = 0; q < s->size; q++) {
+            size_t lo, hi;
+            slice_of(e, s->size, q, j->es, &lo, &hi);
+            if (hi > lo)
+                memcpy(dst + lo * j->es, slot_of(s, q, g) + lo * j->es, (hi - lo) * j->es);
+        }
+    }
+    publish(c, &ctl_of(s, s->rank)->out, g + 1);
+    return TDIST_OK;
+}
+
+tdist_status_t tdist__shmc_all_reduce(const tdist__coll_ctx_t *c, const void *sendbuf,
+                                      void *recvbuf, size_t count, tdist_dtype_t dtype,
+                                      tdist_redop_t op, double premul, int root)
+{
+    tdist__shmc_t *s = c->shm;
+    if (count == 0) return TDIST_OK;
+    red_job_t j = {.sb = sendbuf, .rb = (root < 0 || root == s->rank) ? recvbuf : NULL,
+                   .count = count, .es = tdist_dtype_size(dtype), .dtype = dtype, .op = op,
+                   .premul = premul, .g0 = s->chunks};
+    j.cap = CHUNK / j.es;
+    size_t nk = (count + j.cap - 1) / j.cap;
+    tdist_status_t st = stage_chunk(c, &j, 0);
+    for (size_t k = 0; k < nk && st == TDIST_OK; k++) {
+        st = reduce_chunk(c, &j, k);
+        if (st == TDIST_OK && k + 1 < nk) st = stage_chunk(c, &j, k + 1);
+        if (st == TDIST_OK) st = copy_chunk(c, &j, k);
+    }
+    s->chunks = j.g0 + nk;
+    return st;
+}
+
+tdist_status_t tdist__shmc_broadcast(const tdist__coll_ctx_t *c, void *buf, size_t count,
+                                     tdist_dtype_t dtype, int root)
+{
+    tdist__shmc_t *s = c->shm;
+    size_t bytes = tdist__coll_bytes(count, dtype);
+    if (bytes == 0) return TDIST_OK;
+    size_t nk = (bytes + CHUNK - 1) / CHUNK;
+    uint64_t g0 = s->chunks;
+    ctl_t *me = ctl_of(s, s->rank);
+    uint8_t *b = buf;
+    tdist_status_t st = TDIST_OK;
+    for (size_t k = 0; k < nk && st == TDIST_OK; k++) {
+        uint64_t g = g0 + k;
+        size_t off = k * CHUNK, len = TDIST_MIN((size_t)CHUNK, bytes - off);
+        if (s->rank == root) {
+            if (g >= 1) st = wait_for(c, W_OUT, g - 1, -1);
+            if (st != TDIST_OK) break;
+            memcpy(slot_of(s, root, g), b + off, len);
+            atomic_store_explicit(&me->red, g + 1, memory_order_relaxed);
+            atomic_store_explicit(&me->out, g + 1, memory_order_relaxed);
+            publish(c, &me->in, g + 1);
+        } else {
+            st = wait_for(c, W_IN, g + 1, root);
+            if (st != TDIST_OK) break;
+            memcpy(b + off, slot_of(s, root, g), len);
+            atomic_store_explicit(&me->in, g + 1, memory_order_relaxed);
+            atomic_store_explicit(&me->red, g + 1, memory_order_relaxed);
+            publish(c, &me->out, g + 1);
+        }
+    }
+    s->chunks = g0 + nk;
+    return st;
+}
