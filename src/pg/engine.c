@@ -242,7 +242,9 @@ tdist_status_t tdist__pg_submit(tdist_pg_t *pg, struct tdist_work *w, tdist_work
         run_work(pg, w);
         pthread_mutex_lock(&pg->mu);
         pg->busy = false;
-        pthread_cond_broadcast(&pg->cv);
+        /* Only the engine waits on cv, and only for queued work (or the
+         * stop): waking it after every inline call costs a context switch. */
+        if (pg->head || pg->stop) pthread_cond_broadcast(&pg->cv);
         pthread_mutex_unlock(&pg->mu);
         st = tdist_work_wait(w, -1);
         tdist__work_release(w);
@@ -441,13 +443,22 @@ static tdist_status_t run_shm(tdist_pg_t *pg, struct tdist_work *w, int64_t dead
     return TDIST_OK;
 }
 
+/* "rank 0 group world seq 7 all_reduce(f32, 2, sum)": the head of every
+ * message about w. Built only when there is something to report (it
+ * costs more than a tiny collective). */
+static void work_prefix(const tdist_pg_t *pg, const struct tdist_work *w, char *buf, size_t n)
+{
+    char d[200];
+    tdist__work_describe(w, d, sizeof d);
+    snprintf(buf, n, "rank %d group %s seq %llu %s", pg->rank, pg->name,
+             (unsigned long long)w->seq, d);
+}
+
 static void run_work(tdist_pg_t *pg, struct tdist_work *w)
 {
-    char d[200], prefix[400];
-    tdist__work_describe(w, d, sizeof d);
-    snprintf(prefix, sizeof prefix, "rank %d group %s seq %llu %s", pg->rank, pg->name,
-             (unsigned long long)w->seq, d);
+    char prefix[400];
     if (atomic_load(&pg->aborted)) {
+        work_prefix(pg, w, prefix, sizeof prefix);
         char *m = tdist__asprintf("%s: the group was aborted", prefix);
         tdist__work_finish(w, TDIST_ERR_ABORTED, m);
         free(m);
@@ -456,6 +467,7 @@ static void run_work(tdist_pg_t *pg, struct tdist_work *w)
     char *sticky = NULL;
     tdist_status_t st = tdist__pg_sticky(pg, &sticky);
     if (st != TDIST_OK) {
+        work_prefix(pg, w, prefix, sizeof prefix);
         char *m = tdist__asprintf("%s: the group failed earlier: %s", prefix, sticky);
         tdist__work_finish(w, st, m);
         free(m);
@@ -481,6 +493,7 @@ static void run_work(tdist_pg_t *pg, struct tdist_work *w)
         tdist__work_finish(w, TDIST_OK, NULL);
         return;
     }
+    work_prefix(pg, w, prefix, sizeof prefix);
     if (atomic_load(&pg->aborted) && st != TDIST_ERR_MISMATCH) st = TDIST_ERR_ABORTED;
     char *cause = tdist__strdup(st == TDIST_ERR_ABORTED && !tdist_last_error()[0]
                                     ? "the group was aborted"

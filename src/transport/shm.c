@@ -116,6 +116,7 @@ typedef struct shm_tp {
     struct pollfd *pfd;  /* size entries, for liveness polls */
     int *pfd_peer;
     bool connected;
+    int spin_rounds;     /* SPIN_ROUNDS, or 0 when more ranks than CPUs */
     uint64_t last_check_ns;
     atomic_bool aborted;
     tdist_status_t err;
@@ -268,6 +269,11 @@ tdist_status_t tdist__shm_listen(tdist__tp_kind_t kind, int rank, int size,
     tp->tag = opts->tag;
     tp->ring_bytes = ring;
     tp->coll_bytes = coll;
+    /* More ranks than CPUs we may run on: a spinning waiter only delays
+     * the peer it waits for, so waiters yield at once. */
+    cpu_set_t cpus;
+    int ncpu = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    tp->spin_rounds = size > ncpu ? 0 : SPIN_ROUNDS;
     tp->pe = pe;
     tp->pfd = pfd;
     tp->pfd_peer = pfd_peer;
@@ -962,7 +968,7 @@ tdist_status_t tdist__shm_wait_until(tdist__tp_t *t, bool (*cond)(void *arg), vo
     shm_tp_t *tp = TP(t);
     if (tp->err != TDIST_OK) return sticky(tp);
     if (cond(arg)) return TDIST_OK;
-    for (int i = 0; i < SPIN_ROUNDS; i++) {
+    for (int i = 0; i < tp->spin_rounds; i++) {
         cpu_relax();
         if (cond(arg)) return TDIST_OK;
     }

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -543,4 +544,32 @@ TEST(tdistrun_two_nodes_failure_stops_both, 60)
     ASSERT_LE(r0.ms, 10000 * tdist_test_timeout_mult());
     run_free(&r0);
     run_free(&r1);
+}
+
+/* --bind-to core pins local worker i to the i-th allowed CPU (modulo their
+ * number); without it a worker keeps the launcher's whole set. */
+TEST(tdistrun_bind_to_core, 30)
+{
+    cpu_set_t allowed;
+    ASSERT_EQ(sched_getaffinity(0, sizeof allowed, &allowed), 0);
+    int cpus[CPU_SETSIZE], n = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &allowed)) cpus[n++] = c;
+    const char *argv[] = {TDISTRUN, "--nproc-per-node", "3", "--bind-to", "core", "/bin/sh", "-c",
+                          "echo cpus $(grep Cpus_allowed_list /proc/self/status | cut -f2)", NULL};
+    run_t r;
+    run(argv, 20, "bind", &r);
+    ASSERT_EXIT(r, 0);
+    for (int k = 0; k < 3; k++) {
+        char want[96];
+        snprintf(want, sizeof want, "[rank %d] cpus %d\n", k, cpus[k % n]);
+        if (!strstr(r.out, want)) FAIL("no line \"%s\" in stdout:\n%s", want, r.out);
+    }
+    run_free(&r);
+    const char *bad[] = {TDISTRUN, "--nproc-per-node", "1", "--bind-to", "socket", "/bin/true",
+                         NULL};
+    run(bad, 20, "bind-bad", &r);
+    ASSERT_EXIT(r, 2);
+    ASSERT_CONTAINS(r.err, "--bind-to: \"socket\" is not core or none");
+    run_free(&r);
 }

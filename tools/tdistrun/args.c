@@ -33,6 +33,9 @@ void tdr_usage(FILE *f)
         "  --grace-period S      seconds between the stop signal and SIGKILL when\n"
         "                        stopping workers (default 5; decimals allowed)\n"
         "  --no-prefix           do not prefix output lines with \"[rank R] \"\n"
+        "  --bind-to core|none   core: pin local worker i to the i-th CPU this launcher\n"
+        "                        may run on (modulo their number); none (default):\n"
+        "                        leave placement to the kernel\n"
         "  --tee DIR             also write each worker's raw stdout/stderr to\n"
         "                        DIR/attempt_<A>/rank_<R>.stdout and .stderr\n"
         "  -q, --quiet           print only errors and the failure report\n"
@@ -57,6 +60,7 @@ enum {
     OPT_GRACE,
     OPT_NO_PREFIX,
     OPT_TEE,
+    OPT_BIND,
     OPT_VERSION
 };
 
@@ -75,6 +79,7 @@ static const struct option long_opts[] = {
     {"grace-period", required_argument, NULL, OPT_GRACE},
     {"no-prefix", no_argument, NULL, OPT_NO_PREFIX},
     {"tee", required_argument, NULL, OPT_TEE},
+    {"bind-to", required_argument, NULL, OPT_BIND},
     {"quiet", no_argument, NULL, 'q'},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, OPT_VERSION},
@@ -177,6 +182,14 @@ int tdr_parse_args(int argc, char **argv, tdr_opts_t *o, FILE *err)
         case OPT_TEE:
             if (!optarg[0]) return usage_error(err, "--tee: empty directory name");
             o->tee_dir = optarg;
+            break;
+        case OPT_BIND:
+            if (strcmp(optarg, "core") == 0)
+                o->bind_core = true;
+            else if (strcmp(optarg, "none") == 0)
+                o->bind_core = false;
+            else
+                return usage_error(err, "--bind-to: \"%s\" is not core or none", optarg);
             break;
         case 'q':
             o->quiet = true;

@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -181,8 +182,14 @@ static void free_env(char **env)
 
 /* In the child, between fork and exec: only async-signal-safe calls. */
 static _Noreturn void exec_worker(const tdr_launch_t *l, pid_t launcher, const sigset_t *mask,
-                                  int out_w, int err_w, char **env)
+                                  int out_w, int err_w, char **env, int cpu)
 {
+    if (cpu >= 0) { /* --bind-to core; a failure leaves placement to the kernel */
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(cpu, &one);
+        (void)sched_setaffinity(0, sizeof one, &one);
+    }
     struct sigaction dfl;
     memset(&dfl, 0, sizeof dfl);
     dfl.sa_handler = SIG_DFL;
@@ -273,9 +280,18 @@ static int start_worker(const tdr_launch_t *l, worker_t *w)
     sigset_t all, old;
     sigfillset(&all);
     sigprocmask(SIG_BLOCK, &all, &old);
+    int cpu = -1;
+    if (o->bind_core) {
+        cpu_set_t allowed;
+        if (sched_getaffinity(0, sizeof allowed, &allowed) == 0 && CPU_COUNT(&allowed) > 0) {
+            int want = w->local_rank % CPU_COUNT(&allowed);
+            for (int c = 0; c < CPU_SETSIZE && cpu < 0; c++)
+                if (CPU_ISSET(c, &allowed) && want-- == 0) cpu = c;
+        }
+    }
     pid_t launcher = getpid();
     pid_t pid = fork();
-    if (pid == 0) exec_worker(l, launcher, &old, out[1], err[1], env);
+    if (pid == 0) exec_worker(l, launcher, &old, out[1], err[1], env, cpu);
     int fork_errno = errno;
     sigprocmask(SIG_SETMASK, &old, NULL);
     if (pid < 0) {

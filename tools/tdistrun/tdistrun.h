@@ -47,6 +47,7 @@ typedef struct tdr_opts {
     int max_restarts;        /* default 0 */
     int64_t grace_ms;        /* --grace-period, default 5000 */
     bool prefix;             /* "[rank R] " prefixes, default on */
+    bool bind_core;          /* --bind-to core: worker i runs on allowed CPU i mod n */
     const char *tee_dir;     /* --tee DIR: also write raw per-rank logs there; NULL: off */
     bool quiet;              /* --quiet: no launcher status lines except errors */
     char **prog_argv;        /* program and its arguments (NULL-terminated, borrowed) */
