@@ -13,5 +13,6 @@
 #include "tdist/store.h"
 #include "tdist/init.h"
 #include "tdist/pg.h"
+#include "tdist/optim.h"
 
 #endif /* TDIST_TDIST_H */
