@@ -29,4 +29,4 @@ ensure_packages() {
 }
 
 # The packages every build needs.
-TDIST_BUILD_PACKAGES=(build-essential cmake ninja-build pkg-config)
+TDIST_BUILD_PACKAGES=(build-essential cmake ninja-build pkg-config libopenblas-dev)
