@@ -13,6 +13,7 @@
 #include "tdist/store.h"
 #include "tdist/init.h"
 #include "tdist/pg.h"
+#include "tdist/ddp.h"
 #include "tdist/optim.h"
 
 #endif /* TDIST_TDIST_H */

@@ -1,0 +1,499 @@
+/*
+ * ddp/reducer.c — one training iteration: forward_begin, grad_ready (copy
+ * into the bucket, launch complete buckets in index order), backward_end
+ * (unused parameters, the used-set agreement, waiting, continuations,
+ * write-back, the one-time rebuild), and the shadow iteration Join replays
+ * on a rank without input.
+ *
+ * Everything here runs on the training thread. The only state touched by
+ * another thread is ddp_bucket_t.done_ns, written (atomically) by the
+ * default hook's completion callback on the group's engine thread.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ddp/internal.h"
+
+static double ms_between(uint64_t a, uint64_t b) { return b > a ? (double)(b - a) / 1e6 : 0.0; }
+
+/* Keep the first error of the iteration (status and message). */
+static void record_err(tdist_ddp_t *d, tdist_status_t st)
+{
+    if (st == TDIST_OK || d->iter_err != TDIST_OK) return;
+    d->iter_err = st;
+    snprintf(d->iter_msg, sizeof d->iter_msg, "%s", tdist_last_error());
+}
+
+static void on_bucket_done(tdist_status_t st, void *user_data)
+{
+    (void)st;
+    ddp_bucket_t *b = user_data;
+    atomic_store(&b->done_ns, tdist__now_ns());
+}
+
+tdist_status_t tdist_ddp_allreduce_hook(void *state, const tdist_ddp_bucket_t *bucket,
+                                        tdist_ddp_hook_result_t *result)
+{
+    (void)state;
+    if (!bucket || !result || bucket->divisor <= 0)
+        return tdist__error(TDIST_ERR_INVALID_ARG, "tdist_ddp_allreduce_hook: %s",
+                            !bucket ? "bucket is NULL" : !result ? "result is NULL" : "divisor <= 0");
+    tdist_coll_opts_t co;
+    tdist_coll_opts_init(&co);
+    co.premul_factor = 1.0 / (double)bucket->divisor;
+    return tdist_all_reduce(bucket->pg, bucket->buffer, bucket->buffer, bucket->count,
+                            bucket->dtype, TDIST_PREMUL_SUM, &co, &result->work);
+}
+
+/* Launch bucket bi over the storage at base (the arena, or zeros for a
+ * shadow iteration). */
+static tdist_status_t launch(tdist_ddp_t *d, size_t bi, unsigned char *base, bool shadow)
+{
+    ddp_bucket_t *b = &d->buckets[bi];
+    tdist_ddp_bucket_t *desc = &b->desc;
+    desc->index = bi;
+    desc->num_buckets = d->nb;
+    desc->is_last = bi + 1 == d->nb;
+    desc->buffer = base + b->arena_off;
+    desc->count = b->count;
+    desc->dtype = b->dtype;
+    desc->num_params = b->nparams;
+    desc->param_indices = b->params;
+    desc->offsets = b->offsets;
+    desc->counts = b->counts;
+    desc->iteration = d->iteration;
+    desc->divisor = d->divisor;
+    desc->pg = d->pg;
+    memset(&b->res, 0, sizeof b->res);
+    atomic_store(&b->done_ns, 0);
+    b->launched = true;
+    b->launch_ns = tdist__now_ns();
+    if (!d->t_first_launch_ns) d->t_first_launch_ns = b->launch_ns;
+
+    tdist_status_t st;
+    if (d->hook) {
+        st = d->hook(d->hook_state, desc, &b->res);
+    } else {
+        tdist_coll_opts_t co;
+        tdist_coll_opts_init(&co);
+        co.premul_factor = 1.0 / (double)d->divisor;
+        co.on_complete = on_bucket_done;
+        co.user_data = b;
+        st = tdist_all_reduce(d->pg, desc->buffer, desc->buffer, b->count, b->dtype,
+                              TDIST_PREMUL_SUM, &co, &b->res.work);
+    }
+    if (st != TDIST_OK) {
+        if (b->res.work) tdist_work_free(b->res.work);
+        memset(&b->res, 0, sizeof b->res);
+        return tdist__error_context(st, "tdist_ddp_%s: rank %d group %s iteration %" PRIu64
+                                        ": comm hook of bucket %zu (%zu parameters, %zu x %s)",
+                                    shadow ? "shadow_iteration" : "grad_ready", d->rank,
+                                    tdist_pg_name(d->pg), d->iteration, bi, b->nparams, b->count,
+                                    tdist_dtype_name(b->dtype));
+    }
+    if (!shadow) {
+        d->stats.buckets_reduced++;
+        d->stats.bytes_reduced += b->bytes;
+    }
+    return TDIST_OK;
+}
+
+/* Launch every complete bucket from next_bucket on, in index order.
+ * Returns the first launch error (also recorded for backward_end). */
+static tdist_status_t launch_ready(tdist_ddp_t *d)
+{
+    tdist_status_t first = TDIST_OK;
+    while (d->next_bucket < d->nb && d->buckets[d->next_bucket].pending == 0) {
+        tdist_status_t st = launch(d, d->next_bucket, d->arena, false);
+        d->next_bucket++;
+        if (st != TDIST_OK) {
+            record_err(d, st);
+            if (first == TDIST_OK) first = st;
+        }
+    }
+    return first;
+}
+
+/* Wait for bucket b's work and run its continuations; frees the works.
+ * Keeps going after an error so that no work is left behind. */
+static tdist_status_t finish_bucket(tdist_ddp_t *d, ddp_bucket_t *b, const char *op)
+{
+    tdist_status_t ret = TDIST_OK;
+    for (int guard = 0; b->res.work || b->res.then; guard++) {
+        if (b->res.work) {
+            tdist_status_t st = tdist_work_wait(b->res.work, -1);
+            tdist_work_free(b->res.work);
+            b->res.work = NULL;
+            if (st != TDIST_OK) {
+                ret = tdist__error_context(st, "tdist_ddp_%s: rank %d group %s iteration %" PRIu64
+                                               ": reduction of bucket %zu",
+                                           op, d->rank, tdist_pg_name(d->pg), d->iteration,
+                                           b->desc.index);
+                b->res.then = NULL;
+                break;
+            }
+        }
+        if (b->res.then) {
+            tdist_ddp_then_fn fn = b->res.then;
+            tdist_ddp_hook_result_t next = {0};
+            b->res.then = NULL;
+            tdist_status_t st = fn(d->hook_state, &b->desc, &next);
+            if (st != TDIST_OK) {
+                ret = tdist__error_context(st, "tdist_ddp_%s: rank %d group %s iteration %" PRIu64
+                                               ": continuation of bucket %zu",
+                                           op, d->rank, tdist_pg_name(d->pg), d->iteration,
+                                           b->desc.index);
+                if (next.work) {
+                    (void)tdist_work_wait(next.work, -1);
+                    tdist_work_free(next.work);
+                }
+                break;
+            }
+            b->res = next;
+        }
+    }
+    b->launched = false;
+    return ret;
+}
+
+static void reset_iteration(tdist_ddp_t *d)
+{
+    memset(d->ready, 0, d->np ? d->np : 1);
+    d->nready = 0;
+    d->norder = 0;
+    d->next_bucket = 0;
+    d->iter_err = TDIST_OK;
+    d->iter_msg[0] = 0;
+    for (size_t b = 0; b < d->nb; b++) {
+        d->buckets[b].pending = d->buckets[b].nparams;
+        d->buckets[b].launched = false;
+    }
+    d->t_first_launch_ns = 0;
+}
+
+tdist_status_t tdist_ddp_forward_begin(tdist_ddp_t *ddp)
+{
+    const char *op = "forward_begin";
+    if (!ddp) return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op, "ddp is NULL");
+    if (ddp->in_iter && ddp->nready > 0)
+        return tdist__ddp_error(ddp, TDIST_ERR_INVALID_ARG, op,
+                                "backward of this iteration has begun (%zu of %zu gradients "
+                                "ready) but tdist_ddp_backward_end was not called",
+                                ddp->nready, ddp->np);
+    if (!ddp->in_iter) ddp->iteration++;
+    ddp->started = true;
+    ddp->in_iter = false;
+    /* Join's notification: before this iteration's first collective */
+    if (ddp->fwd_hook) TDIST_CHECK(ddp->fwd_hook(ddp->fwd_hook_arg, ddp));
+    if (ddp->opts.broadcast_buffers && ddp->nbuf > 0)
+        TDIST_CHECK(tdist__ddp_sync_buffers(ddp, ddp->buffer_root, op));
+    reset_iteration(ddp);
+    ddp->iter_no_sync = ddp->want_no_sync;
+    ddp->in_iter = true;
+    ddp->t_fwd_ns = ddp->t_last_ready_ns = tdist__now_ns();
+    return TDIST_OK;
+}
+
+tdist_status_t tdist_ddp_grad_ready(tdist_ddp_t *ddp, size_t index)
+{
+    const char *op = "grad_ready";
+    if (!ddp) return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op, "ddp is NULL");
+    if (!ddp->in_iter)
+        return tdist__ddp_error(ddp, TDIST_ERR_INVALID_ARG, op,
+                                "parameter %zu: no iteration in progress (call "
+                                "tdist_ddp_forward_begin first)",
+                                index);
+    if (index >= ddp->np)
+        return tdist__ddp_error(ddp, TDIST_ERR_INVALID_ARG, op,
+                                "parameter index %zu out of range (the model has %zu parameters)",
+                                index, ddp->np);
+    ddp_param_t *p = &ddp->params[index];
+    if (ddp->ready[index])
+        return tdist__ddp_error(ddp, TDIST_ERR_INVALID_ARG, op,
+                                "parameter %zu '%s' was marked ready twice in this iteration",
+                                index, p->name);
+    ddp->ready[index] = 1;
+    ddp->used_since_sync[index] = 1;
+    ddp->nready++;
+    ddp->order[ddp->norder++] = (int32_t)index;
+    ddp->t_last_ready_ns = tdist__now_ns();
+    if (ddp->iter_no_sync) return TDIST_OK;
+    if (!ddp->opts.gradient_as_bucket_view) memcpy(tdist__ddp_slot(ddp, index), p->grad, p->bytes);
+    ddp_bucket_t *b = &ddp->buckets[p->bucket];
+    if (--b->pending == 0) return launch_ready(ddp);
+    return TDIST_OK;
+}
+
+/* After the first synchronised iteration: every rank takes rebuild_root's
+ * arrival order (one broadcast) and rebuilds the buckets in it. shadow: this
+ * rank has no order of its own; it offers the current bucket order. */
+static tdist_status_t rebuild(tdist_ddp_t *d, bool shadow)
+{
+    d->rebuilt = true;
+    size_t n = d->np;
+    if (n == 0) return TDIST_OK;
+    int32_t *ord = malloc(n * sizeof *ord);
+    uint8_t *seen = calloc(n, 1);
+    if (!ord || !seen) {
+        free(ord);
+        free(seen);
+        return tdist__ddp_error(d, TDIST_ERR_NO_MEMORY, "backward_end", "out of memory");
+    }
+    size_t k = 0;
+    if (shadow) {
+        for (size_t b = 0; b < d->nb; b++)
+            for (size_t j = 0; j < d->buckets[b].nparams; j++)
+                ord[k++] = (int32_t)d->buckets[b].params[j];
+    } else {
+        for (size_t j = 0; j < d->norder; j++) {
+            ord[k++] = d->order[j];
+            seen[d->order[j]] = 1;
+        }
+        for (size_t i = n; i-- > 0;)
+            if (!seen[i]) ord[k++] = (int32_t)i;
+    }
+    tdist_status_t st = tdist_broadcast(d->pg, ord, n, TDIST_I32, d->rebuild_root, NULL, NULL);
+    if (st != TDIST_OK) {
+        free(ord);
+        free(seen);
+        return tdist__error_context(st, "tdist_ddp_backward_end: rank %d group %s iteration %" PRIu64
+                                        ": broadcast of the gradient order for the bucket rebuild",
+                                    d->rank, tdist_pg_name(d->pg), d->iteration);
+    }
+    memset(seen, 0, n);
+    for (size_t j = 0; j < n; j++) {
+        if (ord[j] < 0 || (size_t)ord[j] >= n || seen[ord[j]]) {
+            free(ord);
+            free(seen);
+            return tdist__ddp_error(d, TDIST_ERR_INTERNAL, "backward_end",
+                                    "the rebuild order from rank %d is not a permutation",
+                                    d->rebuild_root);
+        }
+        seen[ord[j]] = 1;
+    }
+    bool changed = false;
+    st = tdist__ddp_build_buckets(d, ord, &changed);
+    free(ord);
+    free(seen);
+    if (st == TDIST_OK && changed) d->stats.bucket_rebuilds++;
+    d->stats.num_buckets = d->nb;
+    return st;
+}
+
+/* Names of the parameters that were never ready, for the error message. */
+static void append_name(char *buf, size_t cap, size_t *len, size_t *listed, size_t idx,
+                        const char *name)
+{
+    if (*listed >= 8) return;
+    int k = snprintf(buf + *len, cap - *len, "%s'%s' (index %zu)", *listed ? ", " : "", name, idx);
+    if (k > 0 && (size_t)k < cap - *len) {
+        *len += (size_t)k;
+        (*listed)++;
+    }
+}
+
+tdist_status_t tdist_ddp_backward_end(tdist_ddp_t *ddp)
+{
+    const char *op = "backward_end";
+    if (!ddp) return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op, "ddp is NULL");
+    tdist_ddp_t *d = ddp;
+    if (!d->in_iter)
+        return tdist__ddp_error(d, TDIST_ERR_INVALID_ARG, op,
+                                "no iteration in progress: tdist_ddp_forward_begin was not called "
+                                "since the last backward_end");
+    uint64_t t0 = tdist__now_ns();
+    if (d->iter_no_sync) {
+        d->in_iter = false;
+        d->stats.iterations++;
+        return TDIST_OK;
+    }
+    size_t n = d->np;
+    bool view = d->opts.gradient_as_bucket_view;
+    bool find_unused = d->opts.find_unused_parameters;
+
+    /* parameters without grad_ready in this iteration */
+    char missing[600] = "";
+    size_t mlen = 0, nmissing = 0, listed = 0, nunused = 0, stash_bytes = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!d->ready[i] && !d->used_since_sync[i] && find_unused && view)
+            stash_bytes += d->params[i].bytes;
+    unsigned char *stash = NULL;
+    if (stash_bytes && !(stash = malloc(stash_bytes)))
+        record_err(d, tdist__ddp_error(d, TDIST_ERR_NO_MEMORY, op, "out of memory"));
+    size_t so = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (d->ready[i]) continue;
+        ddp_param_t *p = &d->params[i];
+        void *slot = tdist__ddp_slot(d, i);
+        if (d->used_since_sync[i]) {
+            /* accumulated during no_sync iterations: final as it stands */
+            if (!view) memcpy(slot, p->grad, p->bytes);
+        } else {
+            if (find_unused) {
+                nunused++;
+                if (stash) {
+                    memcpy(stash + so, slot, p->bytes);
+                    so += p->bytes;
+                }
+            } else {
+                nmissing++;
+                append_name(missing, sizeof missing, &mlen, &listed, i, p->name);
+            }
+            memset(slot, 0, p->bytes); /* a zero contribution */
+        }
+        d->buckets[p->bucket].pending--;
+    }
+    launch_ready(d);
+
+    /* agree on the used set */
+    tdist_work_t *uw = NULL;
+    bool agree = find_unused && !(d->opts.static_graph && d->static_agreed);
+    if (agree) {
+        memcpy(d->used_map, d->used_since_sync, n);
+        if (n > 0)
+            record_err(d, tdist_all_reduce(d->pg, d->used_map, d->used_map, n, TDIST_U8, TDIST_MAX,
+                                           NULL, &uw));
+    }
+
+    /* wait for every bucket, run continuations in bucket order */
+    uint64_t tw0 = tdist__now_ns(), last_done = 0;
+    for (size_t b = 0; b < d->nb; b++) {
+        ddp_bucket_t *bk = &d->buckets[b];
+        if (!bk->launched) continue;
+        record_err(d, finish_bucket(d, bk, op));
+        uint64_t done = atomic_load(&bk->done_ns);
+        if (!done) done = tdist__now_ns();
+        if (done > last_done) last_done = done;
+    }
+    if (uw) {
+        tdist_status_t st = tdist_work_wait(uw, -1);
+        tdist_work_free(uw);
+        if (st != TDIST_OK)
+            record_err(d, tdist__error_context(st, "tdist_ddp_backward_end: rank %d group %s "
+                                                   "iteration %" PRIu64 ": used-parameter agreement",
+                                               d->rank, tdist_pg_name(d->pg), d->iteration));
+    }
+    uint64_t tw1 = tdist__now_ns();
+
+    if (d->iter_err == TDIST_OK && find_unused && d->opts.static_graph) {
+        if (agree) {
+            memcpy(d->static_local, d->used_since_sync, n);
+            d->static_agreed = true;
+        } else {
+            for (size_t i = 0; i < n; i++)
+                if (!d->static_local[i] != !d->used_since_sync[i]) {
+                    record_err(d, tdist__ddp_error(
+                                      d, TDIST_ERR_INVALID_ARG, op,
+                                      "static_graph: parameter %zu '%s' was %s in the first "
+                                      "iteration but is %s now",
+                                      i, d->params[i].name, d->static_local[i] ? "used" : "unused",
+                                      d->static_local[i] ? "unused" : "used"));
+                    break;
+                }
+        }
+    }
+
+    /* The one-time rebuild takes part in the iteration's collectives even
+     * after a local error (a missing grad_ready on this rank only), so
+     * that every rank issues the same sequence. */
+    bool do_rebuild = !d->rebuilt;
+    tdist_status_t ret = TDIST_OK;
+    if (d->iter_err != TDIST_OK) {
+        ret = tdist__error(d->iter_err, "%s", d->iter_msg);
+    } else if (nmissing) {
+        ret = tdist__ddp_error(
+            d, TDIST_ERR_INVALID_ARG, op,
+            "%zu parameter%s never became ready (no tdist_ddp_grad_ready call): %s%s. Call "
+            "grad_ready for every parameter in each iteration, or set "
+            "find_unused_parameters if some are not used in the forward pass",
+            nmissing, nmissing == 1 ? "" : "s", missing, nmissing > listed ? ", ..." : "");
+    } else {
+        /* write the averaged gradients back */
+        so = 0;
+        for (size_t i = 0; i < n; i++) {
+            ddp_param_t *p = &d->params[i];
+            bool local_unused = !d->ready[i] && !d->used_since_sync[i];
+            bool global_used = !find_unused || d->used_map[i];
+            if (!view) {
+                if (global_used) memcpy(p->grad, tdist__ddp_slot(d, i), p->bytes);
+            } else if (local_unused && find_unused) {
+                if (!global_used && stash) memcpy(tdist__ddp_slot(d, i), stash + so, p->bytes);
+                so += p->bytes;
+            }
+        }
+    }
+    free(stash);
+    if (do_rebuild) {
+        char keep[sizeof d->iter_msg];
+        snprintf(keep, sizeof keep, "%s", ret != TDIST_OK ? tdist_last_error() : "");
+        tdist_status_t rst = rebuild(d, false);
+        if (ret == TDIST_OK) ret = rst;
+        else tdist__error(ret, "%s", keep); /* the iteration's error, not the rebuild's */
+    }
+
+    /* statistics */
+    uint64_t t1 = tdist__now_ns();
+    if (ret == TDIST_OK) {
+        tdist_ddp_stats_t *s = &d->stats;
+        s->iterations++;
+        s->sync_iterations++;
+        s->unused_parameters = nunused;
+        s->last_compute_ms = ms_between(d->t_fwd_ns, d->t_last_ready_ns);
+        s->last_comm_ms = d->t_first_launch_ns ? ms_between(d->t_first_launch_ns, last_done) : 0;
+        s->last_wait_ms = ms_between(tw0, tw1);
+        s->last_backward_end_ms = ms_between(t0, t1);
+        s->total_compute_ms += s->last_compute_ms;
+        s->total_comm_ms += s->last_comm_ms;
+        s->total_wait_ms += s->last_wait_ms;
+    }
+    memset(d->used_since_sync, 0, n ? n : 1);
+    d->in_iter = false;
+    return ret;
+}
+
+tdist_status_t tdist__ddp_shadow_iteration(tdist_ddp_t *d)
+{
+    const char *op = "shadow_iteration";
+    if (d->in_iter)
+        return tdist__ddp_error(d, TDIST_ERR_INVALID_ARG, op, "an iteration is in progress");
+    d->iteration++;
+    if (d->opts.broadcast_buffers && d->nbuf > 0)
+        TDIST_CHECK(tdist__ddp_sync_buffers(d, d->buffer_root, op));
+    if (!d->shadow_arena) {
+        d->shadow_arena = aligned_alloc(64, d->arena_bytes ? d->arena_bytes : 64);
+        if (!d->shadow_arena) return tdist__ddp_error(d, TDIST_ERR_NO_MEMORY, op, "out of memory");
+    }
+    memset(d->shadow_arena, 0, d->arena_bytes);
+    tdist_status_t ret = TDIST_OK;
+    d->t_first_launch_ns = 0;
+    for (size_t b = 0; b < d->nb; b++) {
+        tdist_status_t st = launch(d, b, d->shadow_arena, true);
+        if (st != TDIST_OK && ret == TDIST_OK) ret = st;
+    }
+    bool agree = d->opts.find_unused_parameters && !(d->opts.static_graph && d->static_agreed);
+    tdist_work_t *uw = NULL;
+    if (agree && d->np > 0) {
+        memset(d->used_map, 0, d->np);
+        tdist_status_t st =
+            tdist_all_reduce(d->pg, d->used_map, d->used_map, d->np, TDIST_U8, TDIST_MAX, NULL, &uw);
+        if (st != TDIST_OK && ret == TDIST_OK) ret = st;
+    }
+    for (size_t b = 0; b < d->nb; b++) {
+        if (!d->buckets[b].launched) continue;
+        tdist_status_t st = finish_bucket(d, &d->buckets[b], op);
+        if (st != TDIST_OK && ret == TDIST_OK) ret = st;
+    }
+    if (uw) {
+        tdist_status_t st = tdist_work_wait(uw, -1);
+        tdist_work_free(uw);
+        if (st != TDIST_OK && ret == TDIST_OK) ret = st;
+        if (st == TDIST_OK && d->opts.static_graph) {
+            memset(d->static_local, 0, d->np);
+            d->static_agreed = true;
+        }
+    }
+    if (ret == TDIST_OK && !d->rebuilt) ret = rebuild(d, true);
+    return ret;
+}
