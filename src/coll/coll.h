@@ -107,16 +107,18 @@ tdist_status_t tdist__coll_barrier(const tdist__coll_ctx_t *c);
  * collectives run through a collective area in each rank's segment
  * (shm_coll.c has the layout and the protocol):
  *  - a line exchange: each rank publishes a blob of up to
- *    TDIST__SHMC_BLOB_MAX bytes (pg/: the fingerprint, plus a tiny
- *    all_reduce's data) and reads every rank's — the first step of every
- *    collective, so it is also the check of rule 2 and a barrier;
+ *    TDIST__SHMC_BLOB_MAX bytes (pg/: a hash of the fingerprint, plus a
+ *    tiny all_reduce's data) and an aux part (the whole fingerprint, read
+ *    only to word a mismatch) and reads every rank's blob — the first step
+ *    of every collective, so it is also the check of rule 2 and a barrier;
  *  - all_reduce / reduce: chunks of the input staged in a 2-slot area,
  *    each rank reducing its slice of every chunk in rank order (results
  *    bit-identical on every rank), peers copying the reduced slices out;
  *  - broadcast: the root stages chunks, the others copy them out.
  * Waits go through tdist__tp_wait_until (spin, yield, futex; liveness). */
 
-#define TDIST__SHMC_BLOB_MAX 496
+#define TDIST__SHMC_BLOB_MAX 400 /* the part every reader reads */
+#define TDIST__SHMC_AUX_MAX 96   /* a part read only when needed */
 
 /* Bytes of collective area the shm transport must reserve per rank. */
 size_t tdist__shmc_area_bytes(void);
@@ -127,20 +129,25 @@ size_t tdist__shmc_area_bytes(void);
 tdist_status_t tdist__shmc_create(tdist__tp_t *tp, int rank, int size, tdist__shmc_t **out);
 void tdist__shmc_destroy(tdist__shmc_t *s);
 
-/* Publish blob (len <= TDIST__SHMC_BLOB_MAX) and wait until every rank
- * has published its blob of this exchange; blobs[r] (size entries) then
- * points at rank r's (blobs[rank] at this rank's copy), lens[r] its length
- * (lens may be NULL). The pointers stay valid until this rank's next
- * exchange. On timeout: TDIST_ERR_TIMEOUT naming the ranks missing. */
+/* Publish blob (len <= TDIST__SHMC_BLOB_MAX) and aux (aux_len <=
+ * TDIST__SHMC_AUX_MAX) and wait until every rank has published its part of
+ * this exchange; blobs[r] (size entries) then points at rank r's blob
+ * (blobs[rank] at this rank's copy), lens[r] its length (lens may be NULL);
+ * tdist__shmc_peek_aux gives a rank's aux. The pointers stay valid until
+ * this rank's next exchange. On timeout: TDIST_ERR_TIMEOUT naming the
+ * ranks missing. */
 tdist_status_t tdist__shmc_exchange(const tdist__coll_ctx_t *c, const void *blob, size_t len,
-                                    const uint8_t **blobs, size_t *lens);
+                                    const void *aux, size_t aux_len, const uint8_t **blobs,
+                                    size_t *lens);
 
 /* The two halves of an exchange, for a protocol in which only some ranks
  * read: publish this rank's blob for the next exchange (no wait), and
  * read rank r's blob of the current exchange if it has published it
  * (NULL otherwise). */
-void tdist__shmc_publish(const tdist__coll_ctx_t *c, const void *blob, size_t len);
+void tdist__shmc_publish(const tdist__coll_ctx_t *c, const void *blob, size_t len,
+                         const void *aux, size_t aux_len);
 const uint8_t *tdist__shmc_peek(const tdist__coll_ctx_t *c, int r, size_t *len);
+const uint8_t *tdist__shmc_peek_aux(const tdist__coll_ctx_t *c, int r, size_t *len);
 
 /* all_reduce (root < 0) or reduce to root through the staging area. */
 tdist_status_t tdist__shmc_all_reduce(const tdist__coll_ctx_t *c, const void *sendbuf,

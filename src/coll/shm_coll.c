@@ -10,7 +10,9 @@
  *          red = chunks whose slice this rank has reduced,
  *          out = chunks this rank has copied out (its slot may be reused)
  *   256    two exchange lines of 512 bytes (used alternately): a sequence
- *          number and a blob (the fingerprint, and a tiny all_reduce's data)
+ *          number, a blob that starts in the same cache line (a hash of the
+ *          fingerprint, and a tiny all_reduce's data) and an aux part read
+ *          only when needed (the whole fingerprint, for the mismatch message)
  *   4096   two staging slots of CHUNK bytes (used alternately by chunk)
  *
  * Every counter and line sequence only grows (no resets, no shared
@@ -54,13 +56,14 @@ typedef struct ctl {
 
 typedef struct line {
     _Alignas(64) atomic_uint_least64_t seq;
-    uint32_t len, pad;
-    uint8_t blob[LINE_BYTES - 16];
+    uint32_t len, aux_len;
+    uint8_t blob[TDIST__SHMC_BLOB_MAX]; /* starts in the sequence's cache line */
+    uint8_t aux[TDIST__SHMC_AUX_MAX];   /* read only when needed */
 } line_t;
 
 _Static_assert(sizeof(ctl_t) <= CTL_BYTES, "ctl");
 _Static_assert(sizeof(line_t) == LINE_BYTES, "line");
-_Static_assert(TDIST__SHMC_BLOB_MAX == LINE_BYTES - 16, "blob");
+_Static_assert(TDIST__SHMC_BLOB_MAX + TDIST__SHMC_AUX_MAX == LINE_BYTES - 16, "blob");
 _Static_assert(CTL_BYTES + 2 * LINE_BYTES <= STAGE_OFF, "layout");
 
 struct tdist__shmc {
@@ -204,14 +207,18 @@ static void publish(const tdist__coll_ctx_t *c, atomic_uint_least64_t *ctr, uint
 
 /* ------------------------------------------------------------ exchange */
 
-void tdist__shmc_publish(const tdist__coll_ctx_t *c, const void *blob, size_t len)
+void tdist__shmc_publish(const tdist__coll_ctx_t *c, const void *blob, size_t len,
+                         const void *aux, size_t aux_len)
 {
     tdist__shmc_t *s = c->shm;
     if (len > TDIST__SHMC_BLOB_MAX) len = TDIST__SHMC_BLOB_MAX;
+    if (aux_len > TDIST__SHMC_AUX_MAX) aux_len = TDIST__SHMC_AUX_MAX;
     uint64_t seq = ++s->line_seq;
     line_t *mine = line_of(s, s->rank, seq);
     if (len) memcpy(mine->blob, blob, len);
+    if (aux_len) memcpy(mine->aux, aux, aux_len);
     mine->len = (uint32_t)len;
+    mine->aux_len = (uint32_t)aux_len;
     publish(c, &mine->seq, seq);
 }
 
@@ -224,13 +231,24 @@ const uint8_t *tdist__shmc_peek(const tdist__coll_ctx_t *c, int r, size_t *len)
     return l->blob;
 }
 
-tdist_status_t tdist__shmc_exchange(const tdist__coll_ctx_t *c, const void *blob, size_t len,
-                                    const uint8_t **blobs, size_t *lens)
+const uint8_t *tdist__shmc_peek_aux(const tdist__coll_ctx_t *c, int r, size_t *len)
 {
     tdist__shmc_t *s = c->shm;
-    if (len > TDIST__SHMC_BLOB_MAX)
-        return tdist__error(TDIST_ERR_INTERNAL, "shm exchange: blob of %zu bytes", len);
-    tdist__shmc_publish(c, blob, len);
+    line_t *l = line_of(s, r, s->line_seq);
+    if (atomic_load_explicit(&l->seq, memory_order_acquire) != s->line_seq) return NULL;
+    if (len) *len = l->aux_len <= TDIST__SHMC_AUX_MAX ? l->aux_len : TDIST__SHMC_AUX_MAX;
+    return l->aux;
+}
+
+tdist_status_t tdist__shmc_exchange(const tdist__coll_ctx_t *c, const void *blob, size_t len,
+                                    const void *aux, size_t aux_len, const uint8_t **blobs,
+                                    size_t *lens)
+{
+    tdist__shmc_t *s = c->shm;
+    if (len > TDIST__SHMC_BLOB_MAX || aux_len > TDIST__SHMC_AUX_MAX)
+        return tdist__error(TDIST_ERR_INTERNAL, "shm exchange: blob of %zu / aux of %zu bytes",
+                            len, aux_len);
+    tdist__shmc_publish(c, blob, len, aux, aux_len);
     uint64_t seq = s->line_seq;
     TDIST_CHECK(wait_for(c, W_LINE, seq, -1));
     for (int r = 0; r < s->size; r++) {

@@ -18,6 +18,7 @@
  * tdist_work_free, or the blocking call returns), one for the engine
  * (until it has finished the work).
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,8 +30,34 @@
 
 /* ------------------------------------------------------------ work handles */
 
-struct tdist_work *tdist__work_new(tdist__op_t op, const tdist_coll_opts_t *opts)
+/* One released work per thread is kept for the next call (a blocking
+ * collective allocates and frees one work per call otherwise); the key's
+ * destructor frees it when the thread ends. */
+static pthread_key_t spare_key;
+static pthread_once_t spare_once = PTHREAD_ONCE_INIT;
+static bool spare_ok;
+
+static void work_destroy(struct tdist_work *w)
 {
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    free(w);
+}
+
+static void spare_free(void *p) { work_destroy(p); }
+static void spare_init(void) { spare_ok = pthread_key_create(&spare_key, spare_free) == 0; }
+
+static struct tdist_work *work_alloc(void)
+{
+    pthread_once(&spare_once, spare_init);
+    if (spare_ok) {
+        struct tdist_work *w = pthread_getspecific(spare_key);
+        if (w) {
+            pthread_setspecific(spare_key, NULL);
+            memset(&w->refs, 0, sizeof *w - offsetof(struct tdist_work, refs));
+            return w;
+        }
+    }
     struct tdist_work *w = calloc(1, sizeof *w);
     if (!w) return NULL;
     pthread_condattr_t ca;
@@ -48,6 +75,13 @@ struct tdist_work *tdist__work_new(tdist__op_t op, const tdist_coll_opts_t *opts
         return NULL;
     }
     pthread_condattr_destroy(&ca);
+    return w;
+}
+
+struct tdist_work *tdist__work_new(tdist__op_t op, const tdist_coll_opts_t *opts)
+{
+    struct tdist_work *w = work_alloc();
+    if (!w) return NULL;
     atomic_init(&w->refs, 2);
     atomic_init(&w->status, TDIST_INPROGRESS);
     w->op = op;
@@ -67,20 +101,27 @@ void tdist__work_release(struct tdist_work *w)
 {
     if (!w) return;
     if (atomic_fetch_sub(&w->refs, 1) != 1) return;
-    pthread_mutex_destroy(&w->mu);
-    pthread_cond_destroy(&w->cv);
     free(w->msg);
     free(w->sendcounts);
     free(w->recvcounts);
     free(w->bufs);
     free(w->counts);
-    free(w);
+    free(w->p2p_msg);
+    pthread_once(&spare_once, spare_init);
+    if (spare_ok && !pthread_getspecific(spare_key) && pthread_setspecific(spare_key, w) == 0)
+        return;
+    work_destroy(w);
 }
 
 void tdist__work_finish(struct tdist_work *w, tdist_status_t st, const char *msg)
 {
     if (st != TDIST_OK) w->msg = tdist__strdup(msg ? msg : "");
     if (w->on_complete) w->on_complete(st, w->user_data);
+    if (w->inline_run) { /* the caller itself ran it: nobody waits on cv */
+        atomic_store(&w->status, (int)st);
+        tdist__work_release(w);
+        return;
+    }
     pthread_mutex_lock(&w->mu);
     atomic_store(&w->status, (int)st);
     pthread_cond_broadcast(&w->cv);
@@ -159,6 +200,7 @@ static void set_sticky(tdist_pg_t *pg, tdist_status_t st, const char *msg)
     if (pg->err == TDIST_OK) {
         pg->err = st;
         pg->errmsg = tdist__strdup(msg);
+        atomic_store(&pg->failed, true);
     }
     pthread_mutex_unlock(&pg->mu);
 }
@@ -239,6 +281,7 @@ tdist_status_t tdist__pg_submit(tdist_pg_t *pg, struct tdist_work *w, tdist_work
     }
     pthread_mutex_unlock(&pg->mu);
     if (inline_run) {
+        w->inline_run = true;
         run_work(pg, w);
         pthread_mutex_lock(&pg->mu);
         pg->busy = false;
@@ -397,26 +440,47 @@ static tdist_status_t run_fused_all_reduce(tdist_pg_t *pg, struct tdist_work *w,
  * barrier in one — and a tiny all_reduce's data with it, reduced in rank
  * order from the lines. all_to_allv's per-pair counts still go through
  * the transport's exchange. */
+/* The line carries a 64-bit hash of the fingerprint's common part, so a
+ * tiny all_reduce's data shares its first cache line; the whole
+ * fingerprint rides in the line's aux part, read only to word a mismatch
+ * (two different fingerprints with one hash: about 2^-64). */
+#define SHM_TINY_MAX (TDIST__SHMC_BLOB_MAX - sizeof(uint64_t))
+
 static bool shm_tiny(const tdist_pg_t *pg, const struct tdist_work *w)
 {
     return w->op == TDIST__OP_ALL_REDUCE && !pg->ar_forced && w->count > 0 &&
-           w->count * tdist_dtype_size(w->dtype) <= TDIST__SHMC_BLOB_MAX - sizeof(tdist__fp_t);
+           w->count * tdist_dtype_size(w->dtype) <= SHM_TINY_MAX;
+}
+
+static uint64_t fp_hash(const tdist__fp_t *fp)
+{
+    _Static_assert(sizeof(tdist__fp_t) % 8 == 0, "fingerprint of whole words");
+    uint64_t h = 0x9e3779b97f4a7c15ull, wds[sizeof(tdist__fp_t) / 8];
+    memcpy(wds, fp, sizeof wds);
+    for (size_t i = 0; i < sizeof wds / 8; i++) {
+        h ^= wds[i];
+        h *= 0xff51afd7ed558ccdull;
+        h ^= h >> 32;
+    }
+    return h;
 }
 
 static tdist_status_t run_shm(tdist_pg_t *pg, struct tdist_work *w, int64_t deadline_ms)
 {
     tdist__coll_ctx_t c = {.tp = pg->tp, .shm = pg->shm, .rank = pg->rank, .size = pg->size,
                            .deadline_ms = deadline_ms};
-    size_t fps = sizeof(tdist__fp_t), len = fps;
+    size_t hs = sizeof(uint64_t), len = hs, fps = sizeof(tdist__fp_t);
     _Alignas(64) uint8_t blob[TDIST__SHMC_BLOB_MAX];
-    tdist__fp_fill(pg, w);
-    memcpy(blob, &pg->fp_mine[0], fps);
+    tdist__fp_t fp;
+    tdist__fp_common(w, pg->uid_hash, &fp);
+    uint64_t h = fp_hash(&fp);
+    memcpy(blob, &h, hs);
     bool tiny = shm_tiny(pg, w);
     if (tiny) {
         size_t bytes = w->count * tdist_dtype_size(w->dtype);
-        memcpy(blob + fps, w->sendbuf, bytes);
+        memcpy(blob + hs, w->sendbuf, bytes);
         if (w->redop == TDIST_PREMUL_SUM)
-            TDIST_CHECK(tdist_scale(blob + fps, w->count, w->dtype, w->premul));
+            TDIST_CHECK(tdist_scale(blob + hs, w->count, w->dtype, w->premul));
         len += bytes;
     }
     const uint8_t **b = pg->shm_blobs;
@@ -424,21 +488,34 @@ static tdist_status_t run_shm(tdist_pg_t *pg, struct tdist_work *w, int64_t dead
         /* Only rank 0 collects (over the transport, to name who is
          * missing); the line just keeps every rank's exchange count and
          * shows this call to a rank that issued something else. */
-        tdist__shmc_publish(&c, blob, len);
+        tdist__shmc_publish(&c, blob, len, &fp, fps);
         return TDIST_OK;
     }
-    TDIST_CHECK(tdist__shmc_exchange(&c, blob, len, b, NULL));
+    TDIST_CHECK(tdist__shmc_exchange(&c, blob, len, &fp, fps, b, NULL));
     if (pg->check_fp) {
-        for (int r = 0; r < pg->size; r++) memcpy(&pg->fp_theirs[r], b[r], fps);
-        TDIST_CHECK(tdist__fp_compare(pg));
+        bool same = true;
+        for (int r = 0; r < pg->size && same; r++) same = memcmp(b[r], &h, hs) == 0;
+        if (!same) {
+            tdist__fp_fill(pg, w);
+            for (int r = 0; r < pg->size; r++) {
+                size_t al = 0;
+                const uint8_t *aux = tdist__shmc_peek_aux(&c, r, &al);
+                memset(&pg->fp_theirs[r], 0, fps);
+                if (aux) memcpy(&pg->fp_theirs[r], aux, TDIST_MIN(al, fps));
+            }
+            TDIST_CHECK(tdist__fp_compare(pg));
+            /* equal fingerprints, different hashes: cannot happen */
+            return tdist__error(TDIST_ERR_INTERNAL, "fingerprint hashes differ, fingerprints "
+                                "do not");
+        }
         if (w->op == TDIST__OP_ALL_TO_ALLV) TDIST_CHECK(tdist__fp_exchange(pg, w, deadline_ms));
     }
     if (w->op == TDIST__OP_BARRIER) return TDIST_OK;
     if (!tiny) return run_coll(pg, w, deadline_ms);
     void *out = w->recvbuf;
-    TDIST_CHECK(tdist_reduce(out, b[0] + fps, b[1] + fps, w->count, w->dtype, w->redop));
+    TDIST_CHECK(tdist_reduce(out, b[0] + hs, b[1] + hs, w->count, w->dtype, w->redop));
     for (int r = 2; r < pg->size; r++)
-        TDIST_CHECK(tdist_reduce(out, out, b[r] + fps, w->count, w->dtype, w->redop));
+        TDIST_CHECK(tdist_reduce(out, out, b[r] + hs, w->count, w->dtype, w->redop));
     if (w->redop == TDIST_AVG) TDIST_CHECK(tdist_divide(out, w->count, w->dtype, pg->size));
     return TDIST_OK;
 }
@@ -465,7 +542,7 @@ static void run_work(tdist_pg_t *pg, struct tdist_work *w)
         return;
     }
     char *sticky = NULL;
-    tdist_status_t st = tdist__pg_sticky(pg, &sticky);
+    tdist_status_t st = atomic_load(&pg->failed) ? tdist__pg_sticky(pg, &sticky) : TDIST_OK;
     if (st != TDIST_OK) {
         work_prefix(pg, w, prefix, sizeof prefix);
         char *m = tdist__asprintf("%s: the group failed earlier: %s", prefix, sticky);

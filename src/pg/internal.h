@@ -76,6 +76,8 @@ typedef struct tdist__fp {
 struct tdist_work {
     pthread_mutex_t mu;
     pthread_cond_t cv;
+    /* Everything from refs on is zeroed when a work is reused (engine.c
+     * keeps one released work per thread, ready for the next call). */
     atomic_int refs;
     atomic_int status; /* TDIST_INPROGRESS until done */
     char *msg;         /* error message; written before status is published */
@@ -99,9 +101,10 @@ struct tdist_work {
     int64_t deadline_ms;
     void (*on_complete)(tdist_status_t status, void *user_data);
     void *user_data;
+    bool inline_run;    /* run on the caller's thread: nobody waits on cv */
 
     /* p2p state (p2p thread only) */
-    uint8_t hdr[24];
+    _Alignas(8) uint8_t hdr[24];
     tdist__tp_req_t hreq, preq;
     bool hdr_checked;
     int p2p_status;     /* result being delivered (p2p thread) */
@@ -132,6 +135,7 @@ struct tdist_pg {
     bool stop;
     bool busy;            /* a work is running (engine, or inline on the caller) */
     tdist_status_t err;   /* sticky */
+    atomic_bool failed;   /* err != TDIST_OK (read without the lock) */
     char *errmsg;
     pthread_t engine;
     bool engine_started;

@@ -50,6 +50,7 @@
 #define PROBLEM_LEN 160
 #define ERRMSG_LEN 1024
 #define SPIN_ROUNDS 64           /* pause rounds before yielding */
+#define COLL_SPIN_NS 20000ull    /* collective waits: spin this long when every rank has a CPU */
 #define YIELD_NS 1000000ull      /* then sched_yield for up to 1 ms */
 #define SLEEP_MAX_MS 4           /* one futex sleep, at most */
 #define LIVENESS_NS 2000000ull   /* check peers' pids at least this often while waiting */
@@ -116,7 +117,7 @@ typedef struct shm_tp {
     struct pollfd *pfd;  /* size entries, for liveness polls */
     int *pfd_peer;
     bool connected;
-    int spin_rounds;     /* SPIN_ROUNDS, or 0 when more ranks than CPUs */
+    bool oversubscribed; /* more ranks than CPUs this process may run on */
     uint64_t last_check_ns;
     atomic_bool aborted;
     tdist_status_t err;
@@ -273,7 +274,7 @@ tdist_status_t tdist__shm_listen(tdist__tp_kind_t kind, int rank, int size,
      * the peer it waits for, so waiters yield at once. */
     cpu_set_t cpus;
     int ncpu = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
-    tp->spin_rounds = size > ncpu ? 0 : SPIN_ROUNDS;
+    tp->oversubscribed = size > ncpu;
     tp->pe = pe;
     tp->pfd = pfd;
     tp->pfd_peer = pfd_peer;
@@ -968,9 +969,19 @@ tdist_status_t tdist__shm_wait_until(tdist__tp_t *t, bool (*cond)(void *arg), vo
     shm_tp_t *tp = TP(t);
     if (tp->err != TDIST_OK) return sticky(tp);
     if (cond(arg)) return TDIST_OK;
-    for (int i = 0; i < tp->spin_rounds; i++) {
-        cpu_relax();
-        if (cond(arg)) return TDIST_OK;
+    /* Every rank has a CPU: the peers are running, spin a little while
+     * (sched_yield would return at once anyway, adding a syscall to the
+     * latency). More ranks than CPUs: yield at once, the peer we wait for
+     * may need this CPU. */
+    if (!tp->oversubscribed) {
+        uint64_t spin_end = tdist__now_ns() + COLL_SPIN_NS;
+        for (;;) {
+            for (int i = 0; i < SPIN_ROUNDS; i++) {
+                cpu_relax();
+                if (cond(arg)) return TDIST_OK;
+            }
+            if (tdist__now_ns() >= spin_end) break;
+        }
     }
     uint64_t start = tdist__now_ns();
     uint64_t end = deadline_ms == INT64_MAX ? UINT64_MAX
