@@ -10,8 +10,9 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=scripts/deps.sh
 . "$here/scripts/deps.sh"
 
-# clang and its runtime build the libFuzzer target for the store's frame parser.
-ensure_packages "${TDIST_BUILD_PACKAGES[@]}" clang libclang-rt-14-dev
+# clang and its runtime build the libFuzzer target for the store's frame parser;
+# python3-sklearn ships the digits data set the main job (and its test) trains on.
+ensure_packages "${TDIST_BUILD_PACKAGES[@]}" clang libclang-rt-14-dev python3-sklearn
 
 build="${TDIST_BUILD_DIR:-$here/build/test}"
 jobs="${TDIST_TEST_JOBS:-2}"
