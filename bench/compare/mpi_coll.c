@@ -1,0 +1,258 @@
+/*
+ * bench/compare/mpi_coll.c — the Open MPI side of bench/compare/run.sh.
+ *
+ * Measures MPI_Allreduce (f32, SUM, out of place) exactly the way
+ * tools/tdist-bench measures tdist_all_reduce, so the two can be put side
+ * by side (see docs/bench-compare.md):
+ *
+ *   for each size: MPI_Barrier; WARMUP untimed calls; ITERS calls, each
+ *   timed on its own with CLOCK_MONOTONIC (no barrier between them); each
+ *   rank takes the median of its ITERS times; the row's time is the
+ *   maximum over ranks of these medians (an MPI_Allreduce MAX).
+ *   algbw = bytes / time; busbw = algbw * 2(n-1)/n (GB/s = 1e9 B/s).
+ *
+ * Inputs are tdist-bench's: rank r, index i holds ((i % 1000003) * 7 +
+ * r * 3) % 5 + 1; the output buffer is poisoned (-12345) before the
+ * warm-up; after the timed loop every rank counts the elements that
+ * differ from the sum computed locally; the row shows the worst rank.
+ *
+ * Not part of the CMake build: run.sh compiles it with mpicc.
+ *
+ *   mpirun -np 2 ./mpi_coll -b 8 -e 64M -f 2 -n 20 -w 5
+ *
+ * Rank 0 prints rows in tdist-bench's format. Exit 0; 1 if any element
+ * was wrong or a call failed; 2 for bad flags.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <mpi.h>
+
+#define MAX_BYTES ((size_t)1 << 30)
+#define MAX_SIZES 64
+#define MAX_ITERS 1000000
+#define POISON (-12345.0f)
+
+typedef struct cfg {
+    size_t min_bytes, max_bytes, factor;
+    int iters, warmup;
+} cfg_t;
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: mpirun -np N mpi_coll [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP]\n"
+               "  f32 SUM MPI_Allreduce, measured like tdist-bench (defaults 8, 64M, 2, 20, 5)\n");
+}
+
+/* "64M" -> 67108864 (K/M/G = powers of 1024, optional i and B), as tdist-bench. */
+static bool parse_size(const char *s, size_t *out)
+{
+    if (!s || !*s || *s == '-') return false;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s) return false;
+    unsigned long long mult = 1;
+    switch (*end) {
+    case 'k': case 'K': mult = 1ULL << 10; end++; break;
+    case 'm': case 'M': mult = 1ULL << 20; end++; break;
+    case 'g': case 'G': mult = 1ULL << 30; end++; break;
+    default: break;
+    }
+    if (mult > 1 && *end == 'i') end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end || v > (1ULL << 40) / mult) return false;
+    *out = (size_t)(v * mult);
+    return true;
+}
+
+static bool parse_int(const char *s, long lo, long hi, long *out)
+{
+    if (!s || !*s) return false;
+    errno = 0;
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+static int parse_args(int argc, char **argv, cfg_t *c)
+{
+    c->min_bytes = 8;
+    c->max_bytes = (size_t)64 << 20;
+    c->factor = 2;
+    c->iters = 20;
+    c->warmup = 5;
+    long v;
+    int opt;
+    opterr = 0;
+    while ((opt = getopt(argc, argv, ":b:e:f:n:w:h")) != -1) {
+        switch (opt) {
+        case 'b':
+            if (!parse_size(optarg, &c->min_bytes) || c->min_bytes == 0) goto bad;
+            break;
+        case 'e':
+            if (!parse_size(optarg, &c->max_bytes) || c->max_bytes == 0) goto bad;
+            break;
+        case 'f':
+            if (!parse_int(optarg, 2, 1 << 20, &v)) goto bad;
+            c->factor = (size_t)v;
+            break;
+        case 'n':
+            if (!parse_int(optarg, 1, MAX_ITERS, &v)) goto bad;
+            c->iters = (int)v;
+            break;
+        case 'w':
+            if (!parse_int(optarg, 0, MAX_ITERS, &v)) goto bad;
+            c->warmup = (int)v;
+            break;
+        case 'h': usage(stdout); return 1;
+        default: goto bad;
+        }
+    }
+    if (optind < argc || c->max_bytes > MAX_BYTES || c->min_bytes > c->max_bytes) goto bad;
+    return 0;
+bad:
+    fprintf(stderr, "mpi_coll: bad arguments\n");
+    usage(stderr);
+    return 2;
+}
+
+static float input_value(int r, size_t i)
+{
+    int64_t ii = (int64_t)(i % 1000003);
+    return (float)((ii * 7 + r * 3) % 5 + 1);
+}
+
+static float expected(int n, size_t i)
+{
+    int64_t acc = 0;
+    for (int r = 0; r < n; r++) acc += (int64_t)input_value(r, i);
+    return (float)acc;
+}
+
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* One size; 0 ok, -1 failed (message printed). */
+static int bench_size(const cfg_t *c, int rank, int n, size_t bytes, double *times, FILE *out)
+{
+    size_t count = bytes / sizeof(float);
+    if (count == 0) count = 1;
+    if (count > (size_t)INT32_MAX) return -1;
+    float *send = malloc(count * sizeof *send), *recv = malloc(count * sizeof *recv);
+    int rc = -1;
+    if (!send || !recv) {
+        fprintf(stderr, "mpi_coll: rank %d: out of memory for %zu bytes\n", rank, bytes);
+        goto done;
+    }
+    for (size_t i = 0; i < count; i++) {
+        send[i] = input_value(rank, i);
+        recv[i] = POISON;
+    }
+    if (MPI_Barrier(MPI_COMM_WORLD) != MPI_SUCCESS) goto fail;
+    for (int i = 0; i < c->warmup; i++)
+        if (MPI_Allreduce(send, recv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD) !=
+            MPI_SUCCESS)
+            goto fail;
+    for (int i = 0; i < c->iters; i++) {
+        double t0 = now_us();
+        if (MPI_Allreduce(send, recv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD) !=
+            MPI_SUCCESS)
+            goto fail;
+        times[i] = now_us() - t0;
+    }
+    qsort(times, (size_t)c->iters, sizeof *times, cmp_double);
+    double med = c->iters % 2 ? times[c->iters / 2]
+                              : 0.5 * (times[c->iters / 2 - 1] + times[c->iters / 2]);
+    int64_t wrong = 0;
+    for (size_t i = 0; i < count; i++) wrong += recv[i] != expected(n, i);
+    double max_med = 0;
+    int64_t max_wrong = 0;
+    if (MPI_Allreduce(&med, &max_med, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD) != MPI_SUCCESS ||
+        MPI_Allreduce(&wrong, &max_wrong, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD) != MPI_SUCCESS)
+        goto fail;
+    size_t b = count * sizeof(float);
+    double algbw = max_med > 0 ? (double)b / (max_med * 1e3) : 0.0;
+    double busbw = algbw * 2.0 * (n - 1) / n;
+    if (rank == 0) {
+        fprintf(out, "  %12zu %12zu %5s %10s %12.2f %11.3f %11.3f %8" PRId64 "\n", b, count, "f32",
+                "sum", max_med, algbw, busbw, max_wrong);
+        fflush(out);
+    }
+    rc = max_wrong ? 1 : 0;
+    goto done;
+fail:
+    fprintf(stderr, "mpi_coll: rank %d: MPI call failed at %zu bytes\n", rank, bytes);
+    rc = -1;
+done:
+    free(send);
+    free(recv);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    cfg_t c;
+    int pr = parse_args(argc, argv, &c);
+    if (pr == 1) return 0;
+    if (pr != 0) return 2;
+    if (MPI_Init(&argc, &argv) != MPI_SUCCESS) {
+        fprintf(stderr, "mpi_coll: MPI_Init failed\n");
+        return 1;
+    }
+    int rank, n;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    double *times = malloc((size_t)c.iters * sizeof *times);
+    int status = 0;
+    if (!times) {
+        fprintf(stderr, "mpi_coll: rank %d: out of memory\n", rank);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+        return 1;
+    }
+    if (rank == 0) {
+        printf("# mpi_coll all_reduce: %d ranks, dtype f32, redop sum, %d iterations (+%d "
+               "warm-up), check on\n",
+               n, c.iters, c.warmup);
+        printf("# time: max over ranks of each rank's median; GB/s = 1e9 B/s\n");
+        printf("# %12s %12s %5s %10s %12s %11s %11s %8s\n", "bytes", "count", "type", "redop",
+               "time(us)", "algbw(GB/s)", "busbw(GB/s)", "wrong");
+        fflush(stdout);
+    }
+    size_t bytes = c.min_bytes;
+    for (int s = 0; s < MAX_SIZES; s++) {
+        int rc = bench_size(&c, rank, n, bytes, times, stdout);
+        if (rc < 0) {
+            free(times);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+            return 1;
+        }
+        if (rc > 0) status = 1;
+        if (bytes >= c.max_bytes) break;
+        bytes = bytes > c.max_bytes / c.factor ? c.max_bytes : bytes * c.factor;
+    }
+    if (status && rank == 0) fprintf(stderr, "mpi_coll: wrong elements found\n");
+    free(times);
+    MPI_Finalize();
+    return status;
+}
