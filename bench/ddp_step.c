@@ -1,0 +1,681 @@
+/*
+ * bench/ddp_step.c — training-step time of an MLP with tdist DDP against the
+ * same step in one process (issue 4's benchmark; bench/compare/ddp.sh runs
+ * it next to PyTorch DDP on Gloo and prints the table).
+ *
+ *   tdistrun --nproc-per-node 1 bench_ddp_step --mode local [options]
+ *   tdistrun --nproc-per-node 2 bench_ddp_step --mode ddp   [options]
+ *
+ * options:
+ *   --mode local|ddp  local: forward, loss, backward, SGD step; no reducer,
+ *                     no communication in the loop (with several ranks each
+ *                     trains alone: shows what sharing the machine costs).
+ *                     ddp: the same with tdist DDP (default options), nn's
+ *                     grad-ready hook calling tdist_ddp_grad_ready, so
+ *                     buckets are reduced while backward goes on.
+ *   --model 3M|25M|all  3M: 1024 -> 3 x Linear(1024)+ReLU -> Linear(10),
+ *                     3,159,050 parameters; 25M: 2048 -> 6 x Linear(2048)+ReLU
+ *                     -> Linear(10), 25,198,602 parameters (default all)
+ *   -n N, -w W        timed and warm-up steps (defaults: 3M 30 + 5, 25M 10 + 3)
+ *   --batch B         samples per rank (default 64)
+ *   --threads T       OpenBLAS threads per process (default 1)
+ *   --cap MiB, --first MiB, --view   reducer options (defaults: 25, 1, off);
+ *                     for experiments only, the table uses the defaults
+ *   --no-probe        skip the stand-alone all_reduce of each bucket
+ *   --trace           replace the default comm hook by an identical one
+ *                     (PREMUL_SUM 1/world all_reduce, completion time taken
+ *                     by the same kind of callback) that records when each
+ *                     bucket is launched and done: prints the last step's
+ *                     timeline and the comm busy time (union of the
+ *                     buckets' launch..done intervals) next to the blocked
+ *                     wait, i.e. how much communication really was hidden
+ *
+ * Without the env:// variables (RANK, WORLD_SIZE, ...) --mode local runs as a
+ * single process without tdist at all.
+ *
+ * Data: synthetic, seeded: every rank its own 4 batches of B samples (inputs
+ * uniform in [-1, 1), labels uniform in 0..9), cycled. Model parameters
+ * from seed 1234 on every rank (equal, as after DDP's broadcast). SGD lr
+ * 0.01 (tdist_optim). Cross-entropy over 10 classes.
+ *
+ * Timing: a step is [forward_begin, forward, loss, zero_grad, backward,
+ * backward_end, SGD step], CLOCK_MONOTONIC around all of it. Each rank keeps
+ * the time of every timed step; after the loop one all_reduce MAX over the
+ * array gives, per step, the slowest rank; the step time is the median over
+ * steps of that maximum (no collective inside the timed region besides the
+ * reducer's). Phase times (forward+loss, backward, backward_end, step) are
+ * medians over steps of the slowest rank as well.
+ *
+ * The DDP statistics (tdist_ddp_get_stats) are averaged over the timed
+ * steps (difference of the totals) on each rank and the mean over ranks is
+ * printed; overlap = 1 - wait / comm. After the loop, with --mode ddp, each
+ * bucket's size is all_reduced alone (PREMUL_SUM 1/world, as the default
+ * hook) to show what one bucket costs without computation beside it.
+ *
+ * Output (rank 0): comment lines, one machine-readable row
+ *   ROW tdist <mode> <model> <world> <median_ms> <min_ms> <max_ms> <overlap> <wait_ms> <comm_ms> <compute_ms>
+ * ("-" where a field does not apply) and RESULT lines.
+ */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "nn/nn.h"
+#include "tdist/tdist.h"
+
+#define CLASSES 10
+#define NBATCHES 4
+#define MAX_STEPS 100000
+#define LR 0.01
+
+typedef struct model_spec {
+    const char *name;
+    size_t din, hidden;
+    int layers; /* hidden Linear+ReLU layers */
+    int steps, warmup;
+} model_spec_t;
+
+static const model_spec_t MODELS[] = {
+    {"3M", 1024, 1024, 3, 30, 5},
+    {"25M", 2048, 2048, 6, 10, 3},
+};
+
+typedef struct cfg {
+    int ddp;
+    int model_mask; /* bit i: MODELS[i] */
+    int steps, warmup;
+    size_t batch;
+    int threads;
+    double cap_mib, first_mib;
+    int view;
+    int probe;
+    int trace;
+} cfg_t;
+
+/* --trace: per-bucket launch / completion times of the current step (ns,
+ * CLOCK_MONOTONIC). done[] is written by the group's engine thread. */
+#define TRACE_MAX_BUCKETS 64
+typedef struct trace {
+    uint64_t launch[TRACE_MAX_BUCKETS];
+    _Atomic uint64_t done[TRACE_MAX_BUCKETS];
+    uint64_t count[TRACE_MAX_BUCKETS];
+    size_t nb;
+} trace_t;
+
+typedef struct ready_ctx {
+    tdist_ddp_t *ddp;
+    tdist_status_t st;
+} ready_ctx_t;
+
+static int g_rank;
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void trace_done(tdist_status_t st, void *user_data)
+{
+    (void)st;
+    atomic_store((_Atomic uint64_t *)user_data, now_ns());
+}
+
+/* The default hook (tdist_ddp_allreduce_hook's all_reduce) plus timestamps. */
+static tdist_status_t trace_hook(void *state, const tdist_ddp_bucket_t *b,
+                                 tdist_ddp_hook_result_t *r)
+{
+    trace_t *t = state;
+    size_t i = b->index < TRACE_MAX_BUCKETS ? b->index : TRACE_MAX_BUCKETS - 1;
+    if (b->index + 1 > t->nb) t->nb = b->index + 1 < TRACE_MAX_BUCKETS ? b->index + 1 : TRACE_MAX_BUCKETS;
+    t->launch[i] = now_ns();
+    t->count[i] = b->count;
+    atomic_store(&t->done[i], 0);
+    tdist_coll_opts_t o;
+    tdist_coll_opts_init(&o);
+    o.premul_factor = 1.0 / (double)b->divisor;
+    o.on_complete = trace_done;
+    o.user_data = &t->done[i];
+    return tdist_all_reduce(b->pg, b->buffer, b->buffer, b->count, b->dtype, TDIST_PREMUL_SUM, &o,
+                            &r->work);
+}
+
+/* Union of the buckets' [launch, done] intervals, in ms (buckets run one at
+ * a time in index order, so the intervals are taken in that order). */
+static double trace_busy_ms(const trace_t *t)
+{
+    double busy = 0;
+    uint64_t covered = 0;
+    for (size_t b = 0; b < t->nb; b++) {
+        uint64_t l = t->launch[b], d = atomic_load(&t->done[b]);
+        if (d <= l) continue;
+        if (l < covered) l = covered;
+        if (d > l) busy += (double)(d - l) * 1e-6;
+        if (d > covered) covered = d;
+    }
+    return busy;
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static int cmp_double(const void *x, const void *y)
+{
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+/* Median of v[0..n) (sorts a copy). */
+static double median(const double *v, int n)
+{
+    if (n <= 0) return 0;
+    double *c = malloc((size_t)n * sizeof *c);
+    if (!c) return NAN;
+    memcpy(c, v, (size_t)n * sizeof *c);
+    qsort(c, (size_t)n, sizeof *c, cmp_double);
+    double m = n % 2 ? c[n / 2] : (c[n / 2 - 1] + c[n / 2]) / 2;
+    free(c);
+    return m;
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    /* splitmix64 */
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static int fail_tdist(const char *what, tdist_status_t st)
+{
+    fprintf(stderr, "bench_ddp_step: rank %d: %s failed: %s: %s\n", g_rank, what,
+            tdist_status_str(st), tdist_last_error());
+    return 1;
+}
+
+static int fail_nn(const char *what)
+{
+    fprintf(stderr, "bench_ddp_step: rank %d: %s failed: %s\n", g_rank, what, nn_last_error());
+    return 1;
+}
+
+static void on_grad_ready(void *ctx, size_t i)
+{
+    ready_ctx_t *r = ctx;
+    tdist_status_t st = tdist_ddp_grad_ready(r->ddp, i);
+    if (st != TDIST_OK && r->st == TDIST_OK) r->st = st;
+}
+
+/* Element-wise MAX over ranks of v[0..n) in place (no-op without a group). */
+static int max_over_ranks(tdist_pg_t *pg, double *v, size_t n)
+{
+    if (!pg || n == 0) return 0;
+    tdist_status_t st = tdist_all_reduce(pg, v, v, n, TDIST_F64, TDIST_MAX, NULL, NULL);
+    return st == TDIST_OK ? 0 : fail_tdist("all_reduce MAX of the step times", st);
+}
+
+static int sum_over_ranks(tdist_pg_t *pg, double *v, size_t n)
+{
+    if (!pg || n == 0) return 0;
+    tdist_status_t st = tdist_all_reduce(pg, v, v, n, TDIST_F64, TDIST_SUM, NULL, NULL);
+    return st == TDIST_OK ? 0 : fail_tdist("all_reduce SUM of the statistics", st);
+}
+
+static nn_seq_t *build_model(const model_spec_t *ms)
+{
+    nn_seq_t *m = nn_seq_create(1, 1, ms->din, 1234);
+    if (!m) return NULL;
+    for (int l = 0; l < ms->layers; l++) {
+        if (nn_linear(m, ms->hidden) != 0 || nn_relu(m) != 0) goto bad;
+    }
+    if (nn_linear(m, CLASSES) != 0) goto bad;
+    return m;
+bad:
+    nn_seq_destroy(m);
+    return NULL;
+}
+
+/* Stand-alone all_reduce of every bucket's size: median of reps, max over ranks. */
+static int probe_buckets(tdist_pg_t *pg, tdist_ddp_t *ddp, const nn_param_t *p, size_t np)
+{
+    size_t nb = tdist_ddp_num_buckets(ddp);
+    if (nb == 0 || nb > 256) return 0;
+    size_t *idx = malloc(np * sizeof *idx);
+    double *ms = calloc(nb, sizeof *ms);
+    size_t *counts = calloc(nb, sizeof *counts);
+    size_t maxc = 0;
+    int rc = 1;
+    float *buf = NULL;
+    if (!idx || !ms || !counts) goto out;
+    for (size_t b = 0; b < nb; b++) {
+        size_t k = tdist_ddp_bucket_params(ddp, b, idx, np);
+        for (size_t j = 0; j < k && j < np; j++) counts[b] += p[idx[j]].count;
+        if (counts[b] > maxc) maxc = counts[b];
+    }
+    buf = malloc(maxc * sizeof *buf);
+    if (!buf) goto out;
+    for (size_t i = 0; i < maxc; i++) buf[i] = 1e-3f * (float)(i % 97);
+    tdist_coll_opts_t o;
+    tdist_coll_opts_init(&o);
+    o.premul_factor = 1.0 / tdist_pg_size(pg);
+    enum { REPS = 7 };
+    for (size_t b = 0; b < nb; b++) {
+        double t[REPS];
+        for (int r = 0; r < REPS + 1; r++) { /* the first one is a warm-up */
+            double t0 = now_ms();
+            tdist_status_t st =
+                tdist_all_reduce(pg, buf, buf, counts[b], TDIST_F32, TDIST_PREMUL_SUM, &o, NULL);
+            if (st != TDIST_OK) {
+                fail_tdist("bucket probe all_reduce", st);
+                goto out;
+            }
+            if (r > 0) t[r - 1] = now_ms() - t0;
+        }
+        ms[b] = median(t, REPS);
+    }
+    if (max_over_ranks(pg, ms, nb) != 0) goto out;
+    if (g_rank == 0) {
+        printf("# stand-alone all_reduce of each bucket (PREMUL_SUM f32, median of %d, max over"
+               " ranks):",
+               REPS);
+        for (size_t b = 0; b < nb; b++)
+            printf(" b%zu %.2f MB %.2f ms (%.2f GB/s);", b, counts[b] * 4e-6, ms[b],
+                   ms[b] > 0 ? counts[b] * 4e-6 / ms[b] : 0.0);
+        printf("\n");
+    }
+    rc = 0;
+out:
+    free(buf);
+    free(idx);
+    free(ms);
+    free(counts);
+    return rc;
+}
+
+/* Run one model; 0 on success. */
+static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int world)
+{
+    int steps = c->steps > 0 ? c->steps : ms->steps;
+    int warmup = c->warmup >= 0 ? c->warmup : ms->warmup;
+    size_t B = c->batch;
+    int rc = 1;
+    nn_seq_t *m = build_model(ms);
+    tdist_ddp_param_t *dp = NULL;
+    tdist_optim_param_t *op = NULL;
+    tdist_ddp_t *ddp = NULL;
+    tdist_optim_t *opt = NULL;
+    float *x = NULL, *dlogits = NULL;
+    int *labels = NULL;
+    double *times = NULL; /* 5 arrays of steps: total, fwd, bwd, bwd_end, optim */
+    trace_t *tr = NULL;
+    if (!m) return fail_nn("building the model");
+    size_t np = 0;
+    nn_param_t *p = nn_params(m, &np);
+    if (!p) {
+        rc = fail_nn("nn_params");
+        goto out;
+    }
+    size_t nparams = 0;
+    for (size_t i = 0; i < np; i++) nparams += p[i].count;
+
+    size_t din = ms->din;
+    x = malloc(NBATCHES * B * din * sizeof *x);
+    labels = malloc(NBATCHES * B * sizeof *labels);
+    dlogits = malloc(B * CLASSES * sizeof *dlogits);
+    times = calloc(5 * (size_t)steps, sizeof *times);
+    dp = calloc(np, sizeof *dp);
+    op = calloc(np, sizeof *op);
+    if (!x || !labels || !dlogits || !times || !dp || !op) {
+        fprintf(stderr, "bench_ddp_step: out of memory\n");
+        goto out;
+    }
+    uint64_t seed = 0x5eed0000ull + (uint64_t)g_rank * 7919u;
+    for (size_t i = 0; i < NBATCHES * B * din; i++)
+        x[i] = (float)((double)(rng_next(&seed) >> 11) * 0x1.0p-52 - 1.0);
+    for (size_t i = 0; i < NBATCHES * B; i++) labels[i] = (int)(rng_next(&seed) % CLASSES);
+
+    for (size_t i = 0; i < np; i++) {
+        dp[i] = (tdist_ddp_param_t){p[i].data, p[i].grad, p[i].count, TDIST_F32, p[i].name};
+        op[i] = (tdist_optim_param_t){p[i].data, p[i].grad, p[i].count, p[i].name};
+    }
+    tdist_status_t st;
+    tdist_optim_sgd_opts_t so;
+    tdist_optim_sgd_opts_init(&so);
+    so.lr = LR;
+    st = tdist_optim_create_sgd(op, np, &so, &opt);
+    if (st != TDIST_OK) {
+        rc = fail_tdist("tdist_optim_create_sgd", st);
+        goto out;
+    }
+    ready_ctx_t rctx = {NULL, TDIST_OK};
+    if (c->ddp) {
+        tdist_ddp_opts_t o;
+        tdist_ddp_opts_init(&o);
+        if (c->cap_mib > 0) o.bucket_cap_bytes = (size_t)(c->cap_mib * 1048576.0);
+        if (c->first_mib > 0) o.first_bucket_bytes = (size_t)(c->first_mib * 1048576.0);
+        o.gradient_as_bucket_view = c->view != 0;
+        st = tdist_ddp_create(pg, dp, np, NULL, 0, &o, &ddp);
+        if (st != TDIST_OK) {
+            rc = fail_tdist("tdist_ddp_create", st);
+            goto out;
+        }
+        rctx.ddp = ddp;
+        nn_set_grad_ready_hook(m, on_grad_ready, &rctx);
+        if (c->trace) {
+            tr = calloc(1, sizeof *tr);
+            if (!tr) {
+                fprintf(stderr, "bench_ddp_step: out of memory\n");
+                goto out;
+            }
+            st = tdist_ddp_register_comm_hook(ddp, tr, trace_hook);
+            if (st != TDIST_OK) {
+                rc = fail_tdist("tdist_ddp_register_comm_hook", st);
+                goto out;
+            }
+        }
+    }
+
+    tdist_ddp_stats_t s0, s1;
+    memset(&s0, 0, sizeof s0);
+    memset(&s1, 0, sizeof s1);
+    float loss = 0, first_loss = 0;
+    double tr_busy = 0, tr_exposed = 0; /* --trace sums over the timed steps */
+    uint64_t tr_t1 = 0, tr_t2 = 0; /* last step: backward start, backward_end start */
+    int total = warmup + steps;
+    for (int it = 0; it < total; it++) {
+        if (ddp && it == warmup) {
+            st = tdist_ddp_get_stats(ddp, &s0);
+            if (st != TDIST_OK) {
+                rc = fail_tdist("tdist_ddp_get_stats", st);
+                goto out;
+            }
+        }
+        if (ddp && c->view) { /* the rebuild after iteration 1 may move the views */
+            for (size_t i = 0; i < np; i++) {
+                p[i].grad = tdist_ddp_grad_ptr(ddp, i);
+                st = tdist_optim_set_grad(opt, i, p[i].grad);
+                if (st != TDIST_OK) {
+                    rc = fail_tdist("tdist_optim_set_grad", st);
+                    goto out;
+                }
+            }
+        }
+        const float *xb = x + (size_t)(it % NBATCHES) * B * din;
+        const int *lb = labels + (size_t)(it % NBATCHES) * B;
+        double t0 = now_ms();
+        if (ddp && (st = tdist_ddp_forward_begin(ddp)) != TDIST_OK) {
+            rc = fail_tdist("tdist_ddp_forward_begin", st);
+            goto out;
+        }
+        float *logits = nn_forward(m, xb, B);
+        if (!logits || nn_cross_entropy(logits, lb, B, CLASSES, &loss, dlogits) != 0) {
+            rc = fail_nn("forward");
+            goto out;
+        }
+        nn_zero_grad(m);
+        double t1 = now_ms();
+        if (nn_backward(m, dlogits) != 0) {
+            rc = fail_nn("nn_backward");
+            goto out;
+        }
+        if (rctx.st != TDIST_OK) {
+            rc = fail_tdist("tdist_ddp_grad_ready", rctx.st);
+            goto out;
+        }
+        double t2 = now_ms();
+        if (ddp && (st = tdist_ddp_backward_end(ddp)) != TDIST_OK) {
+            rc = fail_tdist("tdist_ddp_backward_end", st);
+            goto out;
+        }
+        double t3 = now_ms();
+        if ((st = tdist_optim_step(opt)) != TDIST_OK) {
+            rc = fail_tdist("tdist_optim_step", st);
+            goto out;
+        }
+        double t4 = now_ms();
+        if (it == 0) first_loss = loss;
+        if (!isfinite(loss)) {
+            fprintf(stderr, "bench_ddp_step: rank %d: loss is %g at step %d\n", g_rank, (double)loss,
+                    it);
+            goto out;
+        }
+        if (it >= warmup) {
+            int k = it - warmup;
+            if (tr) {
+                /* ms -> ns on the same clock: now_ms() is CLOCK_MONOTONIC too */
+                tr_t1 = (uint64_t)(t1 * 1e6);
+                tr_t2 = (uint64_t)(t2 * 1e6);
+                uint64_t last_done = 0;
+                for (size_t b = 0; b < tr->nb; b++)
+                    if (atomic_load(&tr->done[b]) > last_done) last_done = atomic_load(&tr->done[b]);
+                tr_busy += trace_busy_ms(tr);
+                tr_exposed += last_done > tr_t2 ? (double)(last_done - tr_t2) * 1e-6 : 0.0;
+            }
+            times[k] = t4 - t0;
+            times[steps + k] = t1 - t0;
+            times[2 * steps + k] = t2 - t1;
+            times[3 * steps + k] = t3 - t2;
+            times[4 * steps + k] = t4 - t3;
+        }
+    }
+    if (ddp && (st = tdist_ddp_get_stats(ddp, &s1)) != TDIST_OK) {
+        rc = fail_tdist("tdist_ddp_get_stats", st);
+        goto out;
+    }
+    if (max_over_ranks(pg, times, 5 * (size_t)steps) != 0) goto out;
+    double med = median(times, steps), mn = times[0], mx = times[0];
+    for (int k = 1; k < steps; k++) {
+        if (times[k] < mn) mn = times[k];
+        if (times[k] > mx) mx = times[k];
+    }
+    double ph[4];
+    for (int j = 0; j < 4; j++) ph[j] = median(times + (size_t)(j + 1) * steps, steps);
+
+    /* DDP statistics per timed step, mean over ranks. */
+    double dst[6] = {0}; /* compute, comm, wait, backward_end, bytes, buckets */
+    double n_it = (double)(s1.sync_iterations - s0.sync_iterations);
+    if (ddp && n_it > 0) {
+        dst[0] = (s1.total_compute_ms - s0.total_compute_ms) / n_it;
+        dst[1] = (s1.total_comm_ms - s0.total_comm_ms) / n_it;
+        dst[2] = (s1.total_wait_ms - s0.total_wait_ms) / n_it;
+        dst[3] = s1.last_backward_end_ms;
+        dst[4] = (double)(s1.bytes_reduced - s0.bytes_reduced) / n_it;
+        dst[5] = (double)(s1.buckets_reduced - s0.buckets_reduced) / n_it;
+    }
+    if (sum_over_ranks(ddp ? pg : NULL, dst, 6) != 0) goto out;
+    if (ddp)
+        for (int j = 0; j < 6; j++) dst[j] /= world;
+    double overlap = dst[1] > 0 ? 1.0 - dst[2] / dst[1] : 0.0;
+
+    const char *mode = c->ddp ? "ddp" : "local";
+    if (g_rank == 0) {
+        printf("# model %s: %zu parameters in %zu tensors (%zu -> %d x Linear(%zu)+ReLU -> "
+               "Linear(%d)), batch %zu per rank, mode %s, world %d, %d timed steps (+%d warm-up), "
+               "OpenBLAS threads %d; loss %.4f -> %.4f\n",
+               ms->name, nparams, np, din, ms->layers, ms->hidden, CLASSES, B, mode, world, steps,
+               warmup, c->threads, (double)first_loss, (double)loss);
+        printf("# step time (max over ranks per step): median %.3f ms, min %.3f, max %.3f\n", med,
+               mn, mx);
+        printf("# phases (median over steps of the slowest rank): forward+loss+zero_grad %.3f ms,"
+               " backward %.3f ms, backward_end %.3f ms, sgd step %.3f ms\n",
+               ph[0], ph[1], ph[2], ph[3]);
+        if (ddp) {
+            size_t nb = tdist_ddp_num_buckets(ddp);
+            printf("# ddp statistics per timed step (mean over ranks): compute %.3f ms, comm %.3f ms,"
+                   " blocked wait %.3f ms, overlap %.3f, %.1f buckets, %.2f MB reduced"
+                   " (buckets now %zu, rebuilds %llu)\n",
+                   dst[0], dst[1], dst[2], overlap, dst[5], dst[4] * 1e-6, nb,
+                   (unsigned long long)s1.bucket_rebuilds);
+        }
+        fflush(stdout);
+    }
+    if (tr) {
+        double v[2] = {tr_busy / steps, tr_exposed / steps};
+        if (sum_over_ranks(pg, v, 2) != 0) goto out;
+        for (int j = 0; j < 2; j++) v[j] /= world;
+        if (g_rank == 0) {
+            printf("# trace (mean over steps and ranks): comm busy %.3f ms (union of bucket"
+                   " launch..done), of which after backward ended (exposed) %.3f ms -> hidden"
+                   " behind backward %.3f ms, true overlap %.3f\n",
+                   v[0], v[1], v[0] - v[1], v[0] > 0 ? 1.0 - v[1] / v[0] : 0.0);
+            printf("# trace of the last step (rank 0, ms from the start of backward; backward"
+                   " took %.3f ms):", (double)(tr_t2 - tr_t1) * 1e-6);
+            for (size_t b = 0; b < tr->nb; b++)
+                printf(" b%zu %.2f MB launch %.3f done %.3f;", b, tr->count[b] * 4e-6,
+                       ((double)tr->launch[b] - (double)tr_t1) * 1e-6,
+                       ((double)atomic_load(&tr->done[b]) - (double)tr_t1) * 1e-6);
+            printf("\n");
+        }
+    }
+    if (ddp && c->probe && probe_buckets(pg, ddp, p, np) != 0) goto out;
+    if (g_rank == 0) {
+        char tag[64];
+        snprintf(tag, sizeof tag, "%s%d", mode, world);
+        if (ddp)
+            printf("ROW tdist %s %s %d %.4f %.4f %.4f %.4f %.4f %.4f %.4f\n", mode, ms->name, world,
+                   med, mn, mx, overlap, dst[2], dst[1], dst[0]);
+        else
+            printf("ROW tdist %s %s %d %.4f %.4f %.4f - - - -\n", mode, ms->name, world, med, mn,
+                   mx);
+        printf("RESULT ddp_step_%s_%s_ms %.3f ms\n", ms->name, world == 1 ? mode : tag, med);
+        if (ddp) {
+            printf("RESULT ddp_step_%s_%s_overlap %.3f fraction\n", ms->name, tag, overlap);
+            printf("RESULT ddp_step_%s_%s_wait_ms %.3f ms\n", ms->name, tag, dst[2]);
+            printf("RESULT ddp_step_%s_%s_comm_ms %.3f ms\n", ms->name, tag, dst[1]);
+        }
+        fflush(stdout);
+    }
+    rc = 0;
+out:
+    if (m) nn_set_grad_ready_hook(m, NULL, NULL);
+    tdist_ddp_destroy(ddp);
+    free(tr);
+    tdist_optim_destroy(opt);
+    nn_seq_destroy(m);
+    free(x);
+    free(labels);
+    free(dlogits);
+    free(times);
+    free(dp);
+    free(op);
+    return rc;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: bench_ddp_step --mode local|ddp [--model 3M|25M|all] [-n STEPS] [-w WARMUP]\n"
+               "                      [--batch B] [--threads T] [--cap MiB] [--first MiB] [--view]\n"
+               "                      [--no-probe] [--trace]\n"
+               "run under tdistrun (ddp: 2+ ranks); see the comment at the top of bench/ddp_step.c\n");
+}
+
+static int parse_int(const char *s, int lo, int hi, int *out)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*s == '\0' || *end != '\0' || v < lo || v > hi) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    cfg_t c = {.ddp = -1, .model_mask = 3, .steps = 0, .warmup = -1, .batch = 64, .threads = 1,
+               .probe = 1};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int iv;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--view")) {
+            c.view = 1;
+        } else if (!strcmp(a, "--no-probe")) {
+            c.probe = 0;
+        } else if (!strcmp(a, "--trace")) {
+            c.trace = 1;
+        } else if (!v) {
+            fprintf(stderr, "bench_ddp_step: %s needs a value (or is unknown)\n", a);
+            usage(stderr);
+            return 2;
+        } else if (!strcmp(a, "--mode")) {
+            if (!strcmp(v, "local")) c.ddp = 0;
+            else if (!strcmp(v, "ddp")) c.ddp = 1;
+            else goto bad;
+            i++;
+        } else if (!strcmp(a, "--model")) {
+            if (!strcmp(v, "3M")) c.model_mask = 1;
+            else if (!strcmp(v, "25M")) c.model_mask = 2;
+            else if (!strcmp(v, "all")) c.model_mask = 3;
+            else goto bad;
+            i++;
+        } else if (!strcmp(a, "-n")) {
+            if (parse_int(v, 1, MAX_STEPS, &c.steps)) goto bad;
+            i++;
+        } else if (!strcmp(a, "-w")) {
+            if (parse_int(v, 0, MAX_STEPS, &c.warmup)) goto bad;
+            i++;
+        } else if (!strcmp(a, "--batch")) {
+            if (parse_int(v, 1, 1 << 16, &iv)) goto bad;
+            c.batch = (size_t)iv;
+            i++;
+        } else if (!strcmp(a, "--threads")) {
+            if (parse_int(v, 1, 1024, &c.threads)) goto bad;
+            i++;
+        } else if (!strcmp(a, "--cap") || !strcmp(a, "--first")) {
+            char *end;
+            double d = strtod(v, &end);
+            if (*end != '\0' || !(d > 0 && d <= 4096)) goto bad;
+            if (!strcmp(a, "--cap")) c.cap_mib = d;
+            else c.first_mib = d;
+            i++;
+        } else {
+            fprintf(stderr, "bench_ddp_step: unknown option %s\n", a);
+            usage(stderr);
+            return 2;
+        }
+        continue;
+    bad:
+        fprintf(stderr, "bench_ddp_step: bad value '%s' for %s\n", v, a);
+        usage(stderr);
+        return 2;
+    }
+    if (c.ddp < 0) {
+        fprintf(stderr, "bench_ddp_step: --mode local|ddp is required\n");
+        usage(stderr);
+        return 2;
+    }
+    nn_set_num_threads(c.threads);
+
+    tdist_world_t *world = NULL;
+    tdist_pg_t *pg = NULL;
+    int nworld = 1;
+    if (c.ddp || getenv("WORLD_SIZE")) {
+        tdist_status_t st = tdist_init("env://", NULL, &world);
+        if (st != TDIST_OK) return fail_tdist("tdist_init(env://) (run under tdistrun)", st);
+        g_rank = tdist_world_rank(world);
+        nworld = tdist_world_size(world);
+        st = tdist_pg_create_world(world, NULL, &pg);
+        if (st != TDIST_OK) {
+            fail_tdist("tdist_pg_create_world", st);
+            tdist_world_destroy(world);
+            return 1;
+        }
+    }
+    int rc = 0;
+    for (size_t k = 0; k < sizeof MODELS / sizeof MODELS[0] && rc == 0; k++)
+        if (c.model_mask & (1 << k)) rc = run_model(&c, &MODELS[k], pg, nworld);
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(world);
+    return rc;
+}
