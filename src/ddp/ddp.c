@@ -76,6 +76,8 @@ static void free_ddp(tdist_ddp_t *d)
     free(d->used_since_sync);
     free(d->used_map);
     free(d->order);
+    free(d->direct_bufs);
+    free(d->direct_counts);
     free(d->static_local);
     free(d);
 }
@@ -314,9 +316,11 @@ tdist_status_t tdist_ddp_create(tdist_pg_t *pg, const tdist_ddp_param_t *params,
     d->used_map = calloc(n1, 1);
     d->static_local = calloc(n1, 1);
     d->order = calloc(n1, sizeof *d->order);
+    d->direct_bufs = calloc(n1, sizeof *d->direct_bufs);
+    d->direct_counts = calloc(n1, sizeof *d->direct_counts);
     tdist_status_t st = TDIST_OK;
     if (!d->params || !d->buffers || !d->ready || !d->used_since_sync || !d->used_map ||
-        !d->order || !d->static_local) {
+        !d->order || !d->static_local || !d->direct_bufs || !d->direct_counts) {
         st = tdist__ddp_error(NULL, TDIST_ERR_NO_MEMORY, op, "out of memory");
         goto fail;
     }

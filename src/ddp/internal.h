@@ -85,6 +85,9 @@ struct tdist_ddp {
 
     tdist_ddp_comm_hook_fn hook; /* NULL: the default (timed) hook */
     void *hook_state;
+    /* launch scratch of the direct path: np gradient pointers and counts */
+    void **direct_bufs;
+    size_t *direct_counts;
 
     /* iteration state */
     uint64_t iteration;     /* current / last begun iteration, 1-based */
@@ -116,6 +119,15 @@ struct tdist_ddp {
 
     tdist_ddp_stats_t stats;
 };
+
+/* The direct path: the default hook, gradients not in bucket views and no
+ * unused-parameter agreement. Buckets are then all-reduced in place over
+ * the caller's gradient buffers (one coalesced all_reduce per bucket):
+ * no copy into the bucket in grad_ready, none back in backward_end. */
+static inline bool tdist__ddp_direct(const struct tdist_ddp *d)
+{
+    return !d->hook && !d->opts.gradient_as_bucket_view && !d->opts.find_unused_parameters;
+}
 
 /* Set a ddp error: "tdist_ddp_<op>: rank R group G iteration K: msg". */
 tdist_status_t tdist__ddp_error(const tdist_ddp_t *ddp, tdist_status_t st, const char *op,

@@ -75,6 +75,22 @@ static tdist_status_t launch(tdist_ddp_t *d, size_t bi, unsigned char *base, boo
     tdist_status_t st;
     if (d->hook) {
         st = d->hook(d->hook_state, desc, &b->res);
+    } else if (tdist__ddp_direct(d)) {
+        /* in place over the caller's gradients: no bucket copies (a
+         * shadow iteration issues the same call over zeros) */
+        size_t es = tdist_dtype_size(b->dtype);
+        for (size_t k = 0; k < b->nparams; k++) {
+            d->direct_bufs[k] = shadow ? (void *)(base + b->arena_off + b->offsets[k] * es)
+                                       : d->params[b->params[k]].grad;
+            d->direct_counts[k] = b->counts[k];
+        }
+        tdist_coll_opts_t co;
+        tdist_coll_opts_init(&co);
+        co.premul_factor = 1.0 / (double)d->divisor;
+        co.on_complete = on_bucket_done;
+        co.user_data = b;
+        st = tdist_all_reduce_coalesced(d->pg, d->direct_bufs, d->direct_counts, b->nparams,
+                                        b->dtype, TDIST_PREMUL_SUM, &co, &b->res.work);
     } else {
         tdist_coll_opts_t co;
         tdist_coll_opts_init(&co);
@@ -220,7 +236,8 @@ tdist_status_t tdist_ddp_grad_ready(tdist_ddp_t *ddp, size_t index)
     ddp->order[ddp->norder++] = (int32_t)index;
     ddp->t_last_ready_ns = tdist__now_ns();
     if (ddp->iter_no_sync) return TDIST_OK;
-    if (!ddp->opts.gradient_as_bucket_view) memcpy(tdist__ddp_slot(ddp, index), p->grad, p->bytes);
+    if (!ddp->opts.gradient_as_bucket_view && !tdist__ddp_direct(ddp))
+        memcpy(tdist__ddp_slot(ddp, index), p->grad, p->bytes);
     ddp_bucket_t *b = &ddp->buckets[p->bucket];
     if (--b->pending == 0) return launch_ready(ddp);
     return TDIST_OK;
@@ -312,6 +329,7 @@ tdist_status_t tdist_ddp_backward_end(tdist_ddp_t *ddp)
     size_t n = d->np;
     bool view = d->opts.gradient_as_bucket_view;
     bool find_unused = d->opts.find_unused_parameters;
+    bool direct = tdist__ddp_direct(d);
 
     /* parameters without grad_ready in this iteration */
     char missing[600] = "";
@@ -329,7 +347,7 @@ tdist_status_t tdist_ddp_backward_end(tdist_ddp_t *ddp)
         void *slot = tdist__ddp_slot(d, i);
         if (d->used_since_sync[i]) {
             /* accumulated during no_sync iterations: final as it stands */
-            if (!view) memcpy(slot, p->grad, p->bytes);
+            if (!view && !direct) memcpy(slot, p->grad, p->bytes);
         } else {
             if (find_unused) {
                 nunused++;
@@ -341,7 +359,9 @@ tdist_status_t tdist_ddp_backward_end(tdist_ddp_t *ddp)
                 nmissing++;
                 append_name(missing, sizeof missing, &mlen, &listed, i, p->name);
             }
-            memset(slot, 0, p->bytes); /* a zero contribution */
+            /* a zero contribution (direct: in the caller's gradient, which
+             * this rank reports as an error anyway) */
+            memset(direct ? p->grad : slot, 0, p->bytes);
         }
         d->buckets[p->bucket].pending--;
     }
@@ -416,7 +436,9 @@ tdist_status_t tdist_ddp_backward_end(tdist_ddp_t *ddp)
             ddp_param_t *p = &d->params[i];
             bool local_unused = !d->ready[i] && !d->used_since_sync[i];
             bool global_used = !find_unused || d->used_map[i];
-            if (!view) {
+            if (direct) {
+                /* reduced in place */
+            } else if (!view) {
                 if (global_used) memcpy(p->grad, tdist__ddp_slot(d, i), p->bytes);
             } else if (local_unused && find_unused) {
                 if (!global_used && stash) memcpy(tdist__ddp_slot(d, i), stash + so, p->bytes);
