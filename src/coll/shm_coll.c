@@ -36,6 +36,7 @@
  * write line parity p again (two exchanges later) after every rank has
  * published the exchange in between, i.e. finished reading this one.
  */
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,7 +47,10 @@
 #define CTL_BYTES 256
 #define LINE_BYTES 512
 #define STAGE_OFF 4096
-#define CHUNK (256u * 1024u) /* bytes of one staging slot */
+#ifndef TDIST_SHMC_CHUNK
+#define TDIST_SHMC_CHUNK (256u * 1024u)
+#endif
+#define CHUNK TDIST_SHMC_CHUNK /* bytes of one staging slot */
 
 typedef struct ctl {
     _Alignas(64) atomic_uint_least64_t in;
@@ -285,6 +289,48 @@ typedef struct red_job {
     uint64_t g0;
 } red_job_t;
 
+/* PREMUL_SUM on f32/f64 scales while it sums: x * f is computed exactly as
+ * tdist_scale does ((float)((double)x * f) for f32), then added in rank
+ * order as tdist_reduce's SUM does, so the bits equal scale-then-sum
+ * without a staging copy of the own slice or a separate scaling pass. */
+static bool premul_fused(const red_job_t *j)
+{
+    return j->op == TDIST_PREMUL_SUM && (j->dtype == TDIST_F32 || j->dtype == TDIST_F64) &&
+           (uintptr_t)j->sb % j->es == 0; /* the own slice is read in place */
+}
+
+static void premul_add(void *dst, const void *a, const void *b, size_t n, tdist_dtype_t dt,
+                       double f, bool first)
+{
+    int ex;
+    if (dt == TDIST_F32 && frexp(f, &ex) == 0.5 && ex > -100 && ex < 100) {
+        /* a power of two (1/world size for 2, 4, 8 ranks): x * f is exact
+         * before the one rounding either way, so float arithmetic gives
+         * the same bits and vectorises without conversions */
+        float *restrict d = dst;
+        const float *x = a, *y = b;
+        float ff = (float)f;
+        if (first)
+            for (size_t i = 0; i < n; i++) d[i] = x[i] * ff + y[i] * ff;
+        else
+            for (size_t i = 0; i < n; i++) d[i] = d[i] + y[i] * ff;
+    } else if (dt == TDIST_F32) {
+        float *restrict d = dst;
+        const float *x = a, *y = b;
+        if (first)
+            for (size_t i = 0; i < n; i++) d[i] = (float)((double)x[i] * f) + (float)((double)y[i] * f);
+        else
+            for (size_t i = 0; i < n; i++) d[i] = d[i] + (float)((double)y[i] * f);
+    } else {
+        double *restrict d = dst;
+        const double *x = a, *y = b;
+        if (first)
+            for (size_t i = 0; i < n; i++) d[i] = x[i] * f + y[i] * f;
+        else
+            for (size_t i = 0; i < n; i++) d[i] = d[i] + y[i] * f;
+    }
+}
+
 static tdist_status_t stage_chunk(const tdist__coll_ctx_t *c, const red_job_t *j, size_t k)
 {
     tdist__shmc_t *s = c->shm;
@@ -293,7 +339,7 @@ static tdist_status_t stage_chunk(const tdist__coll_ctx_t *c, const red_job_t *j
     size_t off = k * j->cap, e = TDIST_MIN(j->cap, j->count - off);
     uint8_t *slot = slot_of(s, s->rank, g);
     const uint8_t *src = j->sb + off * j->es;
-    bool pm = j->op == TDIST_PREMUL_SUM;
+    bool pm = j->op == TDIST_PREMUL_SUM && !premul_fused(j);
     for (int q = 0; q < s->size; q++) {
         if (q == s->rank && !pm) continue;
         size_t lo, hi;
@@ -313,7 +359,17 @@ static tdist_status_t reduce_chunk(const tdist__coll_ctx_t *c, const red_job_t *
     size_t lo, hi;
     slice_of(e, s->size, s->rank, j->es, &lo, &hi);
     TDIST_CHECK(wait_for(c, W_IN, g + 1, -1));
-    if (hi > lo) {
+    if (hi > lo && premul_fused(j)) {
+        size_t b = lo * j->es, m = hi - lo;
+        uint8_t *dst = slot_of(s, s->rank, g) + b;
+        const uint8_t *own = j->sb + off * j->es + b;
+        const uint8_t *a = s->rank == 0 ? own : slot_of(s, 0, g) + b;
+        const uint8_t *bb = s->rank == 1 ? own : slot_of(s, 1, g) + b;
+        premul_add(dst, a, bb, m, j->dtype, j->premul, true);
+        for (int q = 2; q < s->size; q++)
+            premul_add(dst, NULL, q == s->rank ? own : slot_of(s, q, g) + b, m, j->dtype,
+                       j->premul, false);
+    } else if (hi > lo) {
         bool pm = j->op == TDIST_PREMUL_SUM;
         size_t b = lo * j->es, m = hi - lo;
         uint8_t *dst = slot_of(s, s->rank, g) + b;
