@@ -452,6 +452,13 @@ static bool shm_tiny(const tdist_pg_t *pg, const struct tdist_work *w)
            w->count * tdist_dtype_size(w->dtype) <= SHM_TINY_MAX;
 }
 
+/* A tiny broadcast rides in the root's line the same way. */
+static bool shm_tiny_bcast(const struct tdist_work *w)
+{
+    return w->op == TDIST__OP_BROADCAST && w->count > 0 &&
+           w->count * tdist_dtype_size(w->dtype) <= SHM_TINY_MAX;
+}
+
 static uint64_t fp_hash(const tdist__fp_t *fp)
 {
     _Static_assert(sizeof(tdist__fp_t) % 8 == 0, "fingerprint of whole words");
@@ -483,6 +490,12 @@ static tdist_status_t run_shm(tdist_pg_t *pg, struct tdist_work *w, int64_t dead
             TDIST_CHECK(tdist_scale(blob + hs, w->count, w->dtype, w->premul));
         len += bytes;
     }
+    bool tiny_bcast = shm_tiny_bcast(w);
+    if (tiny_bcast && pg->rank == w->root) {
+        size_t bytes = w->count * tdist_dtype_size(w->dtype);
+        memcpy(blob + hs, w->recvbuf, bytes);
+        len += bytes;
+    }
     const uint8_t **b = pg->shm_blobs;
     if (w->op == TDIST__OP_MONITORED_BARRIER) {
         /* Only rank 0 collects (over the transport, to name who is
@@ -511,6 +524,11 @@ static tdist_status_t run_shm(tdist_pg_t *pg, struct tdist_work *w, int64_t dead
         if (w->op == TDIST__OP_ALL_TO_ALLV) TDIST_CHECK(tdist__fp_exchange(pg, w, deadline_ms));
     }
     if (w->op == TDIST__OP_BARRIER) return TDIST_OK;
+    if (tiny_bcast) {
+        if (pg->rank != w->root)
+            memcpy(w->recvbuf, b[w->root] + hs, w->count * tdist_dtype_size(w->dtype));
+        return TDIST_OK;
+    }
     if (!tiny) return run_coll(pg, w, deadline_ms);
     void *out = w->recvbuf;
     TDIST_CHECK(tdist_reduce(out, b[0] + hs, b[1] + hs, w->count, w->dtype, w->redop));

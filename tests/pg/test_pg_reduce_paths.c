@@ -1,7 +1,7 @@
 /* tests/pg/test_pg_reduce_paths.c — all_reduce, reduce and broadcast
  * through the public API at the counts where the paths change: on shared
  * memory the tiny path (data inside the fingerprint line, up to
- * TDIST__SHMC_BLOB_MAX - sizeof fingerprint = 416 bytes) against the
+ * TDIST__SHMC_BLOB_MAX - the 8-byte fingerprint hash = 392 bytes) against the
  * staged one just above it, and the staging chunk boundary (256 KiB); on
  * TCP (the __tcp twins) the fused small all_reduce (1 KiB) against the
  * algorithms. Every dtype x valid reduce op, in place and out of place,
@@ -100,15 +100,15 @@ static void expect_eq(const void *got, const void *want, size_t count, tdist_dty
                  tdist_redop_name(op), count, inplace ? " in place" : "", i);
 }
 
-/* Element counts for a dtype of es bytes: around the tiny line (416 B),
+/* Element counts for a dtype of es bytes: around the tiny line (392 B),
  * the fused TCP path (1 KiB) and the staging chunk (256 KiB). */
 static size_t counts_for(size_t es, size_t *out)
 {
     size_t n = 0;
     out[n++] = 1;
     out[n++] = 3;
-    out[n++] = 416 / es;
-    out[n++] = 416 / es + 1;
+    out[n++] = 392 / es;
+    out[n++] = 392 / es + 1;
     out[n++] = 1024 / es + 1;
     out[n++] = (256u << 10) / es + 5;
     return n;
