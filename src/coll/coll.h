@@ -35,6 +35,7 @@ typedef struct tdist__shmc tdist__shmc_t;
 typedef struct tdist__coll_ctx {
     tdist__tp_t *tp;     /* mesh over the group's ranks */
     tdist__shmc_t *shm;  /* shared-memory collectives (shm_coll.c), or NULL */
+    bool spin;           /* shm waits may spin: the caller's thread runs it (inline) */
     int rank, size;      /* this rank and the group size */
     int64_t deadline_ms; /* absolute (tdist__now_ms clock); INT64_MAX: none */
 } tdist__coll_ctx_t;

@@ -188,7 +188,7 @@ static tdist_status_t wait_for(const tdist__coll_ctx_t *c, what_t what, uint64_t
 {
     const tdist__shmc_t *s = c->shm;
     waitfor_t w = {s, what, v, only};
-    tdist_status_t st = tdist__tp_wait_until(s->tp, reached, &w, c->deadline_ms);
+    tdist_status_t st = tdist__tp_wait_until(s->tp, reached, &w, c->deadline_ms, c->spin);
     if (st != TDIST_ERR_TIMEOUT) return st;
     char list[256] = "";
     size_t used = 0;

@@ -964,7 +964,7 @@ static tdist_status_t check_lost(shm_tp_t *tp)
 }
 
 tdist_status_t tdist__shm_wait_until(tdist__tp_t *t, bool (*cond)(void *arg), void *arg,
-                                     int64_t deadline_ms)
+                                     int64_t deadline_ms, bool spin)
 {
     shm_tp_t *tp = TP(t);
     if (tp->err != TDIST_OK) return sticky(tp);
@@ -973,7 +973,7 @@ tdist_status_t tdist__shm_wait_until(tdist__tp_t *t, bool (*cond)(void *arg), vo
      * (sched_yield would return at once anyway, adding a syscall to the
      * latency). More ranks than CPUs: yield at once, the peer we wait for
      * may need this CPU. */
-    if (!tp->oversubscribed) {
+    if (spin && !tp->oversubscribed) {
         uint64_t spin_end = tdist__now_ns() + COLL_SPIN_NS;
         for (;;) {
             for (int i = 0; i < SPIN_ROUNDS; i++) {

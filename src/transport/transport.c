@@ -119,12 +119,12 @@ void *tdist__tp_shm_area(tdist__tp_t *tp, int r, size_t *bytes)
 }
 
 tdist_status_t tdist__tp_wait_until(tdist__tp_t *tp, bool (*cond)(void *arg), void *arg,
-                                    int64_t deadline_ms)
+                                    int64_t deadline_ms, bool spin)
 {
     if (!is_shm(tp) || !cond)
         return tdist__error(TDIST_ERR_NOT_SUPPORTED, "tdist__tp_wait_until: needs a shared-memory "
                             "transport and a condition");
-    return tdist__shm_wait_until(tp, cond, arg, deadline_ms);
+    return tdist__shm_wait_until(tp, cond, arg, deadline_ms, spin);
 }
 
 void tdist__tp_notify(tdist__tp_t *tp)

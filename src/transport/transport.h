@@ -164,8 +164,10 @@ tdist_status_t tdist__tp_sendrecv(tdist__tp_t *tp, int to, const void *sbuf, siz
  * (may be NULL) gets its size. Cheap; no locking. */
 void *tdist__tp_shm_area(tdist__tp_t *tp, int r, size_t *bytes);
 
-/* Wait until cond(arg) is true: spin ~64 pauses, then sched_yield for up
- * to ~1 ms, then sleep on this rank's doorbell a few ms at a time (a
+/* Wait until cond(arg) is true: with spin (and a CPU per rank), spin up
+ * to ~20 us — the caller's own thread, waiting on a blocking call; without
+ * it (a background thread, whose CPU the caller's computation needs) go
+ * straight on — then sched_yield for up to ~1 ms, then sleep on this rank's doorbell a few ms at a time (a
  * tdist__tp_notify from any peer wakes it), checking peers' liveness every
  * ~2 ms and the abort flag always. Returns TDIST_OK once cond holds;
  * TDIST_ERR_TIMEOUT at deadline_ms (no message: the caller knows what it
@@ -173,7 +175,7 @@ void *tdist__tp_shm_area(tdist__tp_t *tp, int r, size_t *bytes);
  * its transport fails the transport (sticky TDIST_ERR_CONNECTION naming
  * it); abort gives TDIST_ERR_ABORTED. TDIST_ERR_NOT_SUPPORTED for TCP. */
 tdist_status_t tdist__tp_wait_until(tdist__tp_t *tp, bool (*cond)(void *arg), void *arg,
-                                    int64_t deadline_ms);
+                                    int64_t deadline_ms, bool spin);
 
 /* After writing to this rank's collective area: wake every peer that
  * sleeps in tdist__tp_wait_until (no syscall when none sleeps). */
