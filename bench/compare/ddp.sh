@@ -60,6 +60,8 @@ EOF
 }
 
 die() { echo "ddp.sh: $*" >&2; exit 1; }
+# shellcheck source=bench/compare/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 bad() { echo "ddp.sh: $*" >&2; usage >&2; exit 2; }
 is_uint() { [[ "$1" =~ ^[0-9]+$ ]]; }
 
@@ -105,25 +107,7 @@ for p in $PEERS; do [[ "$p" == tdist || "$p" == torch ]] || bad "bad peer '$p'";
 has_peer() { [[ " $PEERS " == *" $1 "* ]]; }
 
 # ------------------------------------------------------------ packages
-if [ "$INSTALL" = 1 ]; then
-    missing=()
-    for p in "${PACKAGES[@]}"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
-            missing+=("$p")
-    done
-    if [ ${#missing[@]} -gt 0 ]; then
-        [ "$(id -u)" = 0 ] || die "missing packages ${missing[*]}; as root: apt-get install -y --no-install-recommends ${missing[*]}"
-        echo "# installing ${missing[*]}" >&2
-        apt_install() {
-            timeout -k 30 1800 apt-get -o DPkg::Lock::Timeout=600 install -y \
-                --no-install-recommends "${missing[@]}" >&2
-        }
-        if ! apt_install; then
-            timeout -k 30 900 apt-get -o DPkg::Lock::Timeout=600 update >&2 || true
-            apt_install || die "apt-get install ${missing[*]} failed"
-        fi
-    fi
-fi
+[ "$INSTALL" = 1 ] && install_missing "${PACKAGES[@]}"
 
 # ------------------------------------------------------------ build
 TDISTRUN="$BUILD/tools/tdistrun/tdistrun"
@@ -131,19 +115,7 @@ DDP_STEP="$BUILD/bench/bench_ddp_step"
 if has_peer tdist && [ "$BUILD_TDIST" = 1 ]; then
     mkdir -p "$REPO/build"
     LOG="$REPO/build/.bench-ddp-cmake.log"
-    ok=0
-    for ((try = 1; try <= BUILD_TRIES; try++)); do
-        if timeout -k 10 600 cmake -S "$REPO" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-            -DTDIST_BUILD_TESTS=OFF >"$LOG" 2>&1 &&
-            timeout -k 10 1200 ninja -C "$BUILD" bench_ddp_step tdistrun >>"$LOG" 2>&1; then
-            ok=1
-            break
-        fi
-        echo "# tdist build failed (try $try of $BUILD_TRIES; the tree may be mid-edit), see" \
-            "$LOG; retrying in 60 s" >&2
-        [ "$try" -lt "$BUILD_TRIES" ] && sleep 60
-    done
-    [ "$ok" = 1 ] || die "tdist build failed $BUILD_TRIES times"
+    build_tdist "$REPO" "$BUILD" "$LOG" "$BUILD_TRIES" bench_ddp_step tdistrun
 fi
 if has_peer tdist && { [ ! -x "$TDISTRUN" ] || [ ! -x "$DDP_STEP" ]; }; then
     die "no $TDISTRUN or $DDP_STEP (drop -s)"

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "coll/coll.h"
+#include "gen.h"
 #include "mesh.h"
 
 #define TAG 0x636f6c6c74657374ull
@@ -56,78 +57,7 @@ static void mesh_close(coll_rank_t *t)
     tp_close(&t->m);
 }
 
-/* ------------------------------------------------------------ inputs */
-
-static uint64_t mix(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    x ^= x >> 33;
-    return x;
-}
-
-static void put(void *buf, size_t i, tdist_dtype_t dt, double v)
-{
-    uint8_t *b = buf;
-    switch (dt) {
-    case TDIST_F32: { float f = (float)v; memcpy(b + i * 4, &f, 4); break; }
-    case TDIST_F64: memcpy(b + i * 8, &v, 8); break;
-    case TDIST_F16: { uint16_t h = tdist_f32_to_f16((float)v); memcpy(b + i * 2, &h, 2); break; }
-    case TDIST_BF16: { uint16_t h = tdist_f32_to_bf16((float)v); memcpy(b + i * 2, &h, 2); break; }
-    case TDIST_I8: { int8_t x = (int8_t)(int64_t)v; b[i] = (uint8_t)x; break; }
-    case TDIST_U8: b[i] = (uint8_t)(int64_t)v; break;
-    case TDIST_I32: { int32_t x = (int32_t)(int64_t)v; memcpy(b + i * 4, &x, 4); break; }
-    case TDIST_I64: { int64_t x = (int64_t)v; memcpy(b + i * 8, &x, 8); break; }
-    default: FAIL("dtype %d", (int)dt);
-    }
-}
-
-/* Rank `rank`'s input for a case: small integers (exact in every dtype and
- * in any summation order); PROD draws from {1, -1, 2, -2}; bitwise ops use
- * full-width patterns. */
-static void gen(void *buf, size_t count, tdist_dtype_t dt, tdist_redop_t op, int rank,
-                uint64_t seed)
-{
-    static const double prodv[8] = {1, -1, 2, 1, -2, 1, 1, -1};
-    bool is_unsigned = dt == TDIST_U8;
-    for (size_t i = 0; i < count; i++) {
-        uint64_t h = mix(seed * 1000003u + (uint64_t)rank * 7919u + i);
-        double v;
-        if (op == TDIST_PROD) {
-            v = prodv[h % 8];
-            if (is_unsigned && v < 0) v = -v;
-        } else if (op == TDIST_BAND || op == TDIST_BOR || op == TDIST_BXOR) {
-            int64_t x = (int64_t)(h & 0x7fffffff);
-            if (op == TDIST_BAND) x |= (int64_t)((h >> 40) & 0x7fff0f0f); /* keep bits set */
-            v = (double)(dt == TDIST_U8 ? (x & 0xff) : dt == TDIST_I8 ? (int8_t)(x & 0xff) : x);
-        } else if (!tdist_dtype_is_float(dt)) {
-            v = is_unsigned ? (double)(h % 201) : (double)((int64_t)(h % 201) - 100);
-        } else {
-            v = (double)((int64_t)(h % 17) - 8);
-        }
-        put(buf, i, dt, v);
-    }
-}
-
 #define PREMUL 0.5
-
-/* The reduction over ranks [0, n) of their inputs, in rank order. */
-static void reference(void *out, size_t count, tdist_dtype_t dt, tdist_redop_t op, int n,
-                      uint64_t seed)
-{
-    size_t bytes = count * tdist_dtype_size(dt);
-    uint8_t *tmp = malloc(bytes ? bytes : 1);
-    ASSERT_TRUE(tmp != NULL);
-    for (int r = 0; r < n; r++) {
-        gen(r == 0 ? out : tmp, count, dt, op, r, seed);
-        if (op == TDIST_PREMUL_SUM && count) ASSERT_OK(tdist_scale(r == 0 ? out : tmp, count, dt, PREMUL));
-        if (r > 0 && count) ASSERT_OK(tdist_reduce(out, out, tmp, count, dt, op));
-    }
-    if (op == TDIST_AVG && count) ASSERT_OK(tdist_divide(out, count, dt, n));
-    free(tmp);
-}
 
 static void expect_eq(const void *got, const void *want, size_t count, tdist_dtype_t dt,
                       const char *what, int n, tdist_redop_t op, size_t mode)
@@ -140,15 +70,6 @@ static void expect_eq(const void *got, const void *want, size_t count, tdist_dty
                  tdist_dtype_name(dt), tdist_redop_name(op), count, mode, i);
 }
 
-static bool op_valid(tdist_redop_t op, tdist_dtype_t dt)
-{
-    if (op == TDIST_PREMUL_SUM) return tdist_dtype_is_float(dt);
-    if (tdist_redop_check(op, dt) != TDIST_OK) {
-        tdist_clear_error();
-        return false;
-    }
-    return true;
-}
 
 /* A buffer of `bytes` with an offset: mode 2 is unaligned by one byte. */
 typedef struct mbuf {
@@ -179,8 +100,8 @@ static void run_reductions(coll_rank_t *t, tdist_dtype_t dt, tdist_redop_t op, s
     size_t es = tdist_dtype_size(dt), bytes = count * es;
     uint8_t *want = malloc(bytes ? bytes : 1), *mine = malloc(bytes ? bytes : 1);
     ASSERT_TRUE(want && mine);
-    reference(want, count, dt, op, n, seed);
-    gen(mine, count, dt, op, r, seed);
+    tgen_reference(want, count, dt, op, n, seed, PREMUL);
+    tgen_fill(mine, count, dt, op, r, seed);
 
     /* all_reduce */
     static const tdist__ar_algo_t algos[] = {TDIST__AR_AUTO, TDIST__AR_RING, TDIST__AR_RD,
@@ -218,8 +139,8 @@ static void run_reductions(coll_rank_t *t, tdist_dtype_t dt, tdist_redop_t op, s
         size_t tot = bytes * (size_t)n;
         uint8_t *allwant = malloc(tot ? tot : 1), *allmine = malloc(tot ? tot : 1);
         ASSERT_TRUE(allwant && allmine);
-        reference(allwant, count * (size_t)n, dt, op, n, seed + 1);
-        gen(allmine, count * (size_t)n, dt, op, r, seed + 1);
+        tgen_reference(allwant, count * (size_t)n, dt, op, n, seed + 1, PREMUL);
+        tgen_fill(allmine, count * (size_t)n, dt, op, r, seed + 1);
         mbuf_t s = mb_alloc(tot, mode), d = mb_alloc(bytes, mode);
         memcpy(s.p, allmine, tot);
         void *out = mode == 1 ? s.p : d.p;
@@ -247,7 +168,7 @@ static void run_data_movement(coll_rank_t *t, tdist_dtype_t dt, size_t count, ui
     {
         mbuf_t b = mb_alloc(bytes, mode);
         uint8_t *want = malloc(bytes ? bytes : 1);
-        gen(want, count, dt, TDIST_SUM, root, seed);
+        tgen_fill(want, count, dt, TDIST_SUM, root, seed);
         if (r == root) memcpy(b.p, want, bytes);
         ASSERT_OK(tdist__coll_broadcast(c, b.p, count, dt, root));
         expect_eq(b.p, want, count, dt, "broadcast", n, TDIST_SUM, mode);
@@ -264,7 +185,7 @@ static void run_data_movement(coll_rank_t *t, tdist_dtype_t dt, size_t count, ui
             tot += cnt[p];
         }
         uint8_t *want = malloc(tot * es + 1);
-        for (int p = 0; p < n; p++) gen(want + off[p] * es, cnt[p], dt, TDIST_SUM, p, seed + 2);
+        for (int p = 0; p < n; p++) tgen_fill(want + off[p] * es, cnt[p], dt, TDIST_SUM, p, seed + 2);
         mbuf_t d = mb_alloc(tot * es, mode), s = mb_alloc(cnt[r] * es, mode);
         void *src;
         if (mode == 1) {
@@ -285,7 +206,7 @@ static void run_data_movement(coll_rank_t *t, tdist_dtype_t dt, size_t count, ui
     {
         size_t tot = bytes * (size_t)n;
         uint8_t *want = malloc(tot ? tot : 1);
-        for (int p = 0; p < n; p++) gen(want + (size_t)p * bytes, count, dt, TDIST_SUM, p, seed + 3);
+        for (int p = 0; p < n; p++) tgen_fill(want + (size_t)p * bytes, count, dt, TDIST_SUM, p, seed + 3);
         mbuf_t s = mb_alloc(bytes, mode), d = mb_alloc(tot, mode);
         void *src = s.p;
         if (mode == 1 && r == root) src = d.p + (size_t)r * bytes;
@@ -318,15 +239,15 @@ static void run_data_movement(coll_rank_t *t, tdist_dtype_t dt, size_t count, ui
         }
         mbuf_t s = mb_alloc(so * es, mode), d = mb_alloc(ro * es, mode);
         uint8_t *want = malloc(ro * es + 1);
-        /* block to rank p is gen(rank = r * MAXR + p) */
+        /* block to rank p is tgen_fill(rank = r * MAXR + p) */
         size_t o = 0;
         for (int p = 0; p < n; p++) {
-            gen(s.p + o * es, sc[p], dt, TDIST_SUM, r * MAXR + p, seed + 4);
+            tgen_fill(s.p + o * es, sc[p], dt, TDIST_SUM, r * MAXR + p, seed + 4);
             o += sc[p];
         }
         o = 0;
         for (int p = 0; p < n; p++) {
-            gen(want + o * es, rc[p], dt, TDIST_SUM, p * MAXR + r, seed + 4);
+            tgen_fill(want + o * es, rc[p], dt, TDIST_SUM, p * MAXR + r, seed + 4);
             o += rc[p];
         }
         ASSERT_OK(tdist__coll_all_to_allv(c, s.p, sc, d.p, rc, dt));
@@ -353,7 +274,7 @@ static void matrix_body(int rank, int n, void *arg)
         size_t count = counts_all[ci];
         for (int dt = 0; dt < TDIST_DTYPE_COUNT; dt++) {
             for (int op = 0; op < TDIST_REDOP_COUNT; op++) {
-                if (!op_valid((tdist_redop_t)op, (tdist_dtype_t)dt)) continue;
+                if (!tgen_op_valid((tdist_redop_t)op, (tdist_dtype_t)dt)) continue;
                 /* the largest count: every algorithm for the ops that
                  * matter most, auto for the rest (runtime) */
                 bool all_algos = count < 65537 || op == TDIST_SUM || op == TDIST_AVG;
@@ -426,11 +347,11 @@ static void identical_body(int rank, int n, void *arg)
                 size_t count = counts[ci], es = tdist_dtype_size(dts[di]);
                 uint8_t *in = malloc(count * es), *out[4];
                 for (size_t i = 0; i < count; i++) {
-                    uint64_t h = mix((uint64_t)rank * 1000003u + i * 31u + ci);
+                    uint64_t h = tgen_mix((uint64_t)rank * 1000003u + i * 31u + ci);
                     double v = (double)(h % 100000) / 977.0 * ((h >> 20) % 2 ? 1 : -1);
                     if (oi == 5) v = 1.0 + (double)(h % 1000) / 3001.0; /* PROD: near 1 */
                     if (h % 13 == 0) v = (h >> 30) % 2 ? 0.0 : -0.0;
-                    put(in, i, dts[di], v);
+                    tgen_put(in, i, dts[di], v);
                 }
                 char key[64], val[64];
                 for (size_t a = 0; a < 4; a++) {

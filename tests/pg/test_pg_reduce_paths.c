@@ -6,88 +6,17 @@
  * TCP (the __tcp twins) the fused small all_reduce (1 KiB) against the
  * algorithms. Every dtype x valid reduce op, in place and out of place,
  * world sizes 2, 3 and 5, against a reference each rank computes from
- * every rank's seeded input. Inputs are small integers (PROD: +-1, +-2),
- * so every summation order is exact. */
+ * every rank's seeded input (tests/harness/gen.h: small integers, exact in
+ * any summation order). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "gen.h"
 #include "harness.h"
 #include "tdist/pg.h"
 
-static uint64_t mix(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    x ^= x >> 33;
-    return x;
-}
-
-static void put(void *buf, size_t i, tdist_dtype_t dt, double v)
-{
-    uint8_t *b = buf;
-    switch (dt) {
-    case TDIST_F32: { float f = (float)v; memcpy(b + i * 4, &f, 4); break; }
-    case TDIST_F64: memcpy(b + i * 8, &v, 8); break;
-    case TDIST_F16: { uint16_t h = tdist_f32_to_f16((float)v); memcpy(b + i * 2, &h, 2); break; }
-    case TDIST_BF16: { uint16_t h = tdist_f32_to_bf16((float)v); memcpy(b + i * 2, &h, 2); break; }
-    case TDIST_I8: { int8_t x = (int8_t)(int64_t)v; b[i] = (uint8_t)x; break; }
-    case TDIST_U8: b[i] = (uint8_t)(int64_t)v; break;
-    case TDIST_I32: { int32_t x = (int32_t)(int64_t)v; memcpy(b + i * 4, &x, 4); break; }
-    case TDIST_I64: { int64_t x = (int64_t)v; memcpy(b + i * 8, &x, 8); break; }
-    default: FAIL("dtype %d", (int)dt);
-    }
-}
-
-static void gen(void *buf, size_t count, tdist_dtype_t dt, tdist_redop_t op, int rank,
-                uint64_t seed)
-{
-    static const double prodv[8] = {1, -1, 2, 1, -2, 1, 1, -1};
-    for (size_t i = 0; i < count; i++) {
-        uint64_t h = mix(seed * 1000003u + (uint64_t)rank * 7919u + i);
-        double v;
-        if (op == TDIST_PROD)
-            v = dt == TDIST_U8 ? 1 + (double)(h % 2) : prodv[h % 8];
-        else if (op == TDIST_BAND || op == TDIST_BOR || op == TDIST_BXOR)
-            v = (double)(dt == TDIST_U8 ? (int64_t)(h & 0xff)
-                         : dt == TDIST_I8 ? (int64_t)(int8_t)(h & 0xff)
-                                          : (int64_t)(h & 0x7fffffff));
-        else if (dt == TDIST_U8)
-            v = (double)(h % 40);
-        else
-            v = (double)((int64_t)(h % 41) - 20);
-        put(buf, i, dt, v);
-    }
-}
-
 #define PREMUL 0.5
-
-static void reference(void *out, size_t count, tdist_dtype_t dt, tdist_redop_t op, int n,
-                      uint64_t seed)
-{
-    size_t bytes = count * tdist_dtype_size(dt);
-    uint8_t *tmp = malloc(bytes + 1);
-    ASSERT_TRUE(tmp != NULL);
-    for (int r = 0; r < n; r++) {
-        gen(r == 0 ? out : tmp, count, dt, op, r, seed);
-        if (op == TDIST_PREMUL_SUM) ASSERT_OK(tdist_scale(r == 0 ? out : tmp, count, dt, PREMUL));
-        if (r > 0) ASSERT_OK(tdist_reduce(out, out, tmp, count, dt, op));
-    }
-    if (op == TDIST_AVG) ASSERT_OK(tdist_divide(out, count, dt, n));
-    free(tmp);
-}
-
-static bool op_valid(tdist_redop_t op, tdist_dtype_t dt)
-{
-    if (op == TDIST_PREMUL_SUM) return tdist_dtype_is_float(dt);
-    if (tdist_redop_check(op, dt) != TDIST_OK) {
-        tdist_clear_error();
-        return false;
-    }
-    return true;
-}
 
 static void expect_eq(const void *got, const void *want, size_t count, tdist_dtype_t dt,
                       const char *what, tdist_redop_t op, int inplace)
@@ -137,19 +66,19 @@ static void paths_body(int rank, int n, void *arg)
             ASSERT_TRUE(want && in && out);
             for (int op = 0; op < TDIST_REDOP_COUNT; op++) {
                 tdist_redop_t ro = (tdist_redop_t)op;
-                if (!op_valid(ro, (tdist_dtype_t)dt)) continue;
+                if (!tgen_op_valid(ro, (tdist_dtype_t)dt)) continue;
                 /* the largest count: the common ops only (runtime) */
                 if (ci + 1 == nc && ro != TDIST_SUM && ro != TDIST_AVG && ro != TDIST_PREMUL_SUM &&
                     ro != TDIST_MAX)
                     continue;
-                reference(want, count, (tdist_dtype_t)dt, ro, n, seed);
-                gen(in, count, (tdist_dtype_t)dt, ro, rank, seed);
+                tgen_reference(want, count, (tdist_dtype_t)dt, ro, n, seed, PREMUL);
+                tgen_fill(in, count, (tdist_dtype_t)dt, ro, rank, seed);
                 ASSERT_OK(tdist_all_reduce(pg, in, out, count, (tdist_dtype_t)dt, ro, &co, NULL));
                 expect_eq(out, want, count, (tdist_dtype_t)dt, "all_reduce", ro, 0);
                 ASSERT_OK(tdist_all_reduce(pg, in, in, count, (tdist_dtype_t)dt, ro, &co, NULL));
                 expect_eq(in, want, count, (tdist_dtype_t)dt, "all_reduce", ro, 1);
                 /* rooted reduce to the last rank */
-                gen(in, count, (tdist_dtype_t)dt, ro, rank, seed);
+                tgen_fill(in, count, (tdist_dtype_t)dt, ro, rank, seed);
                 memset(out, 0x5a, bytes);
                 ASSERT_OK(tdist_reduce_to(pg, in, out, count, (tdist_dtype_t)dt, ro, n - 1, &co,
                                           NULL));
@@ -157,7 +86,7 @@ static void paths_body(int rank, int n, void *arg)
                 seed++;
             }
             /* broadcast from rank 1: every rank gets rank 1's input */
-            gen(want, count, (tdist_dtype_t)dt, TDIST_SUM, 1, seed);
+            tgen_fill(want, count, (tdist_dtype_t)dt, TDIST_SUM, 1, seed);
             if (rank == 1) memcpy(out, want, bytes);
             else memset(out, 0x33, bytes);
             ASSERT_OK(tdist_broadcast(pg, out, count, (tdist_dtype_t)dt, 1, NULL, NULL));
