@@ -24,7 +24,7 @@ tdist_status_t tdist__coll_all_reduce_rd(const tdist__coll_ctx_t *c, const void 
     if (bytes == 0) return TDIST_OK;
     TDIST_CHECK(tdist__coll_load(recvbuf, sendbuf, count, dtype, op, premul));
     void *tmp = NULL;
-    TDIST_CHECK(tdist__coll_alloc(c, bytes, "all_reduce recursive doubling", &tmp));
+    TDIST_CHECK(tdist__coll_scratch_get(c, bytes, "all_reduce recursive doubling", &tmp));
     tdist_status_t st = TDIST_OK;
     int p = 1;
     while (p * 2 <= n) p *= 2;
@@ -64,6 +64,6 @@ tdist_status_t tdist__coll_all_reduce_rd(const tdist__coll_ctx_t *c, const void 
             st = tdist__coll_recv(c, r + 1, recvbuf, bytes);
     }
 out:
-    free(tmp);
+    tdist__coll_scratch_done(c, tmp);
     return st;
 }

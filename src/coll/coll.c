@@ -38,6 +38,37 @@ tdist_status_t tdist__coll_alloc(const tdist__coll_ctx_t *c, size_t bytes, const
     return TDIST_OK;
 }
 
+tdist_status_t tdist__coll_scratch_get(const tdist__coll_ctx_t *c, size_t bytes, const char *what,
+                                       void **out)
+{
+    tdist__coll_scratch_t *s = c->scratch;
+    if (!s) return tdist__coll_alloc(c, bytes, what, out);
+    if (s->len < bytes) {
+        void *p = malloc(bytes);
+        if (!p)
+            return tdist__error(TDIST_ERR_NO_MEMORY, "rank %d: collective scratch for %s: cannot "
+                                "allocate %zu bytes", c->rank, what, bytes);
+        free(s->p);
+        s->p = p;
+        s->len = bytes;
+    }
+    *out = s->p;
+    return TDIST_OK;
+}
+
+void tdist__coll_scratch_done(const tdist__coll_ctx_t *c, void *p)
+{
+    if (!c->scratch || p != c->scratch->p) free(p);
+}
+
+void tdist__coll_scratch_release(tdist__coll_scratch_t *s)
+{
+    if (!s) return;
+    free(s->p);
+    s->p = NULL;
+    s->len = 0;
+}
+
 void tdist__coll_copy(void *dst, const void *src, size_t bytes)
 {
     if (bytes && dst != src) memmove(dst, src, bytes);

@@ -32,10 +32,23 @@
 
 typedef struct tdist__shmc tdist__shmc_t;
 
+/* A scratch buffer kept between collectives (by pg/, one per group): the
+ * large temporary of an algorithm is taken from it instead of malloc, so
+ * a big collective does not map, fault in and unmap tens of MiB of fresh
+ * pages on every call. Grows to the largest need; freed with the group. */
+typedef struct tdist__coll_scratch {
+    void *p;
+    size_t len;
+} tdist__coll_scratch_t;
+
+/* Free a scratch's memory (pg/ at group destroy). */
+void tdist__coll_scratch_release(tdist__coll_scratch_t *s);
+
 typedef struct tdist__coll_ctx {
     tdist__tp_t *tp;     /* mesh over the group's ranks */
     tdist__shmc_t *shm;  /* shared-memory collectives (shm_coll.c), or NULL */
     bool spin;           /* shm waits may spin: the caller's thread runs it (inline) */
+    tdist__coll_scratch_t *scratch; /* kept between calls, or NULL (malloc each time) */
     int rank, size;      /* this rank and the group size */
     int64_t deadline_ms; /* absolute (tdist__now_ms clock); INT64_MAX: none */
 } tdist__coll_ctx_t;

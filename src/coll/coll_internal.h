@@ -25,6 +25,13 @@ static inline size_t tdist__coll_bytes(size_t count, tdist_dtype_t dtype)
 tdist_status_t tdist__coll_alloc(const tdist__coll_ctx_t *c, size_t bytes, const char *what,
                                  void **out);
 
+/* The algorithm's one large temporary: from c->scratch when there is one
+ * (grown as needed, kept for later calls), else malloc'ed. At most one at
+ * a time per collective; give it back with tdist__coll_scratch_done. */
+tdist_status_t tdist__coll_scratch_get(const tdist__coll_ctx_t *c, size_t bytes, const char *what,
+                                       void **out);
+void tdist__coll_scratch_done(const tdist__coll_ctx_t *c, void *p);
+
 /* memmove unless dst == src or bytes == 0. */
 void tdist__coll_copy(void *dst, const void *src, size_t bytes);
 

@@ -30,7 +30,7 @@ tdist_status_t tdist__coll_reduce_scatter_ring_inplace(const tdist__coll_ctx_t *
     uint8_t *b = buf, *tmp = NULL;
     tdist__tp_req_t *reqs = NULL, **rp = NULL;
     size_t nreq = 0;
-    tdist_status_t st = tdist__coll_alloc(c, maxc * es, "reduce_scatter ring", (void **)&tmp);
+    tdist_status_t st = tdist__coll_scratch_get(c, maxc * es, "reduce_scatter ring", (void **)&tmp);
     if (st != TDIST_OK) return st;
     st = tdist__coll_alloc(c, 2 * maxseg * (sizeof *reqs + sizeof *rp), "reduce_scatter ring",
                            (void **)&reqs);
@@ -71,7 +71,7 @@ fail:
     tdist__coll_abandon(c, rp, nreq);
 out:
     free(reqs);
-    free(tmp);
+    tdist__coll_scratch_done(c, tmp);
     return st;
 }
 

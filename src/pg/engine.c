@@ -324,6 +324,7 @@ static tdist_status_t run_monitored_barrier(tdist_pg_t *pg, struct tdist_work *w
 static tdist_status_t run_coll(tdist_pg_t *pg, struct tdist_work *w, int64_t deadline_ms)
 {
     tdist__coll_ctx_t c = {.tp = pg->tp, .shm = pg->shm, .spin = w->inline_run,
+                           .scratch = &pg->scratch,
                            .rank = pg->rank, .size = pg->size,
                            .deadline_ms = deadline_ms};
     if (pg->ar_forced && (w->op == TDIST__OP_ALL_REDUCE || w->op == TDIST__OP_ALL_REDUCE_COALESCED))
@@ -476,6 +477,7 @@ static uint64_t fp_hash(const tdist__fp_t *fp)
 static tdist_status_t run_shm(tdist_pg_t *pg, struct tdist_work *w, int64_t deadline_ms)
 {
     tdist__coll_ctx_t c = {.tp = pg->tp, .shm = pg->shm, .spin = w->inline_run,
+                           .scratch = &pg->scratch,
                            .rank = pg->rank, .size = pg->size,
                            .deadline_ms = deadline_ms};
     size_t hs = sizeof(uint64_t), len = hs, fps = sizeof(tdist__fp_t);

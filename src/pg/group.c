@@ -85,6 +85,7 @@ static void pg_free(tdist_pg_t *pg)
 {
     if (!pg) return;
     tdist__shmc_destroy(pg->shm);
+    tdist__coll_scratch_release(&pg->scratch);
     tdist__tp_destroy(pg->tp);
     tdist__tp_destroy(pg->p2p_tp);
     pthread_mutex_destroy(&pg->mu);

@@ -149,6 +149,7 @@ struct tdist_pg {
     uint8_t *fused_out, *fused_in, *fused_acc;
     /* shared-memory collectives (every rank on this host, shm transport):
      * NULL otherwise. Valid while tp is. */
+    tdist__coll_scratch_t scratch; /* coll/'s large temporaries (engine thread) */
     tdist__shmc_t *shm;
     bool ar_forced;          /* TDIST_ALGO_ALLREDUCE names an algorithm */
     const uint8_t **shm_blobs; /* size entries: exchange scratch */
