@@ -252,7 +252,7 @@ typedef struct tdist_ddp_stats {
     uint64_t bucket_rebuilds;     /* 0 or 1 (bucket order changed) */
     uint64_t unused_parameters;   /* last iteration: parameters this rank did not use */
     double last_compute_ms;       /* forward_begin -> last grad_ready */
-    double last_comm_ms;          /* first bucket launch -> last bucket done */
+    double last_comm_ms;          /* time some bucket was being reduced (union of launch->done) */
     double last_wait_ms;          /* blocked in backward_end waiting for communication */
     double last_backward_end_ms;  /* the whole backward_end call */
     double total_compute_ms;

@@ -378,15 +378,26 @@ tdist_status_t tdist_ddp_backward_end(tdist_ddp_t *ddp)
     }
 
     /* wait for every bucket, run continuations in bucket order */
-    uint64_t tw0 = tdist__now_ns(), last_done = 0;
+    /* busy: the union of the buckets' [launch, done] intervals (buckets
+     * are launched and reduced in index order) */
+    uint64_t tw0 = tdist__now_ns(), busy = 0, cur_lo = 0, cur_hi = 0;
     for (size_t b = 0; b < d->nb; b++) {
         ddp_bucket_t *bk = &d->buckets[b];
         if (!bk->launched) continue;
+        uint64_t lo = bk->launch_ns;
         record_err(d, finish_bucket(d, bk, op));
         uint64_t done = atomic_load(&bk->done_ns);
         if (!done) done = tdist__now_ns();
-        if (done > last_done) last_done = done;
+        if (done < lo) done = lo;
+        if (cur_hi == 0 || lo > cur_hi) {
+            busy += cur_hi - cur_lo;
+            cur_lo = lo;
+            cur_hi = done;
+        } else if (done > cur_hi) {
+            cur_hi = done;
+        }
     }
+    busy += cur_hi - cur_lo;
     if (uw) {
         tdist_status_t st = tdist_work_wait(uw, -1);
         tdist_work_free(uw);
@@ -463,7 +474,7 @@ tdist_status_t tdist_ddp_backward_end(tdist_ddp_t *ddp)
         s->sync_iterations++;
         s->unused_parameters = nunused;
         s->last_compute_ms = ms_between(d->t_fwd_ns, d->t_last_ready_ns);
-        s->last_comm_ms = d->t_first_launch_ns ? ms_between(d->t_first_launch_ns, last_done) : 0;
+        s->last_comm_ms = (double)busy / 1e6;
         s->last_wait_ms = ms_between(tw0, tw1);
         s->last_backward_end_ms = ms_between(t0, t1);
         s->total_compute_ms += s->last_compute_ms;
