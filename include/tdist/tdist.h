@@ -14,6 +14,7 @@
 #include "tdist/init.h"
 #include "tdist/pg.h"
 #include "tdist/ddp.h"
+#include "tdist/join.h"
 #include "tdist/optim.h"
 
 #endif /* TDIST_TDIST_H */

@@ -1,0 +1,502 @@
+/* tests/join/test_join.c — DDP under Join with uneven inputs on 2, 3 and 4
+ * ranks (including ranks with no input at all), against a serial reference
+ * every rank computes itself; throw_on_early_termination; enable = false;
+ * argument checks.
+ *
+ * The model: out = W x + b (W 2x3, b 2) plus `extra` (2) added to the
+ * output only on rank 0 (an unused parameter elsewhere, in the
+ * find_unused_parameters runs), loss 0.5 |out - t|^2, f64, plain SGD
+ * applied by the test. A f64 buffer `cnt` gets rank + 1 added after each
+ * forward_begin, so its value after each broadcast tells which rank was the
+ * broadcast root. Rank r has counts[r] steps of `micro` micro-batches (all
+ * but the last under no_sync).
+ *
+ * Reference: in step k the active ranks are A_k = {r : counts[r] > k}; the
+ * averaged gradient is sum over A_k of each rank's gradient divided by the
+ * world size (divide_by_initial_world_size) or by |A_k|. Every rank checks
+ * its parameters after each of its steps and, after tdist_join_end, the
+ * reference after every step of every rank (the last joiner's model). */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "harness.h"
+#include "tdist/join.h"
+
+#define MAXR 8
+#define NI 3
+#define NO 2
+#define LR 0.05
+#define TOL 1e-12
+
+typedef struct scen {
+    int n;
+    int counts[MAXR];
+    bool divide_initial;
+    bool find_unused; /* also: one bucket per parameter */
+    int micro;
+} scen_t;
+
+typedef struct model {
+    double w[NO * NI], b[NO], ex[NO];
+    double gw[NO * NI], gb[NO], gex[NO];
+    double cnt;
+} model_t;
+
+static void open_pg(tdist_world_t **w, tdist_pg_t **pg)
+{
+    ASSERT_OK(tdist_init("env://", NULL, w));
+    tdist_pg_opts_t o;
+    tdist_pg_opts_init(&o);
+    o.timeout_ms = (int64_t)(20000 * tdist_test_timeout_mult());
+    ASSERT_OK(tdist_pg_create_world(*w, &o, pg));
+}
+
+static void data(int r, int k, int m, double x[NI], double t[NO])
+{
+    for (int i = 0; i < NI; i++)
+        x[i] = sin(1.0 + 0.7 * r + 1.3 * k + 0.37 * m + 0.11 * i);
+    for (int o = 0; o < NO; o++)
+        t[o] = cos(0.5 + 0.3 * r - 0.9 * k + 0.21 * m + 0.5 * o);
+}
+
+static void init_model(model_t *md, int rank)
+{
+    memset(md, 0, sizeof *md);
+    for (int i = 0; i < NO * NI; i++)
+        md->w[i] = 0.1 * (i + 1) - 0.3 + rank; /* rank 0's wins at create */
+    for (int o = 0; o < NO; o++) {
+        md->b[o] = 0.2 * o - 0.1;
+        md->ex[o] = 0.05 * (o + 1);
+    }
+    md->cnt = 1000.0 * rank;
+}
+
+/* add rank r's gradient for (k, m) at parameters `at` into g (scaled by s) */
+static void grad(const model_t *at, int r, int k, int m, double s, double *gw, double *gb,
+                 double *gex)
+{
+    double x[NI], t[NO];
+    data(r, k, m, x, t);
+    for (int o = 0; o < NO; o++) {
+        double out = at->b[o] + (r == 0 ? at->ex[o] : 0.0);
+        for (int i = 0; i < NI; i++)
+            out += at->w[o * NI + i] * x[i];
+        double e = out - t[o];
+        gb[o] += s * e;
+        if (r == 0) gex[o] += s * e;
+        for (int i = 0; i < NI; i++)
+            gw[o * NI + i] += s * e * x[i];
+    }
+}
+
+static void expect_near(const char *what, int step, const double *a, const double *ref, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (fabs(a[i] - ref[i]) > TOL * fmax(1.0, fabs(ref[i])))
+            FAIL("step %d: %s[%d] = %.17g, reference %.17g", step, what, i, a[i], ref[i]);
+}
+
+static void expect_model(int step, const model_t *a, const model_t *ref)
+{
+    expect_near("W", step, a->w, ref->w, NO * NI);
+    expect_near("b", step, a->b, ref->b, NO);
+    expect_near("extra", step, a->ex, ref->ex, NO);
+}
+
+/* Reference after `steps` steps (ref_after[k] = parameters after step k). */
+static int ref_run(const scen_t *sc, model_t *ref_after, int cap)
+{
+    model_t p;
+    init_model(&p, 0);
+    int K = 0;
+    for (int r = 0; r < sc->n; r++)
+        K = sc->counts[r] > K ? sc->counts[r] : K;
+    ASSERT_LE(K, cap);
+    for (int k = 0; k < K; k++) {
+        int act = 0;
+        for (int r = 0; r < sc->n; r++)
+            act += sc->counts[r] > k;
+        double s = 1.0 / (double)(sc->divide_initial ? sc->n : act);
+        double gw[NO * NI] = {0}, gb[NO] = {0}, gex[NO] = {0};
+        for (int r = 0; r < sc->n; r++) {
+            if (sc->counts[r] <= k) continue;
+            double lw[NO * NI] = {0}, lb[NO] = {0}, lex[NO] = {0};
+            for (int m = 0; m < sc->micro; m++)
+                grad(&p, r, k, m, 1.0, lw, lb, lex);
+            /* each rank's (accumulated) gradient is premultiplied, then summed */
+            for (int i = 0; i < NO * NI; i++)
+                gw[i] += lw[i] * s;
+            for (int o = 0; o < NO; o++) {
+                gb[o] += lb[o] * s;
+                gex[o] += lex[o] * s;
+            }
+        }
+        for (int i = 0; i < NO * NI; i++)
+            p.w[i] -= LR * gw[i];
+        for (int o = 0; o < NO; o++) {
+            p.b[o] -= LR * gb[o];
+            p.ex[o] -= LR * gex[o];
+        }
+        ref_after[k] = p;
+    }
+    if (K == 0) ref_after[0] = p;
+    return K;
+}
+
+static void uneven_body(int rank, int n, void *arg)
+{
+    const scen_t *sc = arg;
+    ASSERT_EQ(n, sc->n);
+    static model_t ref[64];
+    int K = ref_run(sc, ref, 64);
+
+    tdist_world_t *w;
+    tdist_pg_t *pg;
+    open_pg(&w, &pg);
+    model_t md;
+    init_model(&md, rank);
+    tdist_ddp_param_t params[3] = {{md.w, md.gw, NO * NI, TDIST_F64, "W"},
+                                   {md.b, md.gb, NO, TDIST_F64, "b"},
+                                   {md.ex, md.gex, NO, TDIST_F64, "extra"}};
+    tdist_ddp_buffer_t bufs[1] = {{&md.cnt, 1, TDIST_F64, "cnt"}};
+    tdist_ddp_opts_t o;
+    tdist_ddp_opts_init(&o);
+    if (sc->find_unused) {
+        o.find_unused_parameters = true;
+        o.bucket_cap_bytes = o.first_bucket_bytes = 8;
+    }
+    tdist_ddp_t *ddp;
+    ASSERT_OK(tdist_ddp_create(pg, params, 3, bufs, 1, &o, &ddp));
+    ASSERT_TRUE(md.cnt == 0.0);
+    tdist_joinable_t j;
+    ASSERT_OK(tdist_ddp_joinable(ddp, &j));
+    ASSERT_TRUE(j.ctx == ddp && j.pg == pg);
+    tdist_join_opts_t jo;
+    tdist_join_opts_init(&jo);
+    jo.divide_by_initial_world_size = sc->divide_initial;
+    tdist_join_t *join;
+    ASSERT_OK(tdist_join_begin(&j, 1, &jo, &join));
+
+    /* the buffer value forward f broadcasts from root l_f: V_0 = 0 (rank 0's
+     * after create), V_f = V_{f-1} + l_f + 1 (the root's value after its
+     * previous forward, active then too) */
+    double v = 0;
+    bool first_fwd = true;
+    int last = n - 1;
+    for (int k = 0; k < K; k++) {
+        int lowest = -1;
+        for (int r = 0; r < n; r++)
+            if (sc->counts[r] > k) {
+                if (lowest < 0) lowest = r;
+                last = r;
+            }
+        for (int m = 0; m < sc->micro; m++) {
+            if (!first_fwd) v += lowest + 1;
+            first_fwd = false;
+            if (k < sc->counts[rank]) {
+                if (m == 0) {
+                    memset(md.gw, 0, sizeof md.gw);
+                    memset(md.gb, 0, sizeof md.gb);
+                    memset(md.gex, 0, sizeof md.gex);
+                }
+                ASSERT_OK(tdist_ddp_set_no_sync(ddp, m + 1 < sc->micro));
+                ASSERT_OK(tdist_ddp_forward_begin(ddp));
+                if (md.cnt != v)
+                    FAIL("step %d micro %d: buffer %.17g after the broadcast, expected %.17g (root "
+                         "rank %d)",
+                         k, m, md.cnt, v, lowest);
+                md.cnt += rank + 1;
+                grad(&md, rank, k, m, 1.0, md.gw, md.gb, md.gex);
+                ASSERT_OK(tdist_ddp_grad_ready(ddp, 1));
+                ASSERT_OK(tdist_ddp_grad_ready(ddp, 0));
+                if (rank == 0)
+                    ASSERT_OK(tdist_ddp_grad_ready(ddp, 2));
+                else if (!sc->find_unused)
+                    ASSERT_OK(tdist_ddp_grad_ready(ddp, 2)); /* zeros */
+                ASSERT_OK(tdist_ddp_backward_end(ddp));
+            }
+        }
+        if (k < sc->counts[rank]) {
+            for (int i = 0; i < NO * NI; i++)
+                md.w[i] -= LR * md.gw[i];
+            for (int oo = 0; oo < NO; oo++) {
+                md.b[oo] -= LR * md.gb[oo];
+                md.ex[oo] -= LR * md.gex[oo];
+            }
+            expect_model(k, &md, &ref[k]);
+        }
+    }
+    ASSERT_OK(tdist_join_end(join));
+    /* every rank ends with the last joiner's model and buffer */
+    expect_model(-1, &md, &ref[K ? K - 1 : 0]);
+    double want_cnt = 0.0;
+    if (K) want_cnt = v + last + 1; /* the last joiner's: last broadcast value + its rank + 1 */
+    if (md.cnt != want_cnt)
+        FAIL("final buffer %.17g, expected %.17g (last joiner rank %d)", md.cnt, want_cnt, last);
+    /* the reducer works normally after the Join (no hook left behind) */
+    ASSERT_OK(tdist_ddp_set_no_sync(ddp, false));
+    ASSERT_OK(tdist_ddp_forward_begin(ddp));
+    ASSERT_TRUE(md.cnt == want_cnt);
+    for (int i = 0; i < 3; i++)
+        ASSERT_OK(tdist_ddp_grad_ready(ddp, (size_t)i));
+    ASSERT_OK(tdist_ddp_backward_end(ddp));
+    tdist_ddp_destroy(ddp);
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
+}
+
+static void run_both_modes(scen_t sc)
+{
+    for (int d = 0; d < 2; d++) {
+        sc.divide_initial = d == 0;
+        tdist_test_run_ranks(sc.n, uneven_body, &sc);
+    }
+}
+
+TEST(join_uneven_2_ranks, 60)
+{
+    static const int c[][2] = {{3, 5}, {0, 3}, {4, 0}, {2, 2}, {0, 0}};
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        scen_t sc = {.n = 2, .micro = 1};
+        memcpy(sc.counts, c[i], sizeof c[i]);
+        run_both_modes(sc);
+    }
+}
+
+TEST(join_uneven_3_ranks, 60)
+{
+    static const int c[][3] = {{0, 4, 2}, {5, 1, 3}, {2, 3, 3}};
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        scen_t sc = {.n = 3, .micro = 1};
+        memcpy(sc.counts, c[i], sizeof c[i]);
+        run_both_modes(sc);
+    }
+}
+
+TEST(join_uneven_4_ranks, 60)
+{
+    static const int c[][4] = {{2, 0, 5, 3}, {0, 0, 1, 0}, {3, 3, 1, 3}};
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        scen_t sc = {.n = 4, .micro = 1};
+        memcpy(sc.counts, c[i], sizeof c[i]);
+        run_both_modes(sc);
+    }
+}
+
+/* find_unused_parameters (the used-set agreement is shadowed), one bucket
+ * per parameter, and no_sync accumulation over 2 micro-batches */
+TEST(join_uneven_find_unused_no_sync, 60)
+{
+    static const int c3[3] = {0, 3, 1}, c4[4] = {1, 4, 0, 2};
+    scen_t sc = {.n = 3, .micro = 2, .find_unused = true};
+    memcpy(sc.counts, c3, sizeof c3);
+    run_both_modes(sc);
+    scen_t sc4 = {.n = 4, .micro = 2, .find_unused = true};
+    memcpy(sc4.counts, c4, sizeof c4);
+    run_both_modes(sc4);
+    scen_t sc2 = {.n = 2, .micro = 2};
+    sc2.counts[0] = 2;
+    sc2.counts[1] = 0;
+    run_both_modes(sc2);
+}
+
+/* ------------------------------------------------ early termination */
+
+typedef struct throw_case {
+    int n;
+    int counts[MAXR];
+} throw_case_t;
+
+static void throw_body(int rank, int n, void *arg)
+{
+    const throw_case_t *tc = arg;
+    int first_out = 1 << 30;
+    for (int r = 0; r < n; r++)
+        first_out = tc->counts[r] < first_out ? tc->counts[r] : first_out;
+    int maxc = 0;
+    for (int r = 0; r < n; r++)
+        maxc = tc->counts[r] > maxc ? tc->counts[r] : maxc;
+    bool expect_throw = first_out < maxc;
+
+    tdist_world_t *w;
+    tdist_pg_t *pg;
+    open_pg(&w, &pg);
+    double p = 1.0, g = 0;
+    tdist_ddp_param_t prm = {&p, &g, 1, TDIST_F64, "p"};
+    tdist_ddp_t *ddp;
+    ASSERT_OK(tdist_ddp_create(pg, &prm, 1, NULL, 0, NULL, &ddp));
+    tdist_joinable_t j;
+    ASSERT_OK(tdist_ddp_joinable(ddp, &j));
+    tdist_join_opts_t jo;
+    tdist_join_opts_init(&jo);
+    jo.throw_on_early_termination = true;
+    tdist_join_t *join;
+    ASSERT_OK(tdist_join_begin(&j, 1, &jo, &join));
+    double t0 = tdist_test_now_ms();
+    int failed_at = -1;
+    tdist_status_t st = TDIST_OK;
+    for (int k = 0; k < tc->counts[rank]; k++) {
+        st = tdist_ddp_forward_begin(ddp);
+        if (st != TDIST_OK) {
+            failed_at = k;
+            break;
+        }
+        g = 1.0;
+        ASSERT_OK(tdist_ddp_grad_ready(ddp, 0));
+        ASSERT_OK(tdist_ddp_backward_end(ddp));
+        p -= 0.1 * g;
+    }
+    char msg[1024] = "";
+    if (failed_at >= 0) {
+        ASSERT_EQ(st, TDIST_ERR_EARLY_TERMINATION);
+        snprintf(msg, sizeof msg, "%s", tdist_last_error());
+        /* end after the failure: the same error, no communication */
+        ASSERT_STATUS(tdist_join_end(join), TDIST_ERR_EARLY_TERMINATION);
+    } else {
+        st = tdist_join_end(join);
+        if (expect_throw) {
+            ASSERT_EQ(st, TDIST_ERR_EARLY_TERMINATION);
+            snprintf(msg, sizeof msg, "%s", tdist_last_error());
+            failed_at = tc->counts[rank];
+        } else {
+            ASSERT_OK(st);
+        }
+    }
+    if (expect_throw) {
+        /* every rank fails in the iteration the first rank ran out */
+        if (failed_at != first_out)
+            FAIL("failed at iteration %d, expected %d: %s", failed_at, first_out, msg);
+        ASSERT_CONTAINS(msg, "ran out of inputs");
+        ASSERT_CONTAINS(msg, "throw_on_early_termination");
+        char who[64];
+        for (int r = 0; r < n; r++)
+            if (tc->counts[r] == first_out) {
+                snprintf(who, sizeof who, "%d", r);
+                ASSERT_CONTAINS(msg, who);
+            }
+        ASSERT_CONTAINS(msg, "tdist_join_");
+        ASSERT_CONTAINS(msg, "group world");
+        ASSERT_TRUE(p == 1.0 - 0.1 * first_out); /* no update after the failure */
+    } else {
+        ASSERT_EQ(failed_at, -1);
+    }
+    ASSERT_TRUE(tdist_test_now_ms() - t0 < 10000 * tdist_test_timeout_mult());
+    /* nobody is left inside a collective: the group still works */
+    ASSERT_OK(tdist_barrier(pg, NULL, NULL));
+    tdist_ddp_destroy(ddp);
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
+}
+
+TEST(join_throw_on_early_termination, 60)
+{
+    throw_case_t a = {.n = 3, .counts = {3, 1, 3}};
+    tdist_test_run_ranks(3, throw_body, &a);
+    throw_case_t b = {.n = 2, .counts = {0, 2}};
+    tdist_test_run_ranks(2, throw_body, &b);
+    throw_case_t c = {.n = 4, .counts = {4, 2, 5, 2}};
+    tdist_test_run_ranks(4, throw_body, &c);
+    throw_case_t d = {.n = 2, .counts = {2, 2}}; /* even: no error */
+    tdist_test_run_ranks(2, throw_body, &d);
+}
+
+/* --------------------------------------------------- enable = false */
+
+static void disabled_body(int rank, int n, void *arg)
+{
+    (void)arg;
+    tdist_world_t *w;
+    tdist_pg_t *pg;
+    open_pg(&w, &pg);
+    model_t a, b;
+    init_model(&a, rank);
+    init_model(&b, rank);
+    tdist_ddp_param_t pa[3] = {{a.w, a.gw, NO * NI, TDIST_F64, "W"},
+                               {a.b, a.gb, NO, TDIST_F64, "b"},
+                               {a.ex, a.gex, NO, TDIST_F64, "extra"}};
+    tdist_ddp_param_t pb[3] = {{b.w, b.gw, NO * NI, TDIST_F64, "W"},
+                               {b.b, b.gb, NO, TDIST_F64, "b"},
+                               {b.ex, b.gex, NO, TDIST_F64, "extra"}};
+    tdist_ddp_buffer_t ba = {&a.cnt, 1, TDIST_F64, "cnt"}, bb = {&b.cnt, 1, TDIST_F64, "cnt"};
+    tdist_ddp_t *da, *db;
+    ASSERT_OK(tdist_ddp_create(pg, pa, 3, &ba, 1, NULL, &da));
+    ASSERT_OK(tdist_ddp_create(pg, pb, 3, &bb, 1, NULL, &db));
+    tdist_joinable_t j;
+    ASSERT_OK(tdist_ddp_joinable(da, &j));
+    tdist_join_opts_t jo;
+    tdist_join_opts_init(&jo);
+    jo.enable = false;
+    jo.throw_on_early_termination = true; /* ignored when disabled */
+    tdist_join_t *join;
+    ASSERT_OK(tdist_join_begin(&j, 1, &jo, &join));
+    tdist_join_state_t js;
+    ASSERT_OK(tdist_join_notify(join, da, 0, &js)); /* no communication */
+    ASSERT_EQ(js.active, n);
+    ASSERT_EQ(js.divisor, n);
+    for (int k = 0; k < 3; k++) {
+        model_t *ms[2] = {&a, &b};
+        tdist_ddp_t *ds[2] = {da, db};
+        for (int v = 0; v < 2; v++) {
+            model_t *m = ms[v];
+            memset(m->gw, 0, sizeof m->gw);
+            memset(m->gb, 0, sizeof m->gb);
+            memset(m->gex, 0, sizeof m->gex);
+            ASSERT_OK(tdist_ddp_forward_begin(ds[v]));
+            m->cnt += rank + 1;
+            grad(m, rank, k, 0, 1.0, m->gw, m->gb, m->gex);
+            for (int i = 0; i < 3; i++)
+                ASSERT_OK(tdist_ddp_grad_ready(ds[v], (size_t)i));
+            ASSERT_OK(tdist_ddp_backward_end(ds[v]));
+            for (int i = 0; i < NO * NI; i++)
+                m->w[i] -= LR * m->gw[i];
+            for (int o = 0; o < NO; o++) {
+                m->b[o] -= LR * m->gb[o];
+                m->ex[o] -= LR * m->gex[o];
+            }
+        }
+    }
+    ASSERT_OK(tdist_join_end(join));
+    /* identical, bit for bit, to the run without Join; no final sync
+     * (buffers still differ per rank) */
+    ASSERT_MEMEQ(a.w, b.w, sizeof a.w);
+    ASSERT_MEMEQ(a.b, b.b, sizeof a.b);
+    ASSERT_MEMEQ(a.ex, b.ex, sizeof a.ex);
+    ASSERT_TRUE(a.cnt == b.cnt);
+    tdist_ddp_stats_t sa, sb;
+    ASSERT_OK(tdist_ddp_get_stats(da, &sa));
+    ASSERT_OK(tdist_ddp_get_stats(db, &sb));
+    ASSERT_EQ(sa.sync_iterations, sb.sync_iterations);
+    ASSERT_EQ(sa.buckets_reduced, sb.buckets_reduced);
+    ASSERT_EQ(sa.bytes_reduced, sb.bytes_reduced);
+    tdist_ddp_destroy(da);
+    tdist_ddp_destroy(db);
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
+}
+
+TEST(join_disabled_is_no_join, 60) { tdist_test_run_ranks(2, disabled_body, NULL); }
+
+/* --------------------------------------------------------- arguments */
+
+TEST(join_args, 10)
+{
+    tdist_join_opts_t o;
+    memset(&o, 0xff, sizeof o);
+    tdist_join_opts_init(&o);
+    ASSERT_TRUE(o.enable && o.divide_by_initial_world_size && !o.throw_on_early_termination);
+    tdist_join_t *const sentinel = (tdist_join_t *)&o, *join = sentinel;
+    ASSERT_STATUS(tdist_join_begin(NULL, 1, NULL, &join), TDIST_ERR_INVALID_ARG);
+    ASSERT_TRUE(join == sentinel); /* out-parameters are written only on success */
+    ASSERT_CONTAINS(tdist_last_error(), "joinables is NULL");
+    tdist_joinable_t j = {0};
+    ASSERT_STATUS(tdist_join_begin(&j, 0, NULL, &join), TDIST_ERR_INVALID_ARG);
+    ASSERT_CONTAINS(tdist_last_error(), "n is 0");
+    ASSERT_STATUS(tdist_join_begin(&j, 1, NULL, &join), TDIST_ERR_INVALID_ARG);
+    ASSERT_CONTAINS(tdist_last_error(), "joinable 0 has no group");
+    ASSERT_STATUS(tdist_join_begin(&j, 1, NULL, NULL), TDIST_ERR_INVALID_ARG);
+    ASSERT_STATUS(tdist_join_end(NULL), TDIST_ERR_INVALID_ARG);
+    ASSERT_STATUS(tdist_join_notify(NULL, NULL, 0, NULL), TDIST_ERR_INVALID_ARG);
+    ASSERT_STATUS(tdist_ddp_joinable(NULL, &j), TDIST_ERR_INVALID_ARG);
+    ASSERT_CONTAINS(tdist_last_error(), "ddp is NULL");
+}
