@@ -9,10 +9,11 @@
  * (scripts/demo.sh finds the data set in the package, unpacks it and runs
  * exactly this.) A fixed seeded split keeps 1,437 images for training and
  * 360 for the test. Each rank gets a deliberately uneven shard of the
- * training images (rank r's share grows with r); until Join (issue 5)
- * lets ranks run out of inputs at different times, every rank takes the
- * same number of steps per epoch — as many as the smallest shard allows —
- * drawing its batches from its own shard.
+ * training images (rank r's share grows with r) and goes through all of
+ * it every epoch, so ranks run out of batches at different times: each
+ * epoch is one Join (tdist/join.h). A rank that has run out shadows the
+ * others' DDP collectives with zero gradients until every rank is done;
+ * then every rank takes the parameters of the last rank to finish.
  *
  * The model: Conv(1->16, 3x3, pad 1) BN ReLU MaxPool2 Conv(16->32, 3x3,
  * pad 1) BN ReLU MaxPool2 Flatten Linear(128->10); softmax cross-entropy;
@@ -181,8 +182,8 @@ int main(int argc, char **argv)
         if (cnt < min_shard) min_shard = cnt;
         lo += r + 2;
     }
-    size_t steps = min_shard / LOCAL_BATCH;
-    if (steps == 0) DIE("too many ranks (%d) for %zu training images", size, n_train);
+    size_t steps = shard_n / LOCAL_BATCH; /* this rank's steps per epoch */
+    if (min_shard / LOCAL_BATCH == 0) DIE("too many ranks (%d) for %zu training images", size, n_train);
 
     /* The model (same seed everywhere; DDP broadcasts rank 0's anyway). */
     nn_seq_t *m = nn_seq_create(1, 8, 8, 7);
@@ -224,11 +225,13 @@ int main(int argc, char **argv)
 
     size_t n_params = 0;
     for (size_t i = 0; i < np; i++) n_params += params[i].count;
-    printf("train_digits: rank %d of %d: shard of %zu training images\n", rank, size, shard_n);
+    printf("train_digits: rank %d of %d: shard of %zu training images, %zu steps of %d per "
+           "epoch\n", rank, size, shard_n, steps, LOCAL_BATCH);
     if (rank == 0)
-        printf("train_digits: %d ranks, %zu training / %d test images, %zu parameters; "
-               "%zu steps of %d x %d images per epoch (the smallest shard's worth)\n",
-               size, n_train, N_TEST, n_params, steps, size, LOCAL_BATCH);
+        printf("train_digits: %d ranks, %zu training / %d test images, %zu parameters; uneven "
+               "shards under Join\n", size, n_train, N_TEST, n_params);
+    tdist_joinable_t joinable;
+    CHECK(tdist_ddp_joinable(ddp, &joinable));
 
     size_t *order = malloc(shard_n * sizeof *order);
     float *xb = malloc((size_t)LOCAL_BATCH * IMG * sizeof *xb);
@@ -244,6 +247,8 @@ int main(int argc, char **argv)
         nn_set_training(m, true);
         double t0 = now_s(), stat[3] = {0, 0, 0}; /* loss sum, correct, samples */
         double comm, wait;
+        tdist_join_t *join;
+        CHECK(tdist_join_begin(&joinable, 1, NULL, &join));
         for (size_t s = 0; s < steps; s++) {
             for (int b = 0; b < LOCAL_BATCH; b++) {
                 size_t k = order[s * LOCAL_BATCH + (size_t)b];
@@ -265,6 +270,7 @@ int main(int argc, char **argv)
             CHECK(tdist_ddp_backward_end(ddp));
             CHECK(tdist_optim_step(opt));
         }
+        CHECK(tdist_join_end(join)); /* shadow the others, then take the last joiner's model */
         double secs = now_s() - t0;
         tdist_ddp_stats_t ds;
         CHECK(tdist_ddp_get_stats(ddp, &ds));
