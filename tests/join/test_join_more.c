@@ -1,0 +1,508 @@
+/* tests/join/test_join_more.c — more Join tests: uneven DDP training at world
+ * size 8; a registered comm hook under Join (called on joined ranks too,
+ * same math); and the two-rank Linear(1,1) loop variants of issue 5 that do
+ * not need joined ranks to shadow user collectives (rule 4): Join with a
+ * plain loop, no Join with the short rank exiting, no Join with the short
+ * rank issuing a barrier.
+ *
+ * The model of the first two tests is test_join.c's (copied: its helpers
+ * are file-static): out = W x + b (W 2x3, b 2) plus `extra` (2) added to the
+ * output only on rank 0, loss 0.5 |out - t|^2, f64, plain SGD applied by the
+ * test; a f64 buffer `cnt` gets rank + 1 added after each forward_begin.
+ * Reference: in step k the active ranks are A_k = {r : counts[r] > k}; the
+ * averaged gradient is the sum over A_k of each rank's gradient times
+ * hook_scale / divisor, divisor = world size (divide_by_initial_world_size)
+ * or |A_k|. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "harness.h"
+#include "tdist/join.h"
+
+#define MAXR 8
+#define NI 3
+#define NO 2
+#define LR 0.05
+#define TOL 1e-12
+
+typedef struct scen {
+    int n;
+    int counts[MAXR];
+    bool divide_initial;
+    bool hook;       /* register hook_allreduce_x2 (wraps the default hook, then x2) */
+    bool per_param;  /* one bucket per parameter */
+} scen_t;
+
+typedef struct model {
+    double w[NO * NI], b[NO], ex[NO];
+    double gw[NO * NI], gb[NO], gex[NO];
+    double cnt;
+} model_t;
+
+static void open_pg(tdist_world_t **w, tdist_pg_t **pg, int64_t timeout_ms)
+{
+    ASSERT_OK(tdist_init("env://", NULL, w));
+    tdist_pg_opts_t o;
+    tdist_pg_opts_init(&o);
+    o.timeout_ms = timeout_ms;
+    ASSERT_OK(tdist_pg_create_world(*w, &o, pg));
+}
+
+static void data(int r, int k, double x[NI], double t[NO])
+{
+    for (int i = 0; i < NI; i++)
+        x[i] = sin(1.0 + 0.7 * r + 1.3 * k + 0.11 * i);
+    for (int o = 0; o < NO; o++)
+        t[o] = cos(0.5 + 0.3 * r - 0.9 * k + 0.5 * o);
+}
+
+static void init_model(model_t *md, int rank)
+{
+    memset(md, 0, sizeof *md);
+    for (int i = 0; i < NO * NI; i++)
+        md->w[i] = 0.1 * (i + 1) - 0.3 + rank; /* rank 0's wins at create */
+    for (int o = 0; o < NO; o++) {
+        md->b[o] = 0.2 * o - 0.1;
+        md->ex[o] = 0.05 * (o + 1);
+    }
+    md->cnt = 1000.0 * rank;
+}
+
+static void grad(const model_t *at, int r, int k, double *gw, double *gb, double *gex)
+{
+    double x[NI], t[NO];
+    data(r, k, x, t);
+    for (int o = 0; o < NO; o++) {
+        double out = at->b[o] + (r == 0 ? at->ex[o] : 0.0);
+        for (int i = 0; i < NI; i++)
+            out += at->w[o * NI + i] * x[i];
+        double e = out - t[o];
+        gb[o] += e;
+        if (r == 0) gex[o] += e;
+        for (int i = 0; i < NI; i++)
+            gw[o * NI + i] += e * x[i];
+    }
+}
+
+static void expect_near(const char *what, int step, const double *a, const double *ref, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (fabs(a[i] - ref[i]) > TOL * fmax(1.0, fabs(ref[i])))
+            FAIL("step %d: %s[%d] = %.17g, reference %.17g", step, what, i, a[i], ref[i]);
+}
+
+static void expect_model(int step, const model_t *a, const model_t *ref)
+{
+    expect_near("W", step, a->w, ref->w, NO * NI);
+    expect_near("b", step, a->b, ref->b, NO);
+    expect_near("extra", step, a->ex, ref->ex, NO);
+}
+
+static int max_count(const scen_t *sc)
+{
+    int K = 0;
+    for (int r = 0; r < sc->n; r++)
+        K = sc->counts[r] > K ? sc->counts[r] : K;
+    return K;
+}
+
+static int active_at(const scen_t *sc, int k)
+{
+    int act = 0;
+    for (int r = 0; r < sc->n; r++)
+        act += sc->counts[r] > k;
+    return act;
+}
+
+/* ref_after[k] = parameters after step k; returns the number of steps */
+static int ref_run(const scen_t *sc, model_t *ref_after, int cap)
+{
+    model_t p;
+    init_model(&p, 0);
+    int K = max_count(sc);
+    ASSERT_LE(K, cap);
+    for (int k = 0; k < K; k++) {
+        double s = 1.0 / (double)(sc->divide_initial ? sc->n : active_at(sc, k));
+        double gw[NO * NI] = {0}, gb[NO] = {0}, gex[NO] = {0};
+        for (int r = 0; r < sc->n; r++) {
+            if (sc->counts[r] <= k) continue;
+            double lw[NO * NI] = {0}, lb[NO] = {0}, lex[NO] = {0};
+            grad(&p, r, k, lw, lb, lex);
+            for (int i = 0; i < NO * NI; i++)
+                gw[i] += lw[i] * s;
+            for (int o = 0; o < NO; o++) {
+                gb[o] += lb[o] * s;
+                gex[o] += lex[o] * s;
+            }
+        }
+        double hs = sc->hook ? 2.0 : 1.0; /* the hook's continuation doubles (exact) */
+        for (int i = 0; i < NO * NI; i++)
+            p.w[i] -= LR * (hs * gw[i]);
+        for (int o = 0; o < NO; o++) {
+            p.b[o] -= LR * (hs * gb[o]);
+            p.ex[o] -= LR * (hs * gex[o]);
+        }
+        ref_after[k] = p;
+    }
+    if (K == 0) ref_after[0] = p;
+    return K;
+}
+
+/* ------------------------------------------------------------ the hook */
+
+/* Per process (each rank is a process). */
+typedef struct hook_log {
+    const scen_t *sc;
+    bool in_join_end;    /* set by the test around tdist_join_end */
+    int active_calls;    /* hook calls while this rank was in its loop */
+    int shadow_calls;    /* hook calls from tdist_join_end (joined) */
+    int then_calls;
+    int cur_iter;        /* the test's step index of the active call, else -1 */
+    char err[512];       /* first inconsistency seen inside the hook */
+} hook_log_t;
+
+static hook_log_t g_hook;
+
+static void hook_err(const char *msg, long long a, long long b)
+{
+    if (!g_hook.err[0]) snprintf(g_hook.err, sizeof g_hook.err, "%s (%lld vs %lld)", msg, a, b);
+}
+
+static tdist_status_t hook_then_x2(void *state, const tdist_ddp_bucket_t *bucket,
+                                   tdist_ddp_hook_result_t *next)
+{
+    (void)next;
+    if (state != &g_hook) hook_err("continuation state", 0, 1);
+    g_hook.then_calls++;
+    if (bucket->dtype != TDIST_F64) hook_err("bucket dtype", bucket->dtype, TDIST_F64);
+    double *d = bucket->buffer;
+    for (size_t i = 0; i < bucket->count; i++)
+        d[i] *= 2.0;
+    return TDIST_OK;
+}
+
+static tdist_status_t hook_allreduce_x2(void *state, const tdist_ddp_bucket_t *bucket,
+                                        tdist_ddp_hook_result_t *result)
+{
+    hook_log_t *hl = state;
+    if (hl != &g_hook) hook_err("hook state", 0, 1);
+    const scen_t *sc = hl->sc;
+    int nb = (int)bucket->num_buckets;
+    int iter; /* the step this call belongs to */
+    if (hl->in_join_end) {
+        /* a joined rank: its shadowed steps follow its own ones */
+        iter = sc->counts[tdist_test_rank] + hl->shadow_calls / nb;
+        hl->shadow_calls++;
+        /* a joined rank contributes zero gradients */
+        const double *d = bucket->buffer;
+        for (size_t i = 0; i < bucket->count; i++)
+            if (d[i] != 0.0) hook_err("joined rank's bucket is not zero at element", (long long)i, 0);
+    } else {
+        iter = hl->cur_iter;
+        hl->active_calls++;
+    }
+    if (iter >= 0 && iter < max_count(sc)) {
+        int want = sc->divide_initial ? sc->n : active_at(sc, iter);
+        if (bucket->divisor != want) hook_err("bucket divisor", bucket->divisor, want);
+    } else {
+        hook_err("hook called for a step beyond the last", iter, max_count(sc));
+    }
+    tdist_status_t st = tdist_ddp_allreduce_hook(NULL, bucket, result);
+    if (st != TDIST_OK) return st;
+    if (result->then != NULL) hook_err("default hook set a continuation", 1, 0);
+    result->then = hook_then_x2;
+    return TDIST_OK;
+}
+
+/* ------------------------------------------------------ uneven training */
+
+static void uneven_body(int rank, int n, void *arg)
+{
+    const scen_t *sc = arg;
+    ASSERT_EQ(n, sc->n);
+    static model_t ref[64];
+    int K = ref_run(sc, ref, 64);
+
+    tdist_world_t *w;
+    tdist_pg_t *pg;
+    open_pg(&w, &pg, (int64_t)(20000 * tdist_test_timeout_mult()));
+    model_t md;
+    init_model(&md, rank);
+    tdist_ddp_param_t params[3] = {{md.w, md.gw, NO * NI, TDIST_F64, "W"},
+                                   {md.b, md.gb, NO, TDIST_F64, "b"},
+                                   {md.ex, md.gex, NO, TDIST_F64, "extra"}};
+    tdist_ddp_buffer_t bufs[1] = {{&md.cnt, 1, TDIST_F64, "cnt"}};
+    tdist_ddp_opts_t o;
+    tdist_ddp_opts_init(&o);
+    if (sc->per_param) o.bucket_cap_bytes = o.first_bucket_bytes = 8;
+    tdist_ddp_t *ddp;
+    ASSERT_OK(tdist_ddp_create(pg, params, 3, bufs, 1, &o, &ddp));
+    ASSERT_TRUE(md.cnt == 0.0);
+    int nb = (int)tdist_ddp_num_buckets(ddp);
+    ASSERT_EQ(nb, sc->per_param ? 3 : 1);
+    memset(&g_hook, 0, sizeof g_hook);
+    g_hook.sc = sc;
+    g_hook.cur_iter = -1;
+    if (sc->hook) ASSERT_OK(tdist_ddp_register_comm_hook(ddp, &g_hook, hook_allreduce_x2));
+    tdist_joinable_t j;
+    ASSERT_OK(tdist_ddp_joinable(ddp, &j));
+    tdist_join_opts_t jo;
+    tdist_join_opts_init(&jo);
+    jo.divide_by_initial_world_size = sc->divide_initial;
+    tdist_join_t *join;
+    ASSERT_OK(tdist_join_begin(&j, 1, &jo, &join));
+
+    /* buffer value broadcast at step f from root l_f (the lowest active
+     * rank): V_0 = 0, V_f = V_{f-1} + l_f + 1 */
+    double v = 0;
+    int last = n - 1;
+    for (int k = 0; k < K; k++) {
+        int lowest = -1;
+        for (int r = 0; r < n; r++)
+            if (sc->counts[r] > k) {
+                if (lowest < 0) lowest = r;
+                last = r;
+            }
+        if (k > 0) v += lowest + 1;
+        if (k >= sc->counts[rank]) continue;
+        memset(md.gw, 0, sizeof md.gw);
+        memset(md.gb, 0, sizeof md.gb);
+        memset(md.gex, 0, sizeof md.gex);
+        g_hook.cur_iter = k;
+        ASSERT_OK(tdist_ddp_forward_begin(ddp));
+        if (md.cnt != v)
+            FAIL("step %d: buffer %.17g after the broadcast, expected %.17g (root rank %d)", k,
+                 md.cnt, v, lowest);
+        md.cnt += rank + 1;
+        grad(&md, rank, k, md.gw, md.gb, md.gex);
+        ASSERT_OK(tdist_ddp_grad_ready(ddp, 2));
+        ASSERT_OK(tdist_ddp_grad_ready(ddp, 1));
+        ASSERT_OK(tdist_ddp_grad_ready(ddp, 0));
+        ASSERT_OK(tdist_ddp_backward_end(ddp));
+        for (int i = 0; i < NO * NI; i++)
+            md.w[i] -= LR * md.gw[i];
+        for (int oo = 0; oo < NO; oo++) {
+            md.b[oo] -= LR * md.gb[oo];
+            md.ex[oo] -= LR * md.gex[oo];
+        }
+        expect_model(k, &md, &ref[k]);
+    }
+    g_hook.cur_iter = -1;
+    g_hook.in_join_end = true;
+    ASSERT_OK(tdist_join_end(join));
+    g_hook.in_join_end = false;
+    /* every rank ends with the last joiner's model and buffer */
+    expect_model(-1, &md, &ref[K ? K - 1 : 0]);
+    double want_cnt = K ? v + last + 1 : 0.0;
+    if (md.cnt != want_cnt)
+        FAIL("final buffer %.17g, expected %.17g (last joiner rank %d)", md.cnt, want_cnt, last);
+    if (sc->hook) {
+        if (g_hook.err[0]) FAIL("inside the comm hook: %s", g_hook.err);
+        /* called on every step: its own ones, and shadowed ones once joined */
+        ASSERT_EQ(g_hook.active_calls, sc->counts[rank] * nb);
+        ASSERT_EQ(g_hook.shadow_calls, (K - sc->counts[rank]) * nb);
+        ASSERT_EQ(g_hook.active_calls + g_hook.shadow_calls, K * nb);
+        ASSERT_EQ(g_hook.then_calls, K * nb);
+    }
+    tdist_ddp_destroy(ddp);
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
+}
+
+static void run_both_modes(scen_t sc)
+{
+    for (int d = 0; d < 2; d++) {
+        sc.divide_initial = d == 0;
+        tdist_test_run_ranks(sc.n, uneven_body, &sc);
+    }
+}
+
+/* 8 ranks, two with no input at all (rank 0 among them: never iterates,
+ * never rebuilds its buckets, never the root of a broadcast) */
+TEST(join_world_size_8, 90)
+{
+    scen_t sc = {.n = 8, .counts = {0, 3, 5, 1, 2, 4, 0, 2}};
+    run_both_modes(sc);
+}
+
+/* A comm hook wrapping the default all_reduce, with a continuation that
+ * doubles: joined ranks call it too (on zeros), with the same divisor. */
+TEST(join_with_comm_hook, 90)
+{
+    scen_t a = {.n = 3, .counts = {2, 4, 0}, .hook = true};
+    run_both_modes(a);
+    scen_t b = {.n = 4, .counts = {3, 1, 0, 5}, .hook = true, .per_param = true};
+    run_both_modes(b);
+    scen_t c = {.n = 2, .counts = {5, 6}, .hook = true, .per_param = true};
+    run_both_modes(c);
+}
+
+/* ------------------------------- issue 5's two-rank Linear(1,1) variants */
+
+/* Rank r has 5 + r inputs; Linear(1,1) (weight w, bias b), loss
+ * 0.5 (w x + b - t)^2, SGD lr 0.1, f64. */
+#define LIN_LR 0.1
+
+typedef enum lin_variant {
+    LIN_JOIN,           /* (a) Join, plain loop: finishes, identical params */
+    LIN_NOJOIN_EXIT,    /* (b) no Join: rank 0 leaves the loop and exits */
+    LIN_NOJOIN_BARRIER, /* (c) no Join: rank 0 then calls tdist_barrier */
+} lin_variant_t;
+
+static void lin_data(int r, int k, double *x, double *t)
+{
+    *x = 0.5 + 0.25 * k + r;
+    *t = 2.0 * *x - 1.0 + 0.1 * r;
+}
+
+/* reference (averaged over the initial world size 2) after `steps` steps */
+static void lin_ref(int steps, double *w, double *b)
+{
+    *w = 0.3;
+    *b = -0.2;
+    for (int k = 0; k < steps; k++) {
+        double gw = 0, gb = 0;
+        for (int r = 0; r < 2; r++) {
+            if (k >= 5 + r) continue;
+            double x, t;
+            lin_data(r, k, &x, &t);
+            double e = *w * x + *b - t;
+            gw += e * x * 0.5;
+            gb += e * 0.5;
+        }
+        *w -= LIN_LR * gw;
+        *b -= LIN_LR * gb;
+    }
+}
+
+/* One iteration: TDIST_OK or the first error (its message in msg). */
+static tdist_status_t lin_step(tdist_ddp_t *ddp, int rank, int k, double *p, double *g,
+                               char *msg, size_t len)
+{
+    tdist_status_t st = tdist_ddp_forward_begin(ddp);
+    if (st == TDIST_OK) {
+        double x, t;
+        lin_data(rank, k, &x, &t);
+        double e = p[0] * x + p[1] - t;
+        g[0] = e * x;
+        g[1] = e;
+        st = tdist_ddp_grad_ready(ddp, 1);
+        if (st == TDIST_OK) st = tdist_ddp_grad_ready(ddp, 0);
+        if (st != TDIST_OK) {
+            snprintf(msg, len, "%s", tdist_last_error());
+            (void)tdist_ddp_backward_end(ddp); /* let the reducer close the iteration */
+            return st;
+        }
+        st = tdist_ddp_backward_end(ddp);
+    }
+    if (st != TDIST_OK) {
+        snprintf(msg, len, "%s", tdist_last_error());
+        return st;
+    }
+    p[0] -= LIN_LR * g[0];
+    p[1] -= LIN_LR * g[1];
+    return TDIST_OK;
+}
+
+static void expect_lin(const char *when, const double *p, int steps)
+{
+    double w, b;
+    lin_ref(steps, &w, &b);
+    if (fabs(p[0] - w) > TOL || fabs(p[1] - b) > TOL)
+        FAIL("%s: (w, b) = (%.17g, %.17g), reference after %d steps (%.17g, %.17g)", when, p[0],
+             p[1], steps, w, b);
+}
+
+static void lin_body(int rank, int n, void *arg)
+{
+    lin_variant_t var = *(const lin_variant_t *)arg;
+    ASSERT_EQ(n, 2);
+    tdist_world_t *w;
+    tdist_pg_t *pg;
+    /* long group timeout: a failure must come from the departure or the
+     * fingerprint, not from a deadline */
+    open_pg(&w, &pg, var == LIN_JOIN ? (int64_t)(20000 * tdist_test_timeout_mult()) : 30000);
+    double p[2] = {0.3 + rank, -0.2 - rank}, g[2] = {0, 0}; /* rank 0's wins at create */
+    tdist_ddp_param_t prm[2] = {{&p[0], &g[0], 1, TDIST_F64, "weight"},
+                                {&p[1], &g[1], 1, TDIST_F64, "bias"}};
+    tdist_ddp_t *ddp;
+    ASSERT_OK(tdist_ddp_create(pg, prm, 2, NULL, 0, NULL, &ddp));
+    expect_lin("after create", p, 0);
+    int mine = 5 + rank;
+    char msg[1024] = "";
+
+    if (var == LIN_JOIN) {
+        tdist_joinable_t j;
+        ASSERT_OK(tdist_ddp_joinable(ddp, &j));
+        tdist_join_t *join;
+        ASSERT_OK(tdist_join_begin(&j, 1, NULL, &join));
+        for (int k = 0; k < mine; k++) {
+            if (lin_step(ddp, rank, k, p, g, msg, sizeof msg) != TDIST_OK)
+                FAIL("step %d: %s", k, msg);
+            expect_lin("during the loop", p, k + 1);
+        }
+        ASSERT_OK(tdist_join_end(join));
+        expect_lin("after tdist_join_end", p, 6); /* rank 1's model, on both */
+        tdist_ddp_destroy(ddp);
+        tdist_pg_destroy(pg);
+        tdist_world_destroy(w);
+        return;
+    }
+
+    /* without Join: the common 5 steps succeed */
+    for (int k = 0; k < 5; k++) {
+        if (lin_step(ddp, rank, k, p, g, msg, sizeof msg) != TDIST_OK) FAIL("step %d: %s", k, msg);
+        expect_lin("during the common steps", p, k + 1);
+    }
+    if (rank == 0) {
+        if (var == LIN_NOJOIN_EXIT) {
+            /* leave the loop, clean up and exit normally */
+            tdist_ddp_destroy(ddp);
+            tdist_pg_destroy(pg);
+            tdist_world_destroy(w);
+            return;
+        }
+        /* LIN_NOJOIN_BARRIER: a different collective than rank 1's */
+        double t0 = tdist_test_now_ms();
+        ASSERT_STATUS(tdist_barrier(pg, NULL, NULL), TDIST_ERR_MISMATCH);
+        double dt = tdist_test_now_ms() - t0;
+        snprintf(msg, sizeof msg, "%s", tdist_last_error());
+        if (dt > 5000) FAIL("the barrier failed after %.0f ms (limit 5000 ms): %s", dt, msg);
+        ASSERT_CONTAINS(msg, "collective mismatch");
+        ASSERT_CONTAINS(msg, "rank 0 barrier()");
+        ASSERT_CONTAINS(msg, "rank 1 all_reduce");
+        expect_lin("after the failed barrier", p, 5);
+    } else {
+        /* rank 1's sixth step: DDP's all_reduce with nobody (or a barrier)
+         * on the other side */
+        double t0 = tdist_test_now_ms();
+        tdist_status_t st = lin_step(ddp, rank, 5, p, g, msg, sizeof msg);
+        double dt = tdist_test_now_ms() - t0;
+        if (st == TDIST_OK) FAIL("step 5 succeeded without its peer: (w, b) = (%.17g, %.17g)", p[0], p[1]);
+        if (dt > 5000) FAIL("step 5 failed after %.0f ms (limit 5000 ms; timeout 30 s): %s", dt, msg);
+        if (var == LIN_NOJOIN_EXIT) {
+            ASSERT_TRUE(st != TDIST_ERR_TIMEOUT);
+            ASSERT_CONTAINS(msg, "peer rank 0");
+        } else {
+            ASSERT_STATUS(st, TDIST_ERR_MISMATCH);
+            ASSERT_CONTAINS(msg, "collective mismatch");
+            ASSERT_CONTAINS(msg, "rank 0 barrier()");
+            ASSERT_CONTAINS(msg, "rank 1 all_reduce");
+        }
+        fprintf(stderr, "variant %d: rank 1 failed after %.1f ms: %s\n", (int)var, dt, msg);
+        expect_lin("after the failed step", p, 5); /* no garbage applied */
+    }
+    tdist_ddp_destroy(ddp);
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
+}
+
+static void run_lin(lin_variant_t var)
+{
+    tdist_test_run_ranks(2, lin_body, &var);
+}
+
+TEST(join_linear_variant_join_plain, 30) { run_lin(LIN_JOIN); }
+TEST(join_linear_variant_nojoin_exit_fails_fast, 30) { run_lin(LIN_NOJOIN_EXIT); }
+TEST(join_linear_variant_nojoin_barrier_mismatch, 30) { run_lin(LIN_NOJOIN_BARRIER); }
