@@ -173,6 +173,15 @@ static bool reached(void *arg)
     return true;
 }
 
+/* Whether the wait still needs rank r to move (a rank that has reached
+ * the target may leave). */
+static bool needs_rank(void *arg, int r)
+{
+    const waitfor_t *w = arg;
+    if (w->only >= 0 && r != w->only) return false;
+    return read_counter(w->s, r, w->what, w->v) < w->v;
+}
+
 static const char *what_name(what_t w)
 {
     switch (w) {
@@ -188,7 +197,7 @@ static tdist_status_t wait_for(const tdist__coll_ctx_t *c, what_t what, uint64_t
 {
     const tdist__shmc_t *s = c->shm;
     waitfor_t w = {s, what, v, only};
-    tdist_status_t st = tdist__tp_wait_until(s->tp, reached, &w, c->deadline_ms, c->spin);
+    tdist_status_t st = tdist__tp_wait_until(s->tp, reached, needs_rank, &w, c->deadline_ms, c->spin);
     if (st != TDIST_ERR_TIMEOUT) return st;
     char list[256] = "";
     size_t used = 0;

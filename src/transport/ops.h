@@ -61,7 +61,8 @@ TDIST__TP_DECLARE_OPS(shm);
 
 /* Shared-memory only (transport.h, "Shared-memory collectives"). */
 void *tdist__shm_area(tdist__tp_t *tp, int r, size_t *bytes);
-tdist_status_t tdist__shm_wait_until(tdist__tp_t *tp, bool (*cond)(void *arg), void *arg,
+tdist_status_t tdist__shm_wait_until(tdist__tp_t *tp, bool (*cond)(void *arg),
+                                     bool (*needs)(void *arg, int peer), void *arg,
                                      int64_t deadline_ms, bool spin);
 void tdist__shm_notify(tdist__tp_t *tp);
 

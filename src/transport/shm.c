@@ -952,18 +952,21 @@ void tdist__shm_notify(tdist__tp_t *t)
     }
 }
 
-/* A lost peer fails a collective wait whoever it is: every rank takes part. */
-static tdist_status_t check_lost(shm_tp_t *tp)
+/* A lost peer fails a collective wait if the wait still needs it (it may
+ * have done its part and left). */
+static tdist_status_t check_lost(shm_tp_t *tp, bool (*needs)(void *arg, int peer), void *arg)
 {
     check_peers(tp);
     for (int p = 0; p < tp->size; p++) {
         if (p == tp->rank) continue;
-        if (tp->pe[p].dead || tp->pe[p].closed) return peer_lost(tp, p, NULL);
+        if (!tp->pe[p].dead && !tp->pe[p].closed) continue;
+        if (!needs || needs(arg, p)) return peer_lost(tp, p, NULL);
     }
     return TDIST_OK;
 }
 
-tdist_status_t tdist__shm_wait_until(tdist__tp_t *t, bool (*cond)(void *arg), void *arg,
+tdist_status_t tdist__shm_wait_until(tdist__tp_t *t, bool (*cond)(void *arg),
+                                     bool (*needs)(void *arg, int peer), void *arg,
                                      int64_t deadline_ms, bool spin)
 {
     shm_tp_t *tp = TP(t);
@@ -990,7 +993,7 @@ tdist_status_t tdist__shm_wait_until(tdist__tp_t *t, bool (*cond)(void *arg), vo
     for (unsigned i = 0;; i++) {
         if (atomic_load_explicit(&tp->aborted, memory_order_relaxed)) return fail_aborted(tp);
         uint64_t now = tdist__now_ns();
-        if (now - tp->last_check_ns >= LIVENESS_NS) TDIST_CHECK(check_lost(tp));
+        if (now - tp->last_check_ns >= LIVENESS_NS) TDIST_CHECK(check_lost(tp, needs, arg));
         if (now >= end) return TDIST_ERR_TIMEOUT;
         if (now - start < YIELD_NS) {
             sched_yield();
@@ -1009,7 +1012,10 @@ tdist_status_t tdist__shm_wait_until(tdist__tp_t *t, bool (*cond)(void *arg), vo
     }
 }
 
-/* Any thread, also a signal handler: atomics, one futex wake, unlink. */
+/* Any thread, also a signal handler: atomics and one futex wake (both
+ * async-signal-safe). The segment is unlinked by connect's failure path
+ * (an abort during set-up fails it) or by destroy, not here: shm_unlink is
+ * not async-signal-safe. */
 void tdist__shm_abort(tdist__tp_t *t)
 {
     if (!t) return;
@@ -1019,7 +1025,6 @@ void tdist__shm_abort(tdist__tp_t *t)
         atomic_fetch_add(&tp->hdr->bell, 1);
         futex_wake(&tp->hdr->bell);
     }
-    unlink_own(tp);
 }
 
 void tdist__shm_destroy(tdist__tp_t *t)

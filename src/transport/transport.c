@@ -118,13 +118,14 @@ void *tdist__tp_shm_area(tdist__tp_t *tp, int r, size_t *bytes)
     return is_shm(tp) ? tdist__shm_area(tp, r, bytes) : NULL;
 }
 
-tdist_status_t tdist__tp_wait_until(tdist__tp_t *tp, bool (*cond)(void *arg), void *arg,
+tdist_status_t tdist__tp_wait_until(tdist__tp_t *tp, bool (*cond)(void *arg),
+                                    bool (*needs)(void *arg, int peer), void *arg,
                                     int64_t deadline_ms, bool spin)
 {
     if (!is_shm(tp) || !cond)
         return tdist__error(TDIST_ERR_NOT_SUPPORTED, "tdist__tp_wait_until: needs a shared-memory "
                             "transport and a condition");
-    return tdist__shm_wait_until(tp, cond, arg, deadline_ms, spin);
+    return tdist__shm_wait_until(tp, cond, needs, arg, deadline_ms, spin);
 }
 
 void tdist__tp_notify(tdist__tp_t *tp)

@@ -86,7 +86,7 @@ typedef struct tdist__tp_req {
 /* Open this rank's end. TCP: listen on opts->bind_addr (a numeric IPv4 or
  * IPv6 literal; brackets allowed), port 0. SHM: create this rank's inbound
  * segment (/dev/shm/tdist-<pid>-<random>, unlinked by connect once every
- * peer mapped it, or by abort/destroy); address "shm:/<name>:<pid>". Does not block. On success the
+ * peer mapped it, or by a failed connect or destroy); address "shm:/<name>:<pid>". Does not block. On success the
  * caller owns *out (tdist__tp_destroy); on failure *out is untouched.
  * Errors: TDIST_ERR_INVALID_ARG (bad rank/size/address),
  * TDIST_ERR_NOT_SUPPORTED (kind), TDIST_ERR_SYSTEM. Thread-safe (each call
@@ -169,12 +169,17 @@ void *tdist__tp_shm_area(tdist__tp_t *tp, int r, size_t *bytes);
  * it (a background thread, whose CPU the caller's computation needs) go
  * straight on — then sched_yield for up to ~1 ms, then sleep on this rank's doorbell a few ms at a time (a
  * tdist__tp_notify from any peer wakes it), checking peers' liveness every
- * ~2 ms and the abort flag always. Returns TDIST_OK once cond holds;
+ * ~2 ms and the abort flag always. A peer that exited or closed its
+ * transport fails the wait only if needs(arg, peer) says the condition
+ * still waits for it (needs NULL: any lost peer fails it) — a peer may
+ * finish its part of a collective and leave while others still wait for
+ * slower ranks. Returns TDIST_OK once cond holds;
  * TDIST_ERR_TIMEOUT at deadline_ms (no message: the caller knows what it
  * waited for; the transport stays usable); a peer that exited or closed
  * its transport fails the transport (sticky TDIST_ERR_CONNECTION naming
  * it); abort gives TDIST_ERR_ABORTED. TDIST_ERR_NOT_SUPPORTED for TCP. */
-tdist_status_t tdist__tp_wait_until(tdist__tp_t *tp, bool (*cond)(void *arg), void *arg,
+tdist_status_t tdist__tp_wait_until(tdist__tp_t *tp, bool (*cond)(void *arg),
+                                    bool (*needs)(void *arg, int peer), void *arg,
                                     int64_t deadline_ms, bool spin);
 
 /* After writing to this rank's collective area: wake every peer that
