@@ -13,13 +13,10 @@
 #include "harness.h"
 #include "tdist/ddp.h"
 
+/* Join the job and create the world group (timeout 20 s, scaled). */
 static void open_pg(tdist_world_t **w, tdist_pg_t **pg)
 {
-    ASSERT_OK(tdist_init("env://", NULL, w));
-    tdist_pg_opts_t o;
-    tdist_pg_opts_init(&o);
-    o.timeout_ms = (int64_t)(20000 * tdist_test_timeout_mult());
-    ASSERT_OK(tdist_pg_create_world(*w, &o, pg));
+    tdist_test_open_world(w, pg, (int64_t)(20000 * tdist_test_timeout_mult()));
 }
 
 /* A toy model: 4 parameters of sizes 6, 3, 5, 2 (f32). */

@@ -379,3 +379,12 @@ int main(int argc, char **argv)
     printf("%d passed, %d failed\n", ran - failed, failed);
     return failed ? 1 : 0;
 }
+
+void tdist_test_open_world(tdist_world_t **w, tdist_pg_t **pg, int64_t timeout_ms)
+{
+    ASSERT_OK(tdist_init("env://", NULL, w));
+    tdist_pg_opts_t o;
+    tdist_pg_opts_init(&o);
+    o.timeout_ms = timeout_ms;
+    ASSERT_OK(tdist_pg_create_world(*w, &o, pg));
+}

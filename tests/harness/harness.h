@@ -182,6 +182,12 @@ int tdist_test_spawn_ranks(const tdist_ranks_opts_t *o, tdist_rank_fn body, void
  * naming the first rank that failed and how, unless every rank exits 0. */
 void tdist_test_run_ranks(int n, tdist_rank_fn body, void *arg);
 
+/* In a rank body: join the job (env://) and create the world group with
+ * a group timeout of timeout_ms (used as given: scale it with
+ * tdist_test_timeout_mult() where a slow sanitizer build should wait
+ * longer). Fails the test on error. */
+void tdist_test_open_world(tdist_world_t **w, tdist_pg_t **pg, int64_t timeout_ms);
+
 /* Describe a result ("exited with status 1", "killed by signal 9 (Killed)"). */
 const char *tdist_test_describe(const tdist_rank_result_t *r, char *buf, size_t n);
 

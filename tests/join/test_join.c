@@ -23,126 +23,14 @@
 #include "harness.h"
 #include "tdist/join.h"
 
-#define MAXR 8
-#define NI 3
-#define NO 2
-#define LR 0.05
-#define TOL 1e-12
+#include "join_model.h"
 
-typedef struct scen {
-    int n;
-    int counts[MAXR];
-    bool divide_initial;
-    bool find_unused; /* also: one bucket per parameter */
-    int micro;
-} scen_t;
-
-typedef struct model {
-    double w[NO * NI], b[NO], ex[NO];
-    double gw[NO * NI], gb[NO], gex[NO];
-    double cnt;
-} model_t;
-
+/* Join the job and create the world group (timeout 20 s, scaled). */
 static void open_pg(tdist_world_t **w, tdist_pg_t **pg)
 {
-    ASSERT_OK(tdist_init("env://", NULL, w));
-    tdist_pg_opts_t o;
-    tdist_pg_opts_init(&o);
-    o.timeout_ms = (int64_t)(20000 * tdist_test_timeout_mult());
-    ASSERT_OK(tdist_pg_create_world(*w, &o, pg));
+    tdist_test_open_world(w, pg, (int64_t)(20000 * tdist_test_timeout_mult()));
 }
 
-static void data(int r, int k, int m, double x[NI], double t[NO])
-{
-    for (int i = 0; i < NI; i++)
-        x[i] = sin(1.0 + 0.7 * r + 1.3 * k + 0.37 * m + 0.11 * i);
-    for (int o = 0; o < NO; o++)
-        t[o] = cos(0.5 + 0.3 * r - 0.9 * k + 0.21 * m + 0.5 * o);
-}
-
-static void init_model(model_t *md, int rank)
-{
-    memset(md, 0, sizeof *md);
-    for (int i = 0; i < NO * NI; i++)
-        md->w[i] = 0.1 * (i + 1) - 0.3 + rank; /* rank 0's wins at create */
-    for (int o = 0; o < NO; o++) {
-        md->b[o] = 0.2 * o - 0.1;
-        md->ex[o] = 0.05 * (o + 1);
-    }
-    md->cnt = 1000.0 * rank;
-}
-
-/* add rank r's gradient for (k, m) at parameters `at` into g (scaled by s) */
-static void grad(const model_t *at, int r, int k, int m, double s, double *gw, double *gb,
-                 double *gex)
-{
-    double x[NI], t[NO];
-    data(r, k, m, x, t);
-    for (int o = 0; o < NO; o++) {
-        double out = at->b[o] + (r == 0 ? at->ex[o] : 0.0);
-        for (int i = 0; i < NI; i++)
-            out += at->w[o * NI + i] * x[i];
-        double e = out - t[o];
-        gb[o] += s * e;
-        if (r == 0) gex[o] += s * e;
-        for (int i = 0; i < NI; i++)
-            gw[o * NI + i] += s * e * x[i];
-    }
-}
-
-static void expect_near(const char *what, int step, const double *a, const double *ref, int n)
-{
-    for (int i = 0; i < n; i++)
-        if (fabs(a[i] - ref[i]) > TOL * fmax(1.0, fabs(ref[i])))
-            FAIL("step %d: %s[%d] = %.17g, reference %.17g", step, what, i, a[i], ref[i]);
-}
-
-static void expect_model(int step, const model_t *a, const model_t *ref)
-{
-    expect_near("W", step, a->w, ref->w, NO * NI);
-    expect_near("b", step, a->b, ref->b, NO);
-    expect_near("extra", step, a->ex, ref->ex, NO);
-}
-
-/* Reference after `steps` steps (ref_after[k] = parameters after step k). */
-static int ref_run(const scen_t *sc, model_t *ref_after, int cap)
-{
-    model_t p;
-    init_model(&p, 0);
-    int K = 0;
-    for (int r = 0; r < sc->n; r++)
-        K = sc->counts[r] > K ? sc->counts[r] : K;
-    ASSERT_LE(K, cap);
-    for (int k = 0; k < K; k++) {
-        int act = 0;
-        for (int r = 0; r < sc->n; r++)
-            act += sc->counts[r] > k;
-        double s = 1.0 / (double)(sc->divide_initial ? sc->n : act);
-        double gw[NO * NI] = {0}, gb[NO] = {0}, gex[NO] = {0};
-        for (int r = 0; r < sc->n; r++) {
-            if (sc->counts[r] <= k) continue;
-            double lw[NO * NI] = {0}, lb[NO] = {0}, lex[NO] = {0};
-            for (int m = 0; m < sc->micro; m++)
-                grad(&p, r, k, m, 1.0, lw, lb, lex);
-            /* each rank's (accumulated) gradient is premultiplied, then summed */
-            for (int i = 0; i < NO * NI; i++)
-                gw[i] += lw[i] * s;
-            for (int o = 0; o < NO; o++) {
-                gb[o] += lb[o] * s;
-                gex[o] += lex[o] * s;
-            }
-        }
-        for (int i = 0; i < NO * NI; i++)
-            p.w[i] -= LR * gw[i];
-        for (int o = 0; o < NO; o++) {
-            p.b[o] -= LR * gb[o];
-            p.ex[o] -= LR * gex[o];
-        }
-        ref_after[k] = p;
-    }
-    if (K == 0) ref_after[0] = p;
-    return K;
-}
 
 static void uneven_body(int rank, int n, void *arg)
 {

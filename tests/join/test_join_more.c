@@ -20,134 +20,8 @@
 #include "harness.h"
 #include "tdist/join.h"
 
-#define MAXR 8
-#define NI 3
-#define NO 2
-#define LR 0.05
-#define TOL 1e-12
+#include "join_model.h"
 
-typedef struct scen {
-    int n;
-    int counts[MAXR];
-    bool divide_initial;
-    bool hook;       /* register hook_allreduce_x2 (wraps the default hook, then x2) */
-    bool per_param;  /* one bucket per parameter */
-} scen_t;
-
-typedef struct model {
-    double w[NO * NI], b[NO], ex[NO];
-    double gw[NO * NI], gb[NO], gex[NO];
-    double cnt;
-} model_t;
-
-static void open_pg(tdist_world_t **w, tdist_pg_t **pg, int64_t timeout_ms)
-{
-    ASSERT_OK(tdist_init("env://", NULL, w));
-    tdist_pg_opts_t o;
-    tdist_pg_opts_init(&o);
-    o.timeout_ms = timeout_ms;
-    ASSERT_OK(tdist_pg_create_world(*w, &o, pg));
-}
-
-static void data(int r, int k, double x[NI], double t[NO])
-{
-    for (int i = 0; i < NI; i++)
-        x[i] = sin(1.0 + 0.7 * r + 1.3 * k + 0.11 * i);
-    for (int o = 0; o < NO; o++)
-        t[o] = cos(0.5 + 0.3 * r - 0.9 * k + 0.5 * o);
-}
-
-static void init_model(model_t *md, int rank)
-{
-    memset(md, 0, sizeof *md);
-    for (int i = 0; i < NO * NI; i++)
-        md->w[i] = 0.1 * (i + 1) - 0.3 + rank; /* rank 0's wins at create */
-    for (int o = 0; o < NO; o++) {
-        md->b[o] = 0.2 * o - 0.1;
-        md->ex[o] = 0.05 * (o + 1);
-    }
-    md->cnt = 1000.0 * rank;
-}
-
-static void grad(const model_t *at, int r, int k, double *gw, double *gb, double *gex)
-{
-    double x[NI], t[NO];
-    data(r, k, x, t);
-    for (int o = 0; o < NO; o++) {
-        double out = at->b[o] + (r == 0 ? at->ex[o] : 0.0);
-        for (int i = 0; i < NI; i++)
-            out += at->w[o * NI + i] * x[i];
-        double e = out - t[o];
-        gb[o] += e;
-        if (r == 0) gex[o] += e;
-        for (int i = 0; i < NI; i++)
-            gw[o * NI + i] += e * x[i];
-    }
-}
-
-static void expect_near(const char *what, int step, const double *a, const double *ref, int n)
-{
-    for (int i = 0; i < n; i++)
-        if (fabs(a[i] - ref[i]) > TOL * fmax(1.0, fabs(ref[i])))
-            FAIL("step %d: %s[%d] = %.17g, reference %.17g", step, what, i, a[i], ref[i]);
-}
-
-static void expect_model(int step, const model_t *a, const model_t *ref)
-{
-    expect_near("W", step, a->w, ref->w, NO * NI);
-    expect_near("b", step, a->b, ref->b, NO);
-    expect_near("extra", step, a->ex, ref->ex, NO);
-}
-
-static int max_count(const scen_t *sc)
-{
-    int K = 0;
-    for (int r = 0; r < sc->n; r++)
-        K = sc->counts[r] > K ? sc->counts[r] : K;
-    return K;
-}
-
-static int active_at(const scen_t *sc, int k)
-{
-    int act = 0;
-    for (int r = 0; r < sc->n; r++)
-        act += sc->counts[r] > k;
-    return act;
-}
-
-/* ref_after[k] = parameters after step k; returns the number of steps */
-static int ref_run(const scen_t *sc, model_t *ref_after, int cap)
-{
-    model_t p;
-    init_model(&p, 0);
-    int K = max_count(sc);
-    ASSERT_LE(K, cap);
-    for (int k = 0; k < K; k++) {
-        double s = 1.0 / (double)(sc->divide_initial ? sc->n : active_at(sc, k));
-        double gw[NO * NI] = {0}, gb[NO] = {0}, gex[NO] = {0};
-        for (int r = 0; r < sc->n; r++) {
-            if (sc->counts[r] <= k) continue;
-            double lw[NO * NI] = {0}, lb[NO] = {0}, lex[NO] = {0};
-            grad(&p, r, k, lw, lb, lex);
-            for (int i = 0; i < NO * NI; i++)
-                gw[i] += lw[i] * s;
-            for (int o = 0; o < NO; o++) {
-                gb[o] += lb[o] * s;
-                gex[o] += lex[o] * s;
-            }
-        }
-        double hs = sc->hook ? 2.0 : 1.0; /* the hook's continuation doubles (exact) */
-        for (int i = 0; i < NO * NI; i++)
-            p.w[i] -= LR * (hs * gw[i]);
-        for (int o = 0; o < NO; o++) {
-            p.b[o] -= LR * (hs * gb[o]);
-            p.ex[o] -= LR * (hs * gex[o]);
-        }
-        ref_after[k] = p;
-    }
-    if (K == 0) ref_after[0] = p;
-    return K;
-}
 
 /* ------------------------------------------------------------ the hook */
 
@@ -226,7 +100,7 @@ static void uneven_body(int rank, int n, void *arg)
 
     tdist_world_t *w;
     tdist_pg_t *pg;
-    open_pg(&w, &pg, (int64_t)(20000 * tdist_test_timeout_mult()));
+    tdist_test_open_world(&w, &pg, (int64_t)(20000 * tdist_test_timeout_mult()));
     model_t md;
     init_model(&md, rank);
     tdist_ddp_param_t params[3] = {{md.w, md.gw, NO * NI, TDIST_F64, "W"},
@@ -275,7 +149,7 @@ static void uneven_body(int rank, int n, void *arg)
             FAIL("step %d: buffer %.17g after the broadcast, expected %.17g (root rank %d)", k,
                  md.cnt, v, lowest);
         md.cnt += rank + 1;
-        grad(&md, rank, k, md.gw, md.gb, md.gex);
+        grad(&md, rank, k, 0, 1.0, md.gw, md.gb, md.gex);
         ASSERT_OK(tdist_ddp_grad_ready(ddp, 2));
         ASSERT_OK(tdist_ddp_grad_ready(ddp, 1));
         ASSERT_OK(tdist_ddp_grad_ready(ddp, 0));
@@ -422,7 +296,7 @@ static void lin_body(int rank, int n, void *arg)
     tdist_pg_t *pg;
     /* long group timeout: a failure must come from the departure or the
      * fingerprint, not from a deadline */
-    open_pg(&w, &pg, var == LIN_JOIN ? (int64_t)(20000 * tdist_test_timeout_mult()) : 30000);
+    tdist_test_open_world(&w, &pg, var == LIN_JOIN ? (int64_t)(20000 * tdist_test_timeout_mult()) : 30000);
     double p[2] = {0.3 + rank, -0.2 - rank}, g[2] = {0, 0}; /* rank 0's wins at create */
     tdist_ddp_param_t prm[2] = {{&p[0], &g[0], 1, TDIST_F64, "weight"},
                                 {&p[1], &g[1], 1, TDIST_F64, "bias"}};

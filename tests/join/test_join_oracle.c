@@ -197,13 +197,10 @@ static uint32_t bits_of(float f)
     return h;
 }
 
+/* Join the job and create the world group (timeout 20 s, scaled). */
 static void open_pg(tdist_world_t **w, tdist_pg_t **pg)
 {
-    ASSERT_OK(tdist_init("env://", NULL, w));
-    tdist_pg_opts_t o;
-    tdist_pg_opts_init(&o);
-    o.timeout_ms = (int64_t)(20000 * tdist_test_timeout_mult());
-    ASSERT_OK(tdist_pg_create_world(*w, &o, pg));
+    tdist_test_open_world(w, pg, (int64_t)(20000 * tdist_test_timeout_mult()));
 }
 
 /* ------------------------------------------------------------------ S1 */
