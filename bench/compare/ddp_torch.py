@@ -37,30 +37,18 @@ and RESULT lines. Exit status 0; 1 if a worker failed or the deadline
 
 import argparse
 import os
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_launch  # noqa: E402
+from torch_launch import bounded_int  # noqa: E402
 
 CLASSES = 10
 NBATCHES = 4
 LR = 0.01
 # name: (input, hidden, hidden layers, default steps, default warm-up)
 MODELS = {"3M": (1024, 1024, 3, 30, 5), "25M": (2048, 2048, 6, 10, 3)}
-
-
-def bounded_int(lo, hi):
-    def conv(s):
-        try:
-            v = int(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError("not an integer: '%s'" % s)
-        if v < lo or v > hi:
-            raise argparse.ArgumentTypeError("%d not in %d..%d" % (v, lo, hi))
-        return v
-    return conv
 
 
 def median(v):
@@ -180,49 +168,7 @@ def worker(a):
 
 
 def launch(a, argv):
-    tmp = tempfile.mkdtemp(prefix="tdist-ddp-torch-")
-    env = dict(os.environ)
-    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    env["OMP_NUM_THREADS"] = str(a.threads)
-    env["OPENBLAS_NUM_THREADS"] = str(a.threads)
-    procs = []
-    status = 0
-    try:
-        for r in range(a.nproc):
-            cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(r),
-                   "--store", os.path.join(tmp, "store")] + argv
-            procs.append(subprocess.Popen(cmd, env=env))
-        deadline = time.monotonic() + a.timeout
-        pending = list(procs)
-        # Bounded: every turn sleeps 50 ms and the deadline ends the loop.
-        while pending and time.monotonic() < deadline:
-            for p in list(pending):
-                rc = p.poll()
-                if rc is None:
-                    continue
-                pending.remove(p)
-                if rc != 0:
-                    status = 1
-                    print("ddp_torch: worker %d exited with status %d" % (procs.index(p), rc),
-                          file=sys.stderr)
-            if status:
-                break
-            time.sleep(0.05)
-        if pending and not status:
-            print("ddp_torch: deadline of %d s passed" % a.timeout, file=sys.stderr)
-            status = 1
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=5)
-        shutil.rmtree(tmp, ignore_errors=True)
-    return status
+    return torch_launch.launch(__file__, "ddp_torch", a.nproc, a.timeout, argv, {"OMP_NUM_THREADS": str(a.threads), "OPENBLAS_NUM_THREADS": str(a.threads)})
 
 
 def main():

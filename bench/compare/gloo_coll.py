@@ -33,12 +33,12 @@ arguments.
 import argparse
 import os
 import re
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_launch  # noqa: E402
+from torch_launch import bounded_int  # noqa: E402
 
 MAX_BYTES = 1 << 30
 MAX_SIZES = 64
@@ -54,18 +54,6 @@ def parse_size(s):
     if v <= 0 or v > MAX_BYTES:
         raise argparse.ArgumentTypeError("size '%s' out of range (1..1G)" % s)
     return v
-
-
-def bounded_int(lo, hi):
-    def conv(s):
-        try:
-            v = int(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError("not an integer: '%s'" % s)
-        if v < lo or v > hi:
-            raise argparse.ArgumentTypeError("%d not in %d..%d" % (v, lo, hi))
-        return v
-    return conv
 
 
 def sizes(a):
@@ -144,48 +132,7 @@ def worker(a):
 
 
 def launch(a, argv):
-    tmp = tempfile.mkdtemp(prefix="tdist-gloo-")
-    env = dict(os.environ)
-    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    env["OMP_NUM_THREADS"] = "1"
-    procs = []
-    status = 0
-    try:
-        for r in range(a.nproc):
-            cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(r),
-                   "--store", os.path.join(tmp, "store")] + argv
-            procs.append(subprocess.Popen(cmd, env=env))
-        deadline = time.monotonic() + a.timeout
-        pending = list(procs)
-        # Bounded: every turn sleeps 50 ms and the deadline ends the loop.
-        while pending and time.monotonic() < deadline:
-            for p in list(pending):
-                rc = p.poll()
-                if rc is None:
-                    continue
-                pending.remove(p)
-                if rc != 0:
-                    status = 1
-                    print("gloo_coll: worker %d exited with status %d" % (procs.index(p), rc),
-                          file=sys.stderr)
-            if status:
-                break
-            time.sleep(0.05)
-        if pending and not status:
-            print("gloo_coll: deadline of %d s passed" % a.timeout, file=sys.stderr)
-            status = 1
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=5)
-        shutil.rmtree(tmp, ignore_errors=True)
-    return status
+    return torch_launch.launch(__file__, "gloo_coll", a.nproc, a.timeout, argv, {"OMP_NUM_THREADS": "1"})
 
 
 def main():
