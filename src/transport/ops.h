@@ -59,6 +59,22 @@ typedef struct tdist__tp_ops {
 TDIST__TP_DECLARE_OPS(tcp);
 TDIST__TP_DECLARE_OPS(shm);
 
+/* Request bookkeeping every kind shares (transport.c). */
+
+/* Finish req with st and unlink it from its queue. */
+void tdist__tp_req_finish(tdist__tp_req_t *req, tdist_status_t st);
+
+/* The argument checks of post_send / post_recv (fn names the call).
+ * has_req: the request pointer is not NULL (passed as a flag: the request
+ * is not initialised yet, and the compiler must not think it is read). */
+tdist_status_t tdist__tp_check_post(int rank, int size, bool has_req, int peer, const void *buf,
+                                    size_t len, const char *fn);
+
+/* Fill req for a new post and, unless it is empty (finished at once),
+ * append it to the queue (*head, *tail) of its peer and direction. */
+void tdist__tp_req_enqueue(tdist__tp_req_t *req, int peer, void *buf, size_t len, bool is_send,
+                           tdist__tp_req_t **head, tdist__tp_req_t **tail);
+
 /* Shared-memory only (transport.h, "Shared-memory collectives"). */
 void *tdist__shm_area(tdist__tp_t *tp, int r, size_t *bytes);
 tdist_status_t tdist__shm_wait_until(tdist__tp_t *tp, bool (*cond)(void *arg),

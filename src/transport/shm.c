@@ -183,12 +183,7 @@ static void ring_bell(seg_hdr_t *h)
 
 static tdist_status_t sticky(const shm_tp_t *tp) { return tdist__error(tp->err, "%s", tp->errmsg); }
 
-static void finish(tdist__tp_req_t *req, tdist_status_t st)
-{
-    req->finished = true;
-    req->status = st;
-    req->next = NULL;
-}
+static void finish(tdist__tp_req_t *req, tdist_status_t st) { tdist__tp_req_finish(req, st); }
 
 static tdist_status_t fail(shm_tp_t *tp, tdist_status_t st, const char *fmt, ...) TDIST_PRINTF(3, 4);
 static tdist_status_t fail(shm_tp_t *tp, tdist_status_t st, const char *fmt, ...)
@@ -630,37 +625,17 @@ static tdist_status_t post(shm_tp_t *tp, tdist__tp_req_t *req, int peer, void *b
                            bool is_send, const char *fn)
 {
     TDIST_ARG_CHECK(tp != NULL, fn);
-    TDIST_ARG_CHECK(req != NULL, fn);
-    TDIST_ARG_CHECK(buf != NULL || len == 0, fn);
-    if (peer < 0 || peer >= tp->size || peer == tp->rank)
-        return tdist__error(TDIST_ERR_INVALID_ARG,
-                            "%s: rank %d: peer %d is not another rank of the %d", fn, tp->rank,
-                            peer, tp->size);
+    TDIST_CHECK(tdist__tp_check_post(tp->rank, tp->size, req != NULL, peer, buf, len, fn));
     if (tp->err != TDIST_OK) return sticky(tp);
     if (atomic_load(&tp->aborted)) return fail_aborted(tp);
     if (!tp->connected)
         return tdist__error(TDIST_ERR_INVALID_ARG, "%s: rank %d: transport is not connected", fn,
                             tp->rank);
-    req->next = NULL;
-    req->buf = buf;
-    req->len = len;
-    req->done = 0;
-    req->peer = peer;
-    req->is_send = is_send;
-    req->finished = false;
-    req->status = TDIST_INPROGRESS;
-    if (len == 0) {
-        finish(req, TDIST_OK);
-        return TDIST_OK;
-    }
     peer_t *c = &tp->pe[peer];
-    tdist__tp_req_t **head = is_send ? &c->sq_head : &c->rq_head;
-    tdist__tp_req_t **tail = is_send ? &c->sq_tail : &c->rq_tail;
-    if (*tail)
-        (*tail)->next = req;
+    if (is_send)
+        tdist__tp_req_enqueue(req, peer, buf, len, true, &c->sq_head, &c->sq_tail);
     else
-        *head = req;
-    *tail = req;
+        tdist__tp_req_enqueue(req, peer, buf, len, false, &c->rq_head, &c->rq_tail);
     return TDIST_OK;
 }
 

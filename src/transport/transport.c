@@ -132,3 +132,47 @@ void tdist__tp_notify(tdist__tp_t *tp)
 {
     if (is_shm(tp)) tdist__shm_notify(tp);
 }
+
+/* ------------------------------------------------ request bookkeeping */
+
+void tdist__tp_req_finish(tdist__tp_req_t *req, tdist_status_t st)
+{
+    req->finished = true;
+    req->status = st;
+    req->next = NULL;
+}
+
+tdist_status_t tdist__tp_check_post(int rank, int size, bool has_req, int peer, const void *buf,
+                                    size_t len, const char *fn)
+{
+    if (!has_req)
+        return tdist__error(TDIST_ERR_INVALID_ARG, "%s: invalid argument: req != NULL", fn);
+    TDIST_ARG_CHECK(buf != NULL || len == 0, fn);
+    if (peer < 0 || peer >= size || peer == rank)
+        return tdist__error(TDIST_ERR_INVALID_ARG,
+                            "%s: rank %d: peer %d is not another rank of the %d", fn, rank, peer,
+                            size);
+    return TDIST_OK;
+}
+
+void tdist__tp_req_enqueue(tdist__tp_req_t *req, int peer, void *buf, size_t len, bool is_send,
+                           tdist__tp_req_t **head, tdist__tp_req_t **tail)
+{
+    req->next = NULL;
+    req->buf = buf;
+    req->len = len;
+    req->done = 0;
+    req->peer = peer;
+    req->is_send = is_send;
+    req->finished = false;
+    req->status = TDIST_INPROGRESS;
+    if (len == 0) {
+        tdist__tp_req_finish(req, TDIST_OK);
+        return;
+    }
+    if (*tail)
+        (*tail)->next = req;
+    else
+        *head = req;
+    *tail = req;
+}
