@@ -54,7 +54,8 @@ typedef enum tdist_status {
     TDIST_ERR_AUTH = -12,           /* refused: wrong or missing shared secret */
     TDIST_ERR_ADDR_IN_USE = -13,    /* the address to listen on is taken */
     TDIST_ERR_DUPLICATE = -14,      /* two processes claim one rank */
-    TDIST_ERR_EARLY_TERMINATION = -15 /* a rank ran out of inputs (Join) */
+    TDIST_ERR_EARLY_TERMINATION = -15, /* a rank ran out of inputs (Join) */
+    TDIST_ERR_JOINED = -16          /* needs a rank that has joined (Join); nothing was done */
 } tdist_status_t;
 
 /* Name of a status code ("TDIST_ERR_TIMEOUT"); "TDIST_UNKNOWN_STATUS" for

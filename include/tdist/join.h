@@ -24,7 +24,7 @@
  * the joinable before its per-iteration collectives; for DDP in
  * tdist_ddp_forward_begin) performs ONE all_gather of one int64 per rank on
  * the first joinable's group: bit 0 is 1 on a rank still in its loop (0 on
- * a joined rank, which notifies from tdist_join_end), bits 1.. carry the
+ * a joined rank, which notifies from tdist_join_end), bits 1..58 carry the
  * joinable's flags. From it every rank knows, identically: how many ranks
  * are active, which (the lowest active rank is the root of broadcasts the
  * joinables issue), and who ran out. On a joined rank, tdist_join_end loops:
@@ -32,6 +32,18 @@
  * once (which must issue exactly the collectives the active ranks issue in
  * that iteration). Then it runs every post_hook with is_last_joiner (the
  * last rank(s) to join; ties: the highest of them is the root).
+ *
+ * Any collective (rule 4). Once a notification has shown that ranks have
+ * joined, every collective the active ranks issue on the first joinable's
+ * group — a barrier, a loss all_reduce, a SyncBatchNorm all_gather — is
+ * taken part in by the joined ranks with the reduction's identity (zeros in
+ * their all_gather / all_to_all / gather slots); AVG divides by the
+ * state's divisor. What cannot be shadowed fails on the calling ranks
+ * before anything is sent, with TDIST_ERR_JOINED: a broadcast, scatter,
+ * reduce or gather rooted at a joined rank, send/recv with one,
+ * all_gatherv, all_to_allv, monitored_barrier; and, inside a Join, any
+ * collective on the group before this rank's first notification. See
+ * docs/join.md.
  *
  * Every rank must pass the same joinables (same groups, same order) and
  * the same options. Threads: a Join and its joinables are used by one
@@ -61,7 +73,7 @@ typedef struct tdist_join_state {
     int active;          /* ranks still in their loop this iteration */
     int lowest_active;   /* lowest active rank; -1 when none */
     int divisor;         /* world_size, or active with divide_by_initial_world_size false */
-    uint64_t flags;      /* OR of the active ranks' notify flags (bits 0..61) */
+    uint64_t flags;      /* OR of the active ranks' notify flags (bits 0..57) */
     int last_joiner;     /* the root of the final sync: highest rank among those
                             active in the last iteration anyone was active (the
                             highest rank when there was none); valid in post hooks */
@@ -115,12 +127,18 @@ TDIST_API tdist_status_t tdist_join_begin(const tdist_joinable_t *joinables, siz
  * iteration, before its collectives. Only the first joinable's call
  * performs the notification (one all_gather on its group, blocking);
  * the others get the state the last notification found. flags (bits
- * 0..61) are ORed across active ranks into state->flags. Fills *state
+ * 0..57) are ORed across active ranks into state->flags. Fills *state
  * (may be NULL). With enable false: no communication; *state says every
  * rank is active. Returns TDIST_ERR_EARLY_TERMINATION (throw option) when
  * some rank has run out, or the collective's error. */
 TDIST_API tdist_status_t tdist_join_notify(tdist_join_t *join, const void *ctx, uint64_t flags,
                                            tdist_join_state_t *state);
+
+/* What the last notification found (before the first one: every rank
+ * active, iteration 0). No communication; for user code inside the loop,
+ * e.g. to root a broadcast at state->lowest_active. Not thread-safe (the
+ * training thread's). */
+TDIST_API tdist_status_t tdist_join_get_state(const tdist_join_t *join, tdist_join_state_t *state);
 
 /* End the Join on this rank (it has run out of inputs): notify "joined"
  * and run the main hooks once per iteration the active ranks still

@@ -162,6 +162,13 @@ void tdist__shmc_publish(const tdist__coll_ctx_t *c, const void *blob, size_t le
                          const void *aux, size_t aux_len);
 const uint8_t *tdist__shmc_peek(const tdist__coll_ctx_t *c, int r, size_t *len);
 const uint8_t *tdist__shmc_peek_aux(const tdist__coll_ctx_t *c, int r, size_t *len);
+/* Wait (bounded by c->deadline_ms, failing if r dies) until rank r has
+ * published its part of this rank's NEXT exchange, without publishing
+ * anything; then *aux points at r's aux of it (valid until this rank's
+ * exchange after next). For a rank that must see what r announces before
+ * it can say what it does itself (Join's shadowing). */
+tdist_status_t tdist__shmc_await_next(const tdist__coll_ctx_t *c, int r, const uint8_t **aux,
+                                      size_t *aux_len);
 
 /* all_reduce (root < 0) or reduce to root through the staging area. */
 tdist_status_t tdist__shmc_all_reduce(const tdist__coll_ctx_t *c, const void *sendbuf,

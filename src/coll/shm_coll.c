@@ -253,6 +253,21 @@ const uint8_t *tdist__shmc_peek_aux(const tdist__coll_ctx_t *c, int r, size_t *l
     return l->aux;
 }
 
+tdist_status_t tdist__shmc_await_next(const tdist__coll_ctx_t *c, int r, const uint8_t **aux,
+                                      size_t *aux_len)
+{
+    tdist__shmc_t *s = c->shm;
+    uint64_t next = s->line_seq + 1;
+    TDIST_CHECK(wait_for(c, W_LINE, next, r));
+    line_t *l = line_of(s, r, next);
+    if (atomic_load_explicit(&l->seq, memory_order_acquire) != next)
+        return tdist__error(TDIST_ERR_INTERNAL, "rank %d: shm exchange %llu: rank %d is "
+                            "already past it", s->rank, (unsigned long long)next, r);
+    *aux = l->aux;
+    *aux_len = l->aux_len <= TDIST__SHMC_AUX_MAX ? l->aux_len : TDIST__SHMC_AUX_MAX;
+    return TDIST_OK;
+}
+
 tdist_status_t tdist__shmc_exchange(const tdist__coll_ctx_t *c, const void *blob, size_t len,
                                     const void *aux, size_t aux_len, const uint8_t **blobs,
                                     size_t *lens)

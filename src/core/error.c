@@ -31,6 +31,7 @@ const char *tdist_status_str(tdist_status_t st)
     case TDIST_ERR_ADDR_IN_USE: return "TDIST_ERR_ADDR_IN_USE";
     case TDIST_ERR_DUPLICATE: return "TDIST_ERR_DUPLICATE";
     case TDIST_ERR_EARLY_TERMINATION: return "TDIST_ERR_EARLY_TERMINATION";
+    case TDIST_ERR_JOINED: return "TDIST_ERR_JOINED";
     }
     return "TDIST_UNKNOWN_STATUS";
 }

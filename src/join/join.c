@@ -9,10 +9,21 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "pg/internal.h"
 #include "tdist/join.h"
 
 #define JOIN_ACTIVE 1ULL
-#define JOIN_FLAG_MASK ((1ULL << 62) - 1)
+#define JOIN_FLAG_MASK ((1ULL << 58) - 1) /* joinable flags: word bits 1..58 */
+/* word bits 60 and 61: this rank's options, so every rank checks that all
+ * passed the same */
+#define JOIN_OPT_SHIFT 60
+#define JOIN_OPT_MASK (3ULL << JOIN_OPT_SHIFT)
+
+static uint64_t opt_bits(const tdist_join_opts_t *o)
+{
+    return ((o->throw_on_early_termination ? 1ULL : 0) | (o->divide_by_initial_world_size ? 2ULL : 0))
+           << JOIN_OPT_SHIFT;
+}
 
 struct tdist_join {
     tdist_joinable_t *j;
@@ -21,6 +32,7 @@ struct tdist_join {
     tdist_pg_t *pg; /* the first joinable's group */
     int rank, size;
     int64_t *words;        /* size: the gathered notification */
+    uint8_t *joined;       /* size: 1 = that rank has joined (lent to the group) */
     tdist_join_state_t st; /* what the last notification found */
     int last_joiner;       /* highest rank active in the last iteration with any */
     tdist_status_t failed; /* sticky early termination (or notification error) */
@@ -72,9 +84,11 @@ tdist_status_t tdist_join_begin(const tdist_joinable_t *joinables, size_t n,
     if (!jn) return tdist__error(TDIST_ERR_NO_MEMORY, "tdist_join_begin: out of memory");
     jn->j = malloc(n * sizeof *jn->j);
     jn->words = calloc((size_t)size, sizeof *jn->words);
-    if (!jn->j || !jn->words) {
+    jn->joined = calloc((size_t)size, 1);
+    if (!jn->j || !jn->words || !jn->joined) {
         free(jn->j);
         free(jn->words);
+        free(jn->joined);
         free(jn);
         return tdist__error(TDIST_ERR_NO_MEMORY, "tdist_join_begin: out of memory");
     }
@@ -85,10 +99,23 @@ tdist_status_t tdist_join_begin(const tdist_joinable_t *joinables, size_t n,
     else
         tdist_join_opts_init(&jn->opts);
     jn->pg = joinables[0].pg;
+    if (jn->opts.enable && tdist__pg_join_mode(jn->pg) != TDIST__JOIN_NONE) {
+        free(jn->j);
+        free(jn->words);
+        free(jn->joined);
+        free(jn);
+        return tdist__error(TDIST_ERR_INVALID_ARG,
+                            "tdist_join_begin: group %s is already in a Join (one Join per "
+                            "group at a time)",
+                            tdist_pg_name(joinables[0].pg));
+    }
     jn->rank = tdist_pg_rank(jn->pg);
     jn->size = size;
     jn->last_joiner = size - 1;
     trivial_state(jn, &jn->st);
+    /* until this rank's first notification, collectives on the group are
+     * refused (rule 4) */
+    if (jn->opts.enable) tdist__pg_join_set(jn->pg, TDIST__JOIN_PRE, NULL, 0, size, 0);
     if (jn->opts.enable)
         for (size_t i = 0; i < n; i++)
             if (jn->j[i].attach) jn->j[i].attach(jn->j[i].ctx, jn);
@@ -118,14 +145,32 @@ static void list_joined(const tdist_join_t *jn, char *buf, size_t cap)
 /* The notification itself: all_gather of this rank's word. */
 static tdist_status_t do_notify(tdist_join_t *jn, bool active, uint64_t flags, const char *op)
 {
-    int64_t word = (int64_t)(((flags & JOIN_FLAG_MASK) << 1) | (active ? JOIN_ACTIVE : 0));
+    int64_t word = (int64_t)(((flags & JOIN_FLAG_MASK) << 1) | (active ? JOIN_ACTIVE : 0) |
+                             opt_bits(&jn->opts));
     uint64_t it = jn->st.iteration + 1;
-    tdist_status_t st = tdist_all_gather(jn->pg, &word, jn->words, 1, TDIST_I64, NULL, NULL);
+    tdist_status_t st = tdist__pg_join_gather(jn->pg, &word, jn->words);
     if (st != TDIST_OK) {
+        tdist__pg_join_set(jn->pg, TDIST__JOIN_NONE, NULL, 0, jn->size, it);
         st = tdist__error_context(st,
                                   "tdist_join_%s: rank %d group %s iteration %" PRIu64
                                   ": join notification (all_gather)",
                                   op, jn->rank, tdist_pg_name(jn->pg), it);
+        jn->failed = st;
+        snprintf(jn->fail_msg, sizeof jn->fail_msg, "%s", tdist_last_error());
+        return st;
+    }
+    for (int r = 1; r < jn->size; r++) {
+        uint64_t o0 = (uint64_t)jn->words[0] & JOIN_OPT_MASK, o = (uint64_t)jn->words[r] & JOIN_OPT_MASK;
+        if (o == o0) continue;
+        tdist__pg_join_set(jn->pg, TDIST__JOIN_NONE, NULL, 0, jn->size, it);
+        st = tdist__error(TDIST_ERR_MISMATCH,
+                          "tdist_join_%s: rank %d group %s iteration %" PRIu64
+                          ": the ranks passed different Join options: rank 0 "
+                          "throw_on_early_termination=%d divide_by_initial_world_size=%d, rank %d "
+                          "throw_on_early_termination=%d divide_by_initial_world_size=%d",
+                          op, jn->rank, tdist_pg_name(jn->pg), it,
+                          (int)((o0 >> JOIN_OPT_SHIFT) & 1), (int)((o0 >> JOIN_OPT_SHIFT) >> 1), r,
+                          (int)((o >> JOIN_OPT_SHIFT) & 1), (int)((o >> JOIN_OPT_SHIFT) >> 1));
         jn->failed = st;
         snprintf(jn->fail_msg, sizeof jn->fail_msg, "%s", tdist_last_error());
         return st;
@@ -143,12 +188,20 @@ static tdist_status_t do_notify(tdist_join_t *jn, bool active, uint64_t flags, c
         s->active++;
         if (s->lowest_active < 0) s->lowest_active = r;
         highest = r;
-        s->flags |= w >> 1;
+        s->flags |= (w >> 1) & JOIN_FLAG_MASK;
     }
     if (highest >= 0) jn->last_joiner = highest;
     s->last_joiner = jn->last_joiner;
     s->divisor = jn->opts.divide_by_initial_world_size || s->active == 0 ? jn->size : s->active;
-    if (jn->opts.throw_on_early_termination && s->active > 0 && s->active < jn->size) {
+    for (int r = 0; r < jn->size; r++) jn->joined[r] = !((uint64_t)jn->words[r] & JOIN_ACTIVE);
+    bool early = jn->opts.throw_on_early_termination && s->active > 0 && s->active < jn->size;
+    /* the group's role until the next notification (rule 4) */
+    if (early || s->active == 0)
+        tdist__pg_join_set(jn->pg, TDIST__JOIN_NONE, NULL, 0, jn->size, it);
+    else
+        tdist__pg_join_set(jn->pg, active ? TDIST__JOIN_ACTIVE : TDIST__JOIN_SHADOW, jn->joined,
+                           s->lowest_active, s->divisor, it);
+    if (early) {
         char who[200];
         list_joined(jn, who, sizeof who);
         int out_n = jn->size - s->active;
@@ -179,13 +232,25 @@ tdist_status_t tdist_join_notify(tdist_join_t *join, const void *ctx, uint64_t f
     return TDIST_OK;
 }
 
+tdist_status_t tdist_join_get_state(const tdist_join_t *join, tdist_join_state_t *state)
+{
+    if (!join || !state)
+        return tdist__error(TDIST_ERR_INVALID_ARG, "tdist_join_get_state: %s is NULL",
+                            !join ? "join" : "state");
+    *state = join->st;
+    return TDIST_OK;
+}
+
 static void free_join(tdist_join_t *jn)
 {
-    if (jn->opts.enable)
+    if (jn->opts.enable) {
         for (size_t i = 0; i < jn->n; i++)
             if (jn->j[i].attach) jn->j[i].attach(jn->j[i].ctx, NULL);
+        tdist__pg_join_set(jn->pg, TDIST__JOIN_NONE, NULL, 0, jn->size, jn->st.iteration);
+    }
     free(jn->j);
     free(jn->words);
+    free(jn->joined);
     free(jn);
 }
 

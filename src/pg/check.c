@@ -78,7 +78,13 @@ static bool has_dtype(tdist__op_t op)
 
 void tdist__fp_common(const struct tdist_work *w, uint64_t uid_hash, tdist__fp_t *fp)
 {
+    if (w->fp_override) { /* a shadow collective says exactly what it answers */
+        *fp = *w->fp_override;
+        fp->send_to_you = fp->recv_from_you = 0;
+        return;
+    }
     memset(fp, 0, sizeof *fp);
+    fp->flags = w->fp_flags;
     fp->magic = TDIST__FP_MAGIC;
     fp->op = (uint32_t)w->op;
     fp->uid_hash = uid_hash;
@@ -131,7 +137,7 @@ bool tdist__fp_common_equal(const tdist__fp_t *a, const tdist__fp_t *b)
     return a->magic == b->magic && a->op == b->op && a->uid_hash == b->uid_hash &&
            a->seq == b->seq && a->count == b->count && a->vec_hash == b->vec_hash &&
            a->aux == b->aux && a->dtype == b->dtype && a->root == b->root &&
-           a->redop == b->redop;
+           a->redop == b->redop && a->flags == b->flags;
 }
 
 void tdist__fp_describe(const tdist__fp_t *fp, bool with_seq, char *buf, size_t n)
@@ -141,7 +147,8 @@ void tdist__fp_describe(const tdist__fp_t *fp, bool with_seq, char *buf, size_t 
     const char *ro = tdist_redop_name((tdist_redop_t)fp->redop);
     char seq[40] = "";
     if (with_seq) snprintf(seq, sizeof seq, " seq %" PRIu64, fp->seq);
-    const char *name = tdist__op_name(op);
+    const char *name = (fp->flags & TDIST__FP_JOIN_NOTIFY) ? "join_notification"
+                                                          : tdist__op_name(op);
     unsigned long long cnt = (unsigned long long)fp->count;
     switch (op) {
     case TDIST__OP_BROADCAST:
@@ -274,6 +281,7 @@ tdist_status_t tdist__fp_exchange(tdist_pg_t *pg, const struct tdist_work *w, in
                                             sizeof(tdist__fp_t)));
             pg->fp_reqp[k] = &pg->fp_reqs[k];
             k++;
+            if (pg->fp_have == p + 1) continue; /* already received (Join's shadowing) */
             TDIST_CHECK(tdist__tp_post_recv(pg->tp, &pg->fp_reqs[k], p, &pg->fp_theirs[p],
                                             sizeof(tdist__fp_t)));
             pg->fp_reqp[k] = &pg->fp_reqs[k];
@@ -307,8 +315,15 @@ tdist_status_t tdist__fp_compare(tdist_pg_t *pg)
             snprintf(b + strlen(b), sizeof b - strlen(b), " of another group (hash %016llx)",
                      (unsigned long long)pg->fp_theirs[p].uid_hash);
         }
-        return tdist__error(TDIST_ERR_MISMATCH, "collective mismatch: rank 0 %s vs rank %d %s", a,
-                            p, b);
+        uint32_t fl = pg->fp_theirs[0].flags ^ pg->fp_theirs[p].flags;
+        const char *hint = (fl & TDIST__FP_JOIN_NOTIFY)
+                               ? " (inside a Join, a rank that has run out of inputs can only "
+                                 "take part in collectives issued after the iteration's "
+                                 "notification, tdist_ddp_forward_begin or tdist_join_notify; "
+                                 "issue this one after it)"
+                               : "";
+        return tdist__error(TDIST_ERR_MISMATCH, "collective mismatch: rank 0 %s vs rank %d %s%s",
+                            a, p, b, hint);
     }
     return TDIST_OK;
 }

@@ -255,6 +255,15 @@ tdist_status_t tdist__pg_submit(tdist_pg_t *pg, struct tdist_work *w, tdist_work
 {
     w->nranks = pg->size;
     pthread_mutex_lock(&pg->mu);
+    if (pg->join_mode != TDIST__JOIN_NONE) {
+        tdist_status_t jst = tdist__pg_join_check(pg, w);
+        if (jst != TDIST_OK) {
+            pthread_mutex_unlock(&pg->mu);
+            atomic_store(&w->refs, 1);
+            tdist__work_release(w);
+            return jst;
+        }
+    }
     w->seq = ++pg->next_seq;
     tdist_status_t st = TDIST_OK;
     char *why = NULL;
@@ -330,6 +339,28 @@ static tdist_status_t run_coll(tdist_pg_t *pg, struct tdist_work *w, int64_t dea
     if (pg->ar_forced && (w->op == TDIST__OP_ALL_REDUCE || w->op == TDIST__OP_ALL_REDUCE_COALESCED))
         c.shm = NULL;
     size_t es = tdist_dtype_size(w->dtype);
+    /* Under a Join without divide_by_initial_world_size, AVG divides by the
+     * ranks still active: reduce as SUM, divide here. */
+    if (w->redop == TDIST_AVG && w->avg_div > 0 && w->avg_div != pg->size) {
+        struct tdist_work sum = *w;
+        sum.redop = TDIST_SUM;
+        sum.avg_div = 0;
+        TDIST_CHECK(run_coll(pg, &sum, deadline_ms));
+        switch (w->op) {
+        case TDIST__OP_ALL_REDUCE:
+        case TDIST__OP_REDUCE_SCATTER:
+            return tdist_divide(w->recvbuf, w->count, w->dtype, w->avg_div);
+        case TDIST__OP_REDUCE:
+            if (pg->rank != w->root) return TDIST_OK;
+            return tdist_divide(w->recvbuf, w->count, w->dtype, w->avg_div);
+        case TDIST__OP_ALL_REDUCE_COALESCED:
+            for (size_t i = 0; i < w->nbufs; i++)
+                TDIST_CHECK(tdist_divide(w->bufs[i], w->counts[i], w->dtype, w->avg_div));
+            return TDIST_OK;
+        default:
+            return TDIST_OK;
+        }
+    }
     switch (w->op) {
     case TDIST__OP_BROADCAST:
         return tdist__coll_broadcast(&c, w->recvbuf, w->count, w->dtype, w->root);
@@ -411,6 +442,7 @@ static tdist_status_t run_fused_all_reduce(tdist_pg_t *pg, struct tdist_work *w,
         TDIST_CHECK(tdist__tp_post_send(pg->tp, &pg->fp_reqs[k], p, pg->fused_out, fps + bytes));
         pg->fp_reqp[k] = &pg->fp_reqs[k];
         k++;
+        if (pg->fp_have == p + 1) continue; /* already received (Join's shadowing) */
         TDIST_CHECK(tdist__tp_post_recv(pg->tp, &pg->fp_reqs[k], p, &pg->fp_theirs[p], fps));
         pg->fp_reqp[k] = &pg->fp_reqs[k];
         k++;
@@ -432,7 +464,8 @@ static tdist_status_t run_fused_all_reduce(tdist_pg_t *pg, struct tdist_work *w,
         const uint8_t *x = r == me ? mine : pg->fused_in + (size_t)r * TDIST__FUSED_MAX;
         TDIST_CHECK(tdist_reduce(acc, acc, x, w->count, w->dtype, w->redop));
     }
-    if (w->redop == TDIST_AVG) TDIST_CHECK(tdist_divide(acc, w->count, w->dtype, n));
+    if (w->redop == TDIST_AVG)
+        TDIST_CHECK(tdist_divide(acc, w->count, w->dtype, w->avg_div > 0 ? w->avg_div : n));
     memcpy(w->recvbuf, acc, bytes);
     return TDIST_OK;
 }
@@ -538,8 +571,30 @@ static tdist_status_t run_shm(tdist_pg_t *pg, struct tdist_work *w, int64_t dead
     TDIST_CHECK(tdist_reduce(out, b[0] + hs, b[1] + hs, w->count, w->dtype, w->redop));
     for (int r = 2; r < pg->size; r++)
         TDIST_CHECK(tdist_reduce(out, out, b[r] + hs, w->count, w->dtype, w->redop));
-    if (w->redop == TDIST_AVG) TDIST_CHECK(tdist_divide(out, w->count, w->dtype, pg->size));
+    if (w->redop == TDIST_AVG)
+        TDIST_CHECK(tdist_divide(out, w->count, w->dtype, w->avg_div > 0 ? w->avg_div : pg->size));
     return TDIST_OK;
+}
+
+tdist_status_t tdist__pg_run_body(tdist_pg_t *pg, struct tdist_work *w, int64_t timeout_ms,
+                                  int64_t deadline_ms)
+{
+    tdist_status_t st;
+    if (pg->shm && pg->tp) {
+        st = run_shm(pg, w, deadline_ms);
+        if (st == TDIST_OK && w->op == TDIST__OP_MONITORED_BARRIER)
+            st = run_monitored_barrier(pg, w, timeout_ms, deadline_ms);
+    } else if (!pg->tp) {
+        st = tdist__error(TDIST_ERR_CONNECTION, "the group's mesh is closed");
+    } else if (w->op == TDIST__OP_MONITORED_BARRIER) {
+        st = run_monitored_barrier(pg, w, timeout_ms, deadline_ms);
+    } else if (fused_eligible(pg, w)) {
+        st = run_fused_all_reduce(pg, w, deadline_ms);
+    } else {
+        st = pg->check_fp ? tdist__fp_exchange(pg, w, deadline_ms) : TDIST_OK;
+        if (st == TDIST_OK) st = run_coll(pg, w, deadline_ms);
+    }
+    return st;
 }
 
 /* "rank 0 group world seq 7 all_reduce(f32, 2, sum)": the head of every
@@ -576,18 +631,12 @@ static void run_work(tdist_pg_t *pg, struct tdist_work *w)
     int64_t timeout = w->timeout_ms >= 0 ? w->timeout_ms : pg->timeout_ms;
     int64_t deadline = tdist__deadline_ms(timeout);
     tdist_clear_error();
-    if (pg->shm && pg->tp) {
-        st = run_shm(pg, w, deadline);
-        if (st == TDIST_OK && w->op == TDIST__OP_MONITORED_BARRIER)
-            st = run_monitored_barrier(pg, w, timeout, deadline);
-    } else if (w->op == TDIST__OP_MONITORED_BARRIER) {
-        st = run_monitored_barrier(pg, w, timeout, deadline);
-    } else if (fused_eligible(pg, w)) {
-        st = run_fused_all_reduce(pg, w, deadline);
-    } else {
-        st = pg->check_fp ? tdist__fp_exchange(pg, w, deadline) : TDIST_OK;
-        if (st == TDIST_OK) st = run_coll(pg, w, deadline);
-    }
+    /* shadow collectives run on a joined rank took sequence numbers */
+    w->seq += pg->seq_shift;
+    st = TDIST_OK;
+    if (w->shadow_leader > 0) st = tdist__pg_shadow_until(pg, w, deadline);
+    if (st == TDIST_OK) st = tdist__pg_run_body(pg, w, timeout, deadline);
+    pg->fp_have = 0;
     if (st == TDIST_OK) {
         tdist__work_finish(w, TDIST_OK, NULL);
         return;

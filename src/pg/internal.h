@@ -64,12 +64,14 @@ typedef struct tdist__fp {
     int32_t dtype;     /* -1: none */
     int32_t root;      /* -1: none */
     int32_t redop;     /* -1: none */
-    int32_t pad;
+    uint32_t flags;    /* TDIST__FP_* */
     uint64_t send_to_you;
     uint64_t recv_from_you;
 } tdist__fp_t;
 
 #define TDIST__FP_MAGIC 0x74647066u /* "tdpf" */
+/* flags: the all_gather is a Join's per-iteration notification */
+#define TDIST__FP_JOIN_NOTIFY 1u
 /* all_reduce payloads up to this many bytes travel with the fingerprint */
 #define TDIST__FUSED_MAX 1024
 
@@ -102,6 +104,13 @@ struct tdist_work {
     void (*on_complete)(tdist_status_t status, void *user_data);
     void *user_data;
     bool inline_run;    /* run on the caller's thread: nobody waits on cv */
+    /* Join (rule 4), snapshot of the group's join state at submit */
+    uint32_t fp_flags;  /* TDIST__FP_* of this call */
+    int avg_div;        /* AVG divides by this (0: the group size) */
+    int shadow_leader;  /* 1 + the leader (lowest active rank) when this rank
+                           has joined: before w, take part in
+                           whatever the leader issues; 0: no shadowing */
+    const tdist__fp_t *fp_override; /* shadow works: the announced fingerprint */
 
     /* p2p state (p2p thread only) */
     _Alignas(8) uint8_t hdr[24];
@@ -153,6 +162,18 @@ struct tdist_pg {
     tdist__shmc_t *shm;
     bool ar_forced;          /* TDIST_ALGO_ALLREDUCE names an algorithm */
     const uint8_t **shm_blobs; /* size entries: exchange scratch */
+
+    /* Join (rule 4). The mode and the borrowed mask are set by join/ on the
+     * training thread (tdist__pg_join_set, under mu) and read at submit. */
+    int join_mode;           /* TDIST__JOIN_* */
+    const uint8_t *join_out; /* size entries: 1 = that rank has joined (borrowed) */
+    int join_leader;         /* lowest active rank */
+    int join_divisor;        /* AVG's divisor while ranks have joined */
+    uint64_t join_iter;      /* the Join's iteration (for messages) */
+    /* engine side (whoever runs works; serialised by busy) */
+    uint64_t seq_shift;      /* shadow collectives run so far: added to each work's seq */
+    int fp_have;             /* TCP: 1 + the rank whose fingerprint for the next
+                                exchange is already in fp_theirs (0: none) */
 
     /* p2p (guarded by mu, driven by the p2p thread) */
     pthread_t p2p_thread;
@@ -207,6 +228,39 @@ tdist_status_t tdist__pg_sticky(tdist_pg_t *pg, char **msg);
  * destroy the collective mesh (peers blocked on it fail fast) and abort
  * the p2p mesh. Returns the full message (malloc'd). */
 char *tdist__pg_fail(tdist_pg_t *pg, tdist_status_t st, const char *prefix, const char *cause);
+
+/* ------------------------------------------------------------- join.c (pg) */
+
+/* The group's role in a Join (ARCHITECTURE.md rule 4). */
+enum {
+    TDIST__JOIN_NONE = 0, /* not in a Join (or Join disabled) */
+    TDIST__JOIN_PRE,      /* in a Join, before this rank's first notification:
+                             any other collective is an error */
+    TDIST__JOIN_ACTIVE,   /* this rank iterates; join_out says who has joined */
+    TDIST__JOIN_SHADOW    /* this rank has joined: its engine takes part, with
+                             the identity, in whatever the active ranks issue */
+};
+
+/* Set the group's Join state (join/ calls it on the training thread).
+ * joined (size entries, borrowed until the next call) may be NULL for
+ * NONE/PRE. Thread-safe (takes pg->mu). */
+void tdist__pg_join_set(tdist_pg_t *pg, int mode, const uint8_t *joined, int leader,
+                        int divisor, uint64_t iteration);
+int tdist__pg_join_mode(tdist_pg_t *pg);
+/* The Join notification: a blocking all_gather of one int64 per rank,
+ * marked as such in its fingerprint (allowed in PRE mode, never shadowed). */
+tdist_status_t tdist__pg_join_gather(tdist_pg_t *pg, const int64_t *word, int64_t *words);
+/* Submit-time checks of rule 4 (pg->mu held): TDIST_OK, or
+ * TDIST_ERR_JOINED with a message for a call that cannot be shadowed or
+ * comes before the first notification. */
+tdist_status_t tdist__pg_join_check(tdist_pg_t *pg, struct tdist_work *w);
+/* On a joined rank, before w runs: take part in every collective the
+ * leader announces until it announces w itself (or something that cannot
+ * be shadowed, left for w's own check to report). Engine side. */
+tdist_status_t tdist__pg_shadow_until(tdist_pg_t *pg, struct tdist_work *w, int64_t deadline_ms);
+/* Run w's exchange and algorithm (no status, no finish): engine.c. */
+tdist_status_t tdist__pg_run_body(tdist_pg_t *pg, struct tdist_work *w, int64_t timeout_ms,
+                                  int64_t deadline_ms);
 
 /* ------------------------------------------------------------------ p2p.c */
 

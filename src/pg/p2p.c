@@ -222,6 +222,15 @@ static void *p2p_main(void *arg)
 tdist_status_t tdist__p2p_submit(tdist_pg_t *pg, struct tdist_work *w, tdist_work_t **work)
 {
     w->nranks = pg->size;
+    pthread_mutex_lock(&pg->mu);
+    tdist_status_t jst =
+        pg->join_mode != TDIST__JOIN_NONE ? tdist__pg_join_check(pg, w) : TDIST_OK;
+    pthread_mutex_unlock(&pg->mu);
+    if (jst != TDIST_OK) {
+        atomic_store(&w->refs, 1);
+        tdist__work_release(w);
+        return jst;
+    }
     int64_t timeout = w->timeout_ms >= 0 ? w->timeout_ms : pg->timeout_ms;
     w->timeout_ms = timeout;
     w->deadline_ms = tdist__deadline_ms(timeout);

@@ -10,7 +10,7 @@
 TEST(core_status_str_names_every_code, 10)
 {
     ASSERT_EQ(TDIST_OK, 0);
-    for (int st = TDIST_ERR_EARLY_TERMINATION; st <= TDIST_INPROGRESS; st++) {
+    for (int st = TDIST_ERR_JOINED; st <= TDIST_INPROGRESS; st++) {
         const char *s = tdist_status_str((tdist_status_t)st);
         ASSERT_TRUE(strncmp(s, "TDIST_", 6) == 0);
         ASSERT_TRUE(strcmp(s, "TDIST_UNKNOWN_STATUS") != 0);

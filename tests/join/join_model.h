@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "tdist/ddp.h"
 
 #define MAXR 8
 #define NI 3
@@ -53,6 +54,32 @@ static inline void init_model(model_t *md, int rank)
         md->ex[o] = 0.05 * (o + 1);
     }
     md->cnt = 1000.0 * rank;
+}
+
+/* The model's three parameters for tdist_ddp_create: W, b, extra. */
+static inline void model_params(model_t *md, tdist_ddp_param_t p[3])
+{
+    p[0] = (tdist_ddp_param_t){md->w, md->gw, NO * NI, TDIST_F64, "W"};
+    p[1] = (tdist_ddp_param_t){md->b, md->gb, NO, TDIST_F64, "b"};
+    p[2] = (tdist_ddp_param_t){md->ex, md->gex, NO, TDIST_F64, "extra"};
+}
+
+static inline void model_zero_grad(model_t *md)
+{
+    memset(md->gw, 0, sizeof md->gw);
+    memset(md->gb, 0, sizeof md->gb);
+    memset(md->gex, 0, sizeof md->gex);
+}
+
+/* Plain SGD with the (averaged) gradients. */
+static inline void model_sgd(model_t *md)
+{
+    for (int i = 0; i < NO * NI; i++)
+        md->w[i] -= LR * md->gw[i];
+    for (int o = 0; o < NO; o++) {
+        md->b[o] -= LR * md->gb[o];
+        md->ex[o] -= LR * md->gex[o];
+    }
 }
 
 /* add rank r's gradient for (k, m) at parameters `at` into g (scaled by s) */

@@ -44,9 +44,8 @@ static void uneven_body(int rank, int n, void *arg)
     open_pg(&w, &pg);
     model_t md;
     init_model(&md, rank);
-    tdist_ddp_param_t params[3] = {{md.w, md.gw, NO * NI, TDIST_F64, "W"},
-                                   {md.b, md.gb, NO, TDIST_F64, "b"},
-                                   {md.ex, md.gex, NO, TDIST_F64, "extra"}};
+    tdist_ddp_param_t params[3];
+    model_params(&md, params);
     tdist_ddp_buffer_t bufs[1] = {{&md.cnt, 1, TDIST_F64, "cnt"}};
     tdist_ddp_opts_t o;
     tdist_ddp_opts_init(&o);
@@ -84,9 +83,7 @@ static void uneven_body(int rank, int n, void *arg)
             first_fwd = false;
             if (k < sc->counts[rank]) {
                 if (m == 0) {
-                    memset(md.gw, 0, sizeof md.gw);
-                    memset(md.gb, 0, sizeof md.gb);
-                    memset(md.gex, 0, sizeof md.gex);
+                    model_zero_grad(&md);
                 }
                 ASSERT_OK(tdist_ddp_set_no_sync(ddp, m + 1 < sc->micro));
                 ASSERT_OK(tdist_ddp_forward_begin(ddp));
@@ -106,12 +103,7 @@ static void uneven_body(int rank, int n, void *arg)
             }
         }
         if (k < sc->counts[rank]) {
-            for (int i = 0; i < NO * NI; i++)
-                md.w[i] -= LR * md.gw[i];
-            for (int oo = 0; oo < NO; oo++) {
-                md.b[oo] -= LR * md.gb[oo];
-                md.ex[oo] -= LR * md.gex[oo];
-            }
+            model_sgd(&md);
             expect_model(k, &md, &ref[k]);
         }
     }
@@ -387,4 +379,14 @@ TEST(join_args, 10)
     ASSERT_STATUS(tdist_join_notify(NULL, NULL, 0, NULL), TDIST_ERR_INVALID_ARG);
     ASSERT_STATUS(tdist_ddp_joinable(NULL, &j), TDIST_ERR_INVALID_ARG);
     ASSERT_CONTAINS(tdist_last_error(), "ddp is NULL");
+}
+
+/* the same at 8 ranks on 2 cores: find_unused_parameters with no_sync
+ * micro-batches, two ranks without inputs (rank 0 among them) */
+TEST(join_uneven_find_unused_no_sync_8, 120)
+{
+    static const int c8[8] = {0, 2, 4, 1, 3, 0, 2, 1};
+    scen_t sc = {.n = 8, .micro = 2, .find_unused = true};
+    memcpy(sc.counts, c8, sizeof c8);
+    run_both_modes(sc);
 }

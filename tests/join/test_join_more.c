@@ -1,9 +1,12 @@
 /* tests/join/test_join_more.c — more Join tests: uneven DDP training at world
  * size 8; a registered comm hook under Join (called on joined ranks too,
- * same math); and the two-rank Linear(1,1) loop variants of issue 5 that do
- * not need joined ranks to shadow user collectives (rule 4): Join with a
- * plain loop, no Join with the short rank exiting, no Join with the short
- * rank issuing a barrier.
+ * same math); and the six two-rank Linear(1,1) loop variants of issue 5:
+ * Join with a plain loop, with a barrier after every backward, with the
+ * loss all_reduced in every forward (the last two need rule 4: the joined
+ * rank shadows them); no Join with the short rank exiting, with the short
+ * rank issuing a barrier, with a barrier in every iteration and the short
+ * rank exiting. With Join every variant finishes with the reference model;
+ * without, rank 1 fails fast with a clear error and applies no garbage.
  *
  * The model of the first two tests is test_join.c's (copied: its helpers
  * are file-static): out = W x + b (W 2x3, b 2) plus `extra` (2) added to the
@@ -103,9 +106,8 @@ static void uneven_body(int rank, int n, void *arg)
     tdist_test_open_world(&w, &pg, (int64_t)(20000 * tdist_test_timeout_mult()));
     model_t md;
     init_model(&md, rank);
-    tdist_ddp_param_t params[3] = {{md.w, md.gw, NO * NI, TDIST_F64, "W"},
-                                   {md.b, md.gb, NO, TDIST_F64, "b"},
-                                   {md.ex, md.gex, NO, TDIST_F64, "extra"}};
+    tdist_ddp_param_t params[3];
+    model_params(&md, params);
     tdist_ddp_buffer_t bufs[1] = {{&md.cnt, 1, TDIST_F64, "cnt"}};
     tdist_ddp_opts_t o;
     tdist_ddp_opts_init(&o);
@@ -222,6 +224,9 @@ typedef enum lin_variant {
     LIN_JOIN,           /* (a) Join, plain loop: finishes, identical params */
     LIN_NOJOIN_EXIT,    /* (b) no Join: rank 0 leaves the loop and exits */
     LIN_NOJOIN_BARRIER, /* (c) no Join: rank 0 then calls tdist_barrier */
+    LIN_JOIN_BARRIER,   /* (d) Join, a barrier after every backward (rule 4) */
+    LIN_JOIN_ALLREDUCE, /* (e) Join, the loss all_reduced in every forward (rule 4) */
+    LIN_NOJOIN_LOOP_BARRIER, /* (f) no Join, a barrier in every iteration; rank 0 exits */
 } lin_variant_t;
 
 static void lin_data(int r, int k, double *x, double *t)
@@ -251,10 +256,32 @@ static void lin_ref(int steps, double *w, double *b)
 }
 
 /* One iteration: TDIST_OK or the first error (its message in msg). */
-static tdist_status_t lin_step(tdist_ddp_t *ddp, int rank, int k, double *p, double *g,
-                               char *msg, size_t len)
+static tdist_status_t lin_step(tdist_ddp_t *ddp, tdist_pg_t *pg, int rank, int k, double *p,
+                               double *g, lin_variant_t var, char *msg, size_t len)
 {
+    msg[0] = '\0';
     tdist_status_t st = tdist_ddp_forward_begin(ddp);
+    if (st == TDIST_OK) {
+        double x, t;
+        lin_data(rank, k, &x, &t);
+        double e = p[0] * x + p[1] - t;
+        if (var == LIN_JOIN_ALLREDUCE) {
+            /* the summed loss of the ranks still active at step k */
+            double loss = 0.5 * e * e, want = 0;
+            for (int r = 0; r < 2; r++) {
+                if (k >= 5 + r) continue;
+                double xr, tr;
+                lin_data(r, k, &xr, &tr);
+                double er = p[0] * xr + p[1] - tr;
+                want += 0.5 * er * er;
+            }
+            st = tdist_all_reduce(pg, &loss, &loss, 1, TDIST_F64, TDIST_SUM, NULL, NULL);
+            if (st == TDIST_OK && fabs(loss - want) > TOL) {
+                snprintf(msg, len, "step %d: summed loss %.17g, want %.17g", k, loss, want);
+                return TDIST_ERR_INTERNAL;
+            }
+        }
+    }
     if (st == TDIST_OK) {
         double x, t;
         lin_data(rank, k, &x, &t);
@@ -269,9 +296,11 @@ static tdist_status_t lin_step(tdist_ddp_t *ddp, int rank, int k, double *p, dou
             return st;
         }
         st = tdist_ddp_backward_end(ddp);
+        if (st == TDIST_OK && (var == LIN_JOIN_BARRIER || var == LIN_NOJOIN_LOOP_BARRIER))
+            st = tdist_barrier(pg, NULL, NULL);
     }
     if (st != TDIST_OK) {
-        snprintf(msg, len, "%s", tdist_last_error());
+        if (!msg[0]) snprintf(msg, len, "%s", tdist_last_error());
         return st;
     }
     p[0] -= LIN_LR * g[0];
@@ -296,7 +325,8 @@ static void lin_body(int rank, int n, void *arg)
     tdist_pg_t *pg;
     /* long group timeout: a failure must come from the departure or the
      * fingerprint, not from a deadline */
-    tdist_test_open_world(&w, &pg, var == LIN_JOIN ? (int64_t)(20000 * tdist_test_timeout_mult()) : 30000);
+    bool joined = var == LIN_JOIN || var == LIN_JOIN_BARRIER || var == LIN_JOIN_ALLREDUCE;
+    tdist_test_open_world(&w, &pg, joined ? (int64_t)(20000 * tdist_test_timeout_mult()) : 30000);
     double p[2] = {0.3 + rank, -0.2 - rank}, g[2] = {0, 0}; /* rank 0's wins at create */
     tdist_ddp_param_t prm[2] = {{&p[0], &g[0], 1, TDIST_F64, "weight"},
                                 {&p[1], &g[1], 1, TDIST_F64, "bias"}};
@@ -306,13 +336,13 @@ static void lin_body(int rank, int n, void *arg)
     int mine = 5 + rank;
     char msg[1024] = "";
 
-    if (var == LIN_JOIN) {
+    if (joined) {
         tdist_joinable_t j;
         ASSERT_OK(tdist_ddp_joinable(ddp, &j));
         tdist_join_t *join;
         ASSERT_OK(tdist_join_begin(&j, 1, NULL, &join));
         for (int k = 0; k < mine; k++) {
-            if (lin_step(ddp, rank, k, p, g, msg, sizeof msg) != TDIST_OK)
+            if (lin_step(ddp, pg, rank, k, p, g, var, msg, sizeof msg) != TDIST_OK)
                 FAIL("step %d: %s", k, msg);
             expect_lin("during the loop", p, k + 1);
         }
@@ -326,11 +356,12 @@ static void lin_body(int rank, int n, void *arg)
 
     /* without Join: the common 5 steps succeed */
     for (int k = 0; k < 5; k++) {
-        if (lin_step(ddp, rank, k, p, g, msg, sizeof msg) != TDIST_OK) FAIL("step %d: %s", k, msg);
+        if (lin_step(ddp, pg, rank, k, p, g, var, msg, sizeof msg) != TDIST_OK)
+            FAIL("step %d: %s", k, msg);
         expect_lin("during the common steps", p, k + 1);
     }
     if (rank == 0) {
-        if (var == LIN_NOJOIN_EXIT) {
+        if (var == LIN_NOJOIN_EXIT || var == LIN_NOJOIN_LOOP_BARRIER) {
             /* leave the loop, clean up and exit normally */
             tdist_ddp_destroy(ddp);
             tdist_pg_destroy(pg);
@@ -351,11 +382,11 @@ static void lin_body(int rank, int n, void *arg)
         /* rank 1's sixth step: DDP's all_reduce with nobody (or a barrier)
          * on the other side */
         double t0 = tdist_test_now_ms();
-        tdist_status_t st = lin_step(ddp, rank, 5, p, g, msg, sizeof msg);
+        tdist_status_t st = lin_step(ddp, pg, rank, 5, p, g, var, msg, sizeof msg);
         double dt = tdist_test_now_ms() - t0;
         if (st == TDIST_OK) FAIL("step 5 succeeded without its peer: (w, b) = (%.17g, %.17g)", p[0], p[1]);
         if (dt > 5000) FAIL("step 5 failed after %.0f ms (limit 5000 ms; timeout 30 s): %s", dt, msg);
-        if (var == LIN_NOJOIN_EXIT) {
+        if (var == LIN_NOJOIN_EXIT || var == LIN_NOJOIN_LOOP_BARRIER) {
             ASSERT_TRUE(st != TDIST_ERR_TIMEOUT);
             ASSERT_CONTAINS(msg, "peer rank 0");
         } else {
@@ -380,3 +411,13 @@ static void run_lin(lin_variant_t var)
 TEST(join_linear_variant_join_plain, 30) { run_lin(LIN_JOIN); }
 TEST(join_linear_variant_nojoin_exit_fails_fast, 30) { run_lin(LIN_NOJOIN_EXIT); }
 TEST(join_linear_variant_nojoin_barrier_mismatch, 30) { run_lin(LIN_NOJOIN_BARRIER); }
+TEST(join_linear_variant_join_barrier_in_loop, 30) { run_lin(LIN_JOIN_BARRIER); }
+TEST(join_linear_variant_join_allreduce_in_forward, 30) { run_lin(LIN_JOIN_ALLREDUCE); }
+TEST(join_linear_variant_nojoin_barrier_in_loop_exit, 30) { run_lin(LIN_NOJOIN_LOOP_BARRIER); }
+
+/* The comm hook with one bucket per parameter at 8 ranks. */
+TEST(join_with_comm_hook_8, 120)
+{
+    scen_t sc = {.n = 8, .counts = {0, 3, 5, 1, 2, 4, 0, 2}, .hook = true, .per_param = true};
+    run_both_modes(sc);
+}
