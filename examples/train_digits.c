@@ -12,8 +12,10 @@
  * training images (rank r's share grows with r) and goes through all of
  * it every epoch, so ranks run out of batches at different times: each
  * epoch is one Join (tdist/join.h). A rank that has run out shadows the
- * others' DDP collectives with zero gradients until every rank is done;
- * then every rank takes the parameters of the last rank to finish.
+ * others' DDP collectives with zero gradients, and their per-step
+ * all_reduce of the running loss and accuracy with zeros, until every rank
+ * is done; then every rank takes the parameters of the last rank to
+ * finish.
  *
  * The model: Conv(1->16, 3x3, pad 1) BN ReLU MaxPool2 Conv(16->32, 3x3,
  * pad 1) BN ReLU MaxPool2 Flatten Linear(128->10); softmax cross-entropy;
@@ -262,9 +264,14 @@ int main(int argc, char **argv)
             float loss;
             if (nn_cross_entropy(logits, yb, LOCAL_BATCH, CLASSES, &loss, dl) != 0)
                 DIE("loss: %s", nn_last_error());
-            stat[0] += loss * LOCAL_BATCH;
-            stat[1] += (double)nn_count_correct(logits, yb, LOCAL_BATCH, CLASSES);
-            stat[2] += LOCAL_BATCH;
+            /* the job's running totals, summed inside the loop over every
+             * rank: one that has run out takes part with zeros (Join's
+             * rule 4), so the totals count each sample once */
+            double step_stat[3] = {loss * LOCAL_BATCH,
+                                   (double)nn_count_correct(logits, yb, LOCAL_BATCH, CLASSES),
+                                   LOCAL_BATCH};
+            CHECK(tdist_all_reduce(pg, step_stat, step_stat, 3, TDIST_F64, TDIST_SUM, NULL, NULL));
+            for (int i = 0; i < 3; i++) stat[i] += step_stat[i];
             if (nn_backward(m, dl) != 0) DIE("backward: %s", nn_last_error());
             CHECK(hook.st);
             CHECK(tdist_ddp_backward_end(ddp));
@@ -276,7 +283,9 @@ int main(int argc, char **argv)
         CHECK(tdist_ddp_get_stats(ddp, &ds));
         comm = ds.total_comm_ms;
         wait = ds.total_wait_ms;
-        CHECK(tdist_all_reduce(pg, stat, stat, 3, TDIST_F64, TDIST_SUM, NULL, NULL));
+        /* a rank that ran out stopped adding: the last to finish holds the
+         * job's totals, and they only grow, so the MAX over ranks is them */
+        CHECK(tdist_all_reduce(pg, stat, stat, 3, TDIST_F64, TDIST_MAX, NULL, NULL));
         double slowest = secs;
         CHECK(tdist_all_reduce(pg, &slowest, &slowest, 1, TDIST_F64, TDIST_MAX, NULL, NULL));
         if (rank == 0)
