@@ -18,6 +18,7 @@
  * other side only if it announced it sleeps. A peer that dies closes
  * nothing, so waiters poll a pidfd per peer every few milliseconds.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -62,6 +63,7 @@ typedef struct seg_hdr {
     uint32_t version, size, owner, pid;
     uint64_t tag, ring_bytes;
     uint64_t coll_bytes; /* collective area at coll_offset() */
+    uint64_t pidns;      /* inode of the owner's pid namespace (the sweep's check) */
     atomic_uint closed; /* the owner destroyed its transport */
     _Alignas(64) atomic_uint mapped; /* peers that mapped this segment and wrote their hello */
     _Alignas(64) atomic_uint bell;   /* futex word: bumped to wake the owner */
@@ -223,6 +225,66 @@ static void unlink_own(shm_tp_t *tp)
 
 /* ------------------------------------------------------------- listen */
 
+/* ------------------------------------------------------ the stale sweep */
+
+/* The inode of this process's pid namespace (0 if unknown). */
+static uint64_t pid_ns(void)
+{
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+/* A segment outlives its owner only if every rank of a job was killed
+ * before all of them had mapped it (it is unlinked once they have). Once
+ * per process, before creating its own segment, remove the segments whose
+ * owner is gone: named /tdist-<pid>-<16 hex>, owned by this user, whose
+ * header names that pid in this pid namespace, and no process <pid>
+ * exists. A segment cut off before its header was written goes after a
+ * minute. Best effort: errors are ignored. */
+static void sweep_stale(void)
+{
+    static atomic_bool done;
+    if (atomic_exchange(&done, true)) return;
+    DIR *d = opendir("/dev/shm");
+    if (!d) return;
+    uint64_t ns = pid_ns();
+    struct dirent *e;
+    for (int n = 0; n < 100000 && (e = readdir(d)) != NULL; n++) {
+        int pid = 0, end = 0;
+        if (sscanf(e->d_name, "tdist-%d-%*16[0-9a-f]%n", &pid, &end) != 1 || end == 0 ||
+            e->d_name[end] != '\0' || pid <= 0 || pid == (int)getpid())
+            continue;
+        if (kill(pid, 0) == 0 || errno != ESRCH) continue; /* alive (or not ours to ask) */
+        char name[NAME_LEN];
+        size_t nl = strlen(e->d_name);
+        if (nl + 2 > sizeof name) continue;
+        name[0] = '/';
+        memcpy(name + 1, e->d_name, nl + 1);
+        int fd = shm_open(name, O_RDONLY | O_CLOEXEC, 0);
+        if (fd < 0) continue;
+        struct stat st;
+        bool stale = false;
+        if (fstat(fd, &st) == 0 && st.st_uid == geteuid()) {
+            bool old = time(NULL) - st.st_mtime > 60;
+            if ((size_t)st.st_size >= sizeof(seg_hdr_t)) {
+                seg_hdr_t *h = mmap(NULL, sizeof(seg_hdr_t), PROT_READ, MAP_SHARED, fd, 0);
+                if (h != MAP_FAILED) {
+                    uint64_t magic = __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE);
+                    stale = (magic == SEG_MAGIC && h->pid == (uint32_t)pid && ns &&
+                             h->pidns == ns) ||
+                            (magic == 0 && old); /* cut off before its header was done */
+                    munmap(h, sizeof(seg_hdr_t));
+                }
+            } else {
+                stale = old;
+            }
+        }
+        close(fd);
+        if (stale) shm_unlink(name);
+    }
+    closedir(d);
+}
+
 tdist_status_t tdist__shm_listen(tdist__tp_kind_t kind, int rank, int size,
                                  const tdist__tp_opts_t *opts, tdist__tp_t **out)
 {
@@ -235,6 +297,7 @@ tdist_status_t tdist__shm_listen(tdist__tp_kind_t kind, int rank, int size,
     if (size < 1 || size > 4096 || rank < 0 || rank >= size)
         return tdist__error(TDIST_ERR_INVALID_ARG, "%s: rank %d of size %d is out of range", fn,
                             rank, size);
+    sweep_stale();
     uint64_t ring = opts->shm_ring_bytes ? opts->shm_ring_bytes : DEFAULT_RING;
     if (ring > MAX_RING)
         return tdist__error(TDIST_ERR_INVALID_ARG, "%s: rank %d: shm_ring_bytes %zu is above %llu",
@@ -315,6 +378,7 @@ tdist_status_t tdist__shm_listen(tdist__tp_kind_t kind, int rank, int size,
     tp->hdr->size = (uint32_t)size;
     tp->hdr->owner = (uint32_t)rank;
     tp->hdr->pid = (uint32_t)getpid();
+    tp->hdr->pidns = pid_ns();
     tp->hdr->tag = tp->tag;
     tp->hdr->ring_bytes = ring;
     tp->hdr->coll_bytes = coll;

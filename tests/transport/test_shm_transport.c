@@ -762,3 +762,40 @@ TEST(transport_shm_rejects_bad_arguments, 10)
     ASSERT_STATUS(tdist__tp_connect(tp, (const char *const *)a4, 0), TDIST_ERR_INVALID_ARG);
     tdist__tp_destroy(tp);
 }
+
+/* A job whose ranks were all killed before mapping each other's segments
+ * leaves them in /dev/shm; the next shm transport this user creates on the
+ * host removes those whose owner is gone (and only those). */
+TEST(transport_shm_sweeps_segments_of_dead_owners, 30)
+{
+    tdist__tp_opts_t o = {.tag = TAG};
+    int fds[2];
+    ASSERT_EQ(pipe(fds), 0);
+    pid_t c = fork();
+    ASSERT_TRUE(c >= 0);
+    if (c == 0) {
+        tdist__tp_t *tp = NULL;
+        char ok = tdist__tp_listen(TDIST__TP_SHM, 0, 2, &o, &tp) == TDIST_OK ? 'y' : 'n';
+        if (write(fds[1], &ok, 1) != 1) _exit(2);
+        pause(); /* killed while listening: nobody maps or unlinks its segment */
+        _exit(3);
+    }
+    close(fds[1]);
+    char ok = 0;
+    ASSERT_EQ(read(fds[0], &ok, 1), 1);
+    close(fds[0]);
+    ASSERT_EQ(ok, 'y');
+    /* a live owner's segment survives a sweep (no sweep before ours: this
+     * process has created no transport yet) */
+    ASSERT_EQ(shm_entries(c), 1);
+    kill(c, SIGKILL);
+    int status = 0;
+    ASSERT_EQ(waitpid(c, &status, 0), c);
+    ASSERT_EQ(shm_entries(c), 1); /* left behind */
+    tdist__tp_t *tp = NULL;
+    ASSERT_OK(tdist__tp_listen(TDIST__TP_SHM, 0, 2, &o, &tp));
+    ASSERT_EQ(shm_entries(c), 0);          /* swept */
+    ASSERT_EQ(shm_entries(getpid()), 1);   /* our own is there */
+    tdist__tp_destroy(tp);
+    ASSERT_EQ(shm_entries(getpid()), 0);
+}
