@@ -77,6 +77,8 @@ typedef struct tdist_join_state {
     int last_joiner;     /* the root of the final sync: highest rank among those
                             active in the last iteration anyone was active (the
                             highest rank when there was none); valid in post hooks */
+    const void *args;    /* the joinable's own `args` (in its hooks and its
+                            tdist_join_notify); NULL otherwise */
 } tdist_join_state_t;
 
 /* A participant of a Join: a struct of callbacks over an object (ctx).
@@ -93,6 +95,9 @@ typedef struct tdist_joinable {
     tdist_status_t (*main_hook)(void *ctx, const tdist_join_state_t *st);
     /* Once every rank has joined. May be NULL. */
     tdist_status_t (*post_hook)(void *ctx, bool is_last_joiner, const tdist_join_state_t *st);
+    /* Per-joinable arguments for its hooks (PyTorch's Join(**kwargs)):
+     * borrowed until tdist_join_end, handed over as st->args. May be NULL. */
+    const void *args;
 } tdist_joinable_t;
 
 /* Options. Fill with tdist_join_opts_init(); NULL means defaults. */

@@ -218,17 +218,31 @@ static tdist_status_t do_notify(tdist_join_t *jn, bool active, uint64_t flags, c
     return TDIST_OK;
 }
 
+/* The args of the joinable whose ctx this is (NULL if none). */
+static const void *own_args(const tdist_join_t *jn, const void *ctx)
+{
+    for (size_t i = 0; i < jn->n; i++)
+        if (jn->j[i].ctx == ctx) return jn->j[i].args;
+    return NULL;
+}
+
 tdist_status_t tdist_join_notify(tdist_join_t *join, const void *ctx, uint64_t flags,
                                  tdist_join_state_t *state)
 {
     if (!join) return tdist__error(TDIST_ERR_INVALID_ARG, "tdist_join_notify: join is NULL");
     if (!join->opts.enable) {
-        if (state) trivial_state(join, state);
+        if (state) {
+            trivial_state(join, state);
+            state->args = own_args(join, ctx);
+        }
         return TDIST_OK;
     }
     if (join->failed != TDIST_OK) return tdist__error(join->failed, "%s", join->fail_msg);
     if (ctx == join->j[0].ctx) TDIST_CHECK(do_notify(join, true, flags, "notify"));
-    if (state) *state = join->st;
+    if (state) {
+        *state = join->st;
+        state->args = own_args(join, ctx);
+    }
     return TDIST_OK;
 }
 
@@ -276,7 +290,9 @@ tdist_status_t tdist_join_end(tdist_join_t *join)
         if (ret != TDIST_OK || jn->st.active == 0) break;
         for (size_t i = 0; i < jn->n && ret == TDIST_OK; i++) {
             if (!jn->j[i].main_hook) continue;
-            ret = jn->j[i].main_hook(jn->j[i].ctx, &jn->st);
+            tdist_join_state_t st = jn->st;
+            st.args = jn->j[i].args;
+            ret = jn->j[i].main_hook(jn->j[i].ctx, &st);
             if (ret != TDIST_OK)
                 ret = tdist__error_context(ret,
                                            "tdist_join_end: rank %d group %s iteration %" PRIu64
@@ -294,7 +310,9 @@ tdist_status_t tdist_join_end(tdist_join_t *join)
         bool is_last = rounds == 0;
         for (size_t i = 0; i < jn->n && ret == TDIST_OK; i++) {
             if (!jn->j[i].post_hook) continue;
-            ret = jn->j[i].post_hook(jn->j[i].ctx, is_last, &jn->st);
+            tdist_join_state_t st = jn->st;
+            st.args = jn->j[i].args;
+            ret = jn->j[i].post_hook(jn->j[i].ctx, is_last, &st);
             if (ret != TDIST_OK)
                 ret = tdist__error_context(ret,
                                            "tdist_join_end: rank %d group %s: post hook of "

@@ -421,3 +421,64 @@ static void opts_body(int rank, int n, void *arg)
 }
 
 TEST(join_options_must_match, 30) { tdist_test_run_ranks(3, opts_body, NULL); }
+
+/* ----------------------------------------- a generic joinable, per-joinable args */
+
+/* Two joinables without DDP, no main hook: the first notifies, each
+ * iteration all_reduces a value (shadowed by rule 4 on joined ranks); the
+ * post hooks see their own args and is_last_joiner. */
+typedef struct counter {
+    int posts;
+    bool last;
+    const void *args_seen;
+    int last_joiner;
+} counter_t;
+
+static tdist_status_t counter_post(void *ctx, bool is_last_joiner, const tdist_join_state_t *st)
+{
+    counter_t *c = ctx;
+    c->posts++;
+    c->last = is_last_joiner;
+    c->args_seen = st->args;
+    c->last_joiner = st->last_joiner;
+    return TDIST_OK;
+}
+
+static void generic_body(int rank, int n, void *arg)
+{
+    (void)arg;
+    tdist_world_t *w;
+    tdist_pg_t *pg;
+    tdist_test_open_world(&w, &pg, (int64_t)(30000 * tdist_test_timeout_mult()));
+    static const int counts[4] = {2, 0, 3, 1};
+    static const char args_a[] = "a", args_b[] = "b";
+    counter_t ca = {0}, cb = {0};
+    tdist_joinable_t js[2] = {
+        {.ctx = &ca, .pg = pg, .post_hook = counter_post, .args = args_a},
+        {.ctx = &cb, .pg = pg, .post_hook = counter_post, .args = args_b},
+    };
+    tdist_join_t *join;
+    ASSERT_OK(tdist_join_begin(js, 2, NULL, &join));
+    for (int k = 0; k < counts[rank]; k++) {
+        tdist_join_state_t st;
+        ASSERT_OK(tdist_join_notify(join, &ca, 0, &st));
+        ASSERT_TRUE(st.args == args_a);
+        ASSERT_OK(tdist_join_notify(join, &cb, 0, &st)); /* not the first: reads */
+        ASSERT_TRUE(st.args == args_b);
+        int64_t v = rank + 1, want = 0;
+        for (int r = 0; r < n; r++)
+            if (counts[r] > k) want += r + 1;
+        ASSERT_OK(tdist_all_reduce(pg, &v, &v, 1, TDIST_I64, TDIST_SUM, NULL, NULL));
+        ASSERT_EQ(v, want);
+    }
+    ASSERT_OK(tdist_join_end(join));
+    ASSERT_EQ(ca.posts, 1);
+    ASSERT_EQ(cb.posts, 1);
+    ASSERT_TRUE(ca.args_seen == args_a && cb.args_seen == args_b);
+    ASSERT_EQ(ca.last_joiner, 2);
+    ASSERT_TRUE(ca.last == (rank == 2) && cb.last == (rank == 2));
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
+}
+
+TEST(join_generic_joinable_args_and_shadowing, 30) { tdist_test_run_ranks(4, generic_body, NULL); }
