@@ -226,7 +226,7 @@ TEST(api_core_names_and_levels, 10)
     QUIET(s = tdist_version());
     ASSERT_STREQ(s, TDIST_VERSION_STRING);
 
-    int bad_status[] = {-16, -999, 2, 1000, INT_MIN, INT_MAX};
+    int bad_status[] = {-17, -999, 2, 1000, INT_MIN, INT_MAX};
     for (size_t i = 0; i < NELEM(bad_status); i++) {
         QUIET(s = tdist_status_str((tdist_status_t)bad_status[i]));
         ASSERT_STREQ(s, "TDIST_UNKNOWN_STATUS");
