@@ -11,8 +11,9 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$here/scripts/deps.sh"
 
 # clang and its runtime build the libFuzzer target for the store's frame parser;
-# python3-sklearn ships the digits data set the main job (and its test) trains on.
-ensure_packages "${TDIST_BUILD_PACKAGES[@]}" clang libclang-rt-14-dev python3-sklearn
+# python3-sklearn ships the digits data set the main job (and its test) trains on;
+# iproute2 (ip, tc) builds the network namespaces of the net tests (tests/net).
+ensure_packages "${TDIST_BUILD_PACKAGES[@]}" clang libclang-rt-14-dev python3-sklearn iproute2
 
 build="${TDIST_BUILD_DIR:-$here/build/test}"
 jobs="${TDIST_TEST_JOBS:-2}"

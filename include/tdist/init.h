@@ -38,7 +38,14 @@
  *                            under "tdist/g<G>/user/"), so a restarted
  *                            worker set never sees a previous attempt's keys
  *   TDIST_HOSTNAME           host name used to group local ranks (default
- *                            gethostname()); tests use it to simulate hosts
+ *                            gethostname()); tests use it to simulate hosts.
+ *                            Ranks in different network namespaces are on
+ *                            different hosts whatever their names
+ *   TDIST_SOCKET_IFNAME      read when a process group spans hosts: the
+ *                            network interface its TCP transport uses
+ *                            (NCCL_SOCKET_IFNAME syntax; default: the
+ *                            interface that reaches the store). See
+ *                            docs/multihost.md
  *   TDIST_TIMEOUT_MS, TDIST_STORE_TOKEN   defaults of the options below
  * LOCAL_RANK / LOCAL_WORLD_SIZE, when set, must agree with the local rank
  * and size the rendezvous derives from host names (TDIST_ERR_MISMATCH).
@@ -107,7 +114,8 @@ TDIST_API tdist_status_t tdist_init(const char *url, const tdist_init_opts_t *op
                                     tdist_world_t **out);
 
 /* This process's rank, the world size, its rank among the ranks on the
- * same host (hosts are told apart by host name, or TDIST_HOSTNAME if set;
+ * same host (hosts are told apart by host name, or TDIST_HOSTNAME if set,
+ * and by network namespace;
  * LOCAL_RANK / LOCAL_WORLD_SIZE, if set, must agree) and the number of
  * ranks on that host; -1 if w is NULL. Thread-safe; never
  * block. */

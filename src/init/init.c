@@ -12,10 +12,12 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "init/internal.h"
@@ -56,7 +58,24 @@ struct tdist_world {
     tdist_store_t *user;          /* "tdist/g<gen>/user" over base */
     tdist__rdzv_t rdzv;
     char host[HOST_MAX];
+    /* the store's address (env:// MASTER_ADDR, tcp:// HOST; "" for
+     * file://): multi-host groups bind to the interface that reaches it */
+    char master[HOST_MAX];
+    int master_port;
+    pthread_mutex_t bind_mu;                 /* guards the two below */
+    bool bind_known;
+    char bind_addr[TDIST__IFADDR_MAX];       /* tdist__world_bind_addr */
 };
+
+/* Inode of this process's network namespace (0 if /proc is not there).
+ * Part of the host identity: two network namespaces of one machine are
+ * two hosts (see init/internal.h). */
+static uint64_t netns_inode(void)
+{
+    struct stat sb;
+    if (stat("/proc/self/ns/net", &sb) != 0) return 0;
+    return (uint64_t)sb.st_ino;
+}
 
 void tdist_init_opts_init(tdist_init_opts_t *opts)
 {
@@ -409,6 +428,7 @@ static void world_free(tdist_world_t *w)
     tdist_store_destroy(w->rdzv_view);
     tdist_store_destroy(w->base);
     tdist_store_server_destroy(w->server);
+    pthread_mutex_destroy(&w->bind_mu);
     free(w);
 }
 
@@ -474,6 +494,11 @@ tdist_status_t tdist_init(const char *url, const tdist_init_opts_t *opts, tdist_
     w->timeout_ms = opts->timeout_ms;
     w->is_file = c.kind == URL_FILE;
     snprintf(w->host, sizeof w->host, "%s", c.self_host);
+    pthread_mutex_init(&w->bind_mu, NULL);
+    if (c.kind != URL_FILE) {
+        snprintf(w->master, sizeof w->master, "%s", c.host);
+        w->master_port = c.port;
+    }
 
     int adopted_fd = -1;
     st = open_store(opts, &c, w, deadline, &adopted_fd);
@@ -500,6 +525,7 @@ tdist_status_t tdist_init(const char *url, const tdist_init_opts_t *opts, tdist_
     w->rdzv.rank = w->rank;
     w->rdzv.world_size = w->world_size;
     w->rdzv.host = w->host;
+    w->rdzv.netns = netns_inode();
     w->rdzv.timeout_ms = opts->timeout_ms;
     st = tdist__rdzv_join(&w->rdzv, deadline);
     bool joined = st == TDIST_OK;
@@ -516,7 +542,8 @@ tdist_status_t tdist_init(const char *url, const tdist_init_opts_t *opts, tdist_
                               "tdist_init: rank %d on host \"%.200s\": LOCAL_RANK=%s "
                               "LOCAL_WORLD_SIZE=%s from the environment disagree with the "
                               "rendezvous, which found local rank %d of %d ranks on this host "
-                              "(host names come from gethostname or TDIST_HOSTNAME)",
+                              "(host names come from gethostname or TDIST_HOSTNAME; ranks in "
+                              "another network namespace are on another host)",
                               w->rank, w->host, lr, ls, w->local_rank, w->local_size);
         }
     }
@@ -559,4 +586,36 @@ void tdist_world_destroy(tdist_world_t *w)
      * rendezvous keys. */
     tdist__rdzv_leave(&w->rdzv, w->server ? w->world_size : 0, w->timeout_ms, w->is_file);
     world_free(w);
+}
+
+tdist_status_t tdist__world_bind_addr(tdist_world_t *w, const char **addr)
+{
+    if (!w || !addr)
+        return tdist__error(TDIST_ERR_INVALID_ARG, "tdist__world_bind_addr: world or addr is NULL");
+    pthread_mutex_lock(&w->bind_mu);
+    tdist_status_t st = TDIST_OK;
+    if (!w->bind_known) {
+        char ifname[TDIST__IFNAME_MAX] = "";
+        const char *how = "";
+        st = tdist__iface_select(w->master, w->master_port, w->bind_addr, sizeof w->bind_addr,
+                                 ifname, sizeof ifname, &how);
+        if (st == TDIST_OK) {
+            w->bind_known = true;
+            TDIST_LOGI("rank %d: process groups that span hosts listen on %s (interface %s, "
+                       "chosen by %s)",
+                       w->rank, w->bind_addr, ifname[0] ? ifname : "?", how);
+            if (strncmp(w->bind_addr, "127.", 4) == 0 || strcmp(w->bind_addr, "::1") == 0)
+                TDIST_LOGW("rank %d: this world spans hosts but its process groups listen on "
+                           "the loopback address %s (chosen by %s): ranks on other machines "
+                           "cannot reach it. Set TDIST_SOCKET_IFNAME, or use the store's "
+                           "routable address as MASTER_ADDR",
+                           w->rank, w->bind_addr, how);
+        } else {
+            tdist__error_context(st, "rank %d: choosing the network interface for process groups "
+                                     "that span hosts", w->rank);
+        }
+    }
+    if (st == TDIST_OK) *addr = w->bind_addr;
+    pthread_mutex_unlock(&w->bind_mu);
+    return st;
 }

@@ -7,13 +7,15 @@
  * init.c makes as prefix "tdist/g<restart generation>/rdzv" over the job's
  * base store (the user's view of the world is "tdist/g<gen>/user"):
  *
- *   rank/<r>      "<world_size> <pid> <nonce> <host>" of the process that
- *                 owns rank r (compare_set: the first claim wins)
+ *   rank/<r>      "<world_size> <pid> <nonce> <netns> <host>" of the process
+ *                 that owns rank r (compare_set: the first claim wins);
+ *                 netns is the inode of its /proc/self/ns/net in hex
+ *                 (0: unknown)
  *   world_size    "<world_size> <rank> <pid> <host>" of the first rank to
  *                 register (compare_set); every later rank must agree
  *   joined        "<r>," appended by every rank that registered cleanly
  *   arrived       counter; the rendezvous is complete at world_size
- *   dup/<r>       the losing claim of rank r ("<ws> <pid> <nonce> <host>")
+ *   dup/<r>       the losing claim of rank r ("<ws> <pid> <nonce> <netns> <host>")
  *   abort         "<status> <message>": the first failure; every waiting
  *                 rank fails with it at once (compare_set: first wins)
  *   left          counter of ranks that have left (tdist_world_destroy, or
@@ -40,6 +42,11 @@ typedef struct tdist__rdzv {
     int rank;
     int world_size;
     const char *host;       /* this process's host name */
+    /* This process's network namespace (inode of /proc/self/ns/net, 0 if
+     * unknown). Ranks share a host when both the host name and the
+     * namespace agree: processes in different network namespaces of one
+     * machine (containers, the netns tests) are different hosts. */
+    uint64_t netns;
     int64_t timeout_ms;     /* for messages */
     /* outputs of tdist__rdzv_join */
     bool registered;        /* appended to "joined": must record leaving */
@@ -65,5 +72,92 @@ void tdist__rdzv_leave(tdist__rdzv_t *r, int64_t wait_for, int64_t bound_ms, boo
 /* Number of ranks that registered cleanly (entries of "joined"); 0 on
  * error. Used by rank 0 to know how many to wait for after a failure. */
 int64_t tdist__rdzv_num_joined(tdist__rdzv_t *r);
+
+/* ------------------------------------------------ interface selection */
+/*
+ * iface.c: which local address the TCP transports of a multi-host process
+ * group listen on (and publish). See docs/multihost.md.
+ *
+ *   TDIST_SOCKET_IFNAME set and not empty: a list of interface names, as
+ *   NCCL_SOCKET_IFNAME: "eth0", "eth,ib" (prefixes), "=eth0" (exact
+ *   names), "^docker,lo" (any interface except those prefixes), "^=lo"
+ *   (except exactly these). The first list entry that matches an
+ *   interface which is up and has a usable address wins (for one entry:
+ *   an exact name before longer names it is a prefix of, IPv4 before
+ *   IPv6, never link-local IPv6); with '^', the first such interface in
+ *   the kernel's order that is not excluded, IPv4 first, loopback last.
+ *   Otherwise: the local address the kernel would use to reach the
+ *   store (master) address: a UDP socket connect()ed to it, then
+ *   getsockname() (connecting a datagram socket sends nothing).
+ *   Without a master address (file://): as "^" with nothing excluded
+ *   (the first interface that is up, IPv4 first, loopback last).
+ */
+
+#define TDIST__IFSPEC_MAX 16   /* names in one TDIST_SOCKET_IFNAME */
+#define TDIST__IFNAME_MAX 16   /* IF_NAMESIZE, terminating NUL included */
+#define TDIST__IFADDR_MAX 64   /* INET6_ADDRSTRLEN and then some */
+
+/* A parsed TDIST_SOCKET_IFNAME. */
+typedef struct tdist__ifspec {
+    bool exclude; /* leading '^': every interface except these */
+    bool exact;   /* '=' (after the optional '^'): whole names, not prefixes */
+    int n;        /* entries in names (1..TDIST__IFSPEC_MAX) */
+    char names[TDIST__IFSPEC_MAX][TDIST__IFNAME_MAX];
+} tdist__ifspec_t;
+
+/* One address of a local interface (or, family 0, an interface with no
+ * IPv4/IPv6 address, listed so that errors can name it). */
+typedef struct tdist__ifaddr {
+    char name[TDIST__IFNAME_MAX];
+    int family;                   /* AF_INET, AF_INET6 or 0 */
+    char addr[TDIST__IFADDR_MAX]; /* numeric, "" for family 0 */
+    bool up;                      /* IFF_UP */
+    bool loopback;                /* IFF_LOOPBACK */
+    bool link_local;              /* IPv6 fe80::/10 (not usable: no scope id) */
+} tdist__ifaddr_t;
+
+/* Parse spec (the value of the variable named var, used in messages) into
+ * *out. Surrounding blanks of each name are ignored. Errors
+ * (TDIST_ERR_INVALID_ARG naming var): an empty list or an empty name,
+ * a name longer than 15 bytes, more than TDIST__IFSPEC_MAX names.
+ * Pure; thread-safe. */
+tdist_status_t tdist__ifspec_parse(const char *var, const char *spec, tdist__ifspec_t *out);
+
+/* Does interface name ifname pass spec (prefix or exact match, inverted
+ * by '^')? Pure. */
+bool tdist__ifspec_match(const tdist__ifspec_t *spec, const char *ifname);
+
+/* The local interfaces and their addresses (getifaddrs), in the kernel's
+ * order; *out is malloc'd (caller frees). Thread-safe. */
+tdist_status_t tdist__iface_list(tdist__ifaddr_t **out, int *n);
+
+/* Choose the interface address spec selects from list[0..n) (see above);
+ * copy it to *out. No usable match: TDIST_ERR_INVALID_ARG with a message
+ * naming var, its value and every interface in list (and why a matching
+ * one cannot be used: down, no address). Pure; thread-safe. */
+tdist_status_t tdist__iface_choose(const char *var, const char *value, const tdist__ifspec_t *spec,
+                                   const tdist__ifaddr_t *list, int n, tdist__ifaddr_t *out);
+
+/* The local address (numeric, into addr[0..n)) the kernel would use to
+ * reach host:port (host: a name or a numeric address). Nothing is sent.
+ * Errors: TDIST_ERR_INVALID_ARG (host does not resolve),
+ * TDIST_ERR_SYSTEM (no route), naming host. Thread-safe. */
+tdist_status_t tdist__iface_route_to(const char *host, int port, char *addr, size_t n);
+
+/* The whole policy (see above): TDIST_SOCKET_IFNAME, else the route to
+ * master_host:master_port (master_host NULL or "" for none), else the
+ * first interface that is up (loopback last). Writes the numeric address, the
+ * interface's name ("" if unknown) and how it was chosen (a static
+ * string: "TDIST_SOCKET_IFNAME", "route to the store", "first interface").
+ * Thread-safe. */
+tdist_status_t tdist__iface_select(const char *master_host, int master_port, char *addr,
+                                   size_t addr_n, char *ifname, size_t ifname_n,
+                                   const char **how);
+
+/* init.c: the address this rank's TCP transports bind to when its world
+ * spans hosts (tdist__iface_select with the world's store address),
+ * computed on the first call and kept for the life of the world.
+ * *addr is owned by the world. Thread-safe. */
+tdist_status_t tdist__world_bind_addr(tdist_world_t *w, const char **addr);
 
 #endif /* TDIST_INIT_INTERNAL_H */

@@ -27,6 +27,7 @@ typedef struct claim {
     int world_size;
     long pid;
     char nonce[40];
+    uint64_t netns;
     char host[CLAIM_MAX];
 } claim_t;
 
@@ -45,13 +46,15 @@ static int value_str(const void *v, size_t len, char *buf, size_t cap)
     return 0;
 }
 
-/* "<ws> <pid> <nonce> <host...>" -> claim. 0 on success. */
+/* "<ws> <pid> <nonce> <netns> <host...>" -> claim. 0 on success. */
 static int parse_claim(const void *v, size_t len, claim_t *c)
 {
     char buf[CLAIM_MAX];
     if (value_str(v, len, buf, sizeof buf) != 0) return -1;
     int off = 0;
-    if (sscanf(buf, "%d %ld %39s %n", &c->world_size, &c->pid, c->nonce, &off) != 3 || off <= 0)
+    if (sscanf(buf, "%d %ld %39s %" SCNx64 " %n", &c->world_size, &c->pid, c->nonce, &c->netns,
+               &off) != 4 ||
+        off <= 0)
         return -1;
     snprintf(c->host, sizeof c->host, "%s", buf + off);
     return 0;
@@ -217,7 +220,8 @@ static tdist_status_t fail_timeout(tdist__rdzv_t *r, const char *mine)
     return tdist__error(TDIST_ERR_TIMEOUT, "%s", msg);
 }
 
-/* Everyone arrived: local rank and size from the host names of all ranks. */
+/* Everyone arrived: local rank and size from the host names and network
+ * namespaces of all ranks. */
 static tdist_status_t compute_local(tdist__rdzv_t *r)
 {
     size_t n = (size_t)r->world_size;
@@ -244,7 +248,7 @@ static tdist_status_t compute_local(tdist__rdzv_t *r)
             st = tdist__error(TDIST_ERR_INTERNAL, "rendezvous: unreadable registration of rank %zu", i);
             goto out;
         }
-        if (strcmp(c->host, r->host) != 0) continue;
+        if (strcmp(c->host, r->host) != 0 || c->netns != r->netns) continue;
         if ((int)i < r->rank) local_rank++;
         local_size++;
     }
@@ -270,7 +274,8 @@ tdist_status_t tdist__rdzv_join(tdist__rdzv_t *r, int64_t deadline_ms)
     char nonce[40], key[64], mine[CLAIM_MAX + 64], tmp[CLAIM_MAX + 64];
     r->registered = false;
     make_nonce(nonce, sizeof nonce);
-    snprintf(mine, sizeof mine, "%d %ld %s %s", r->world_size, (long)getpid(), nonce, r->host);
+    snprintf(mine, sizeof mine, "%d %ld %s %" PRIx64 " %s", r->world_size, (long)getpid(), nonce,
+             r->netns, r->host);
     size_t mine_len = strlen(mine);
 
     /* 1. Claim the rank: the first claim wins. */

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "init/internal.h" /* tdist__world_bind_addr (pick_bind) */
 #include "pg/internal.h"
 #include "tdist/init.h"
 #include "tdist/store.h"
@@ -330,9 +331,9 @@ static tdist_status_t pick_bind(tdist_world_t *world, const tdist_pg_opts_t *opt
         *bind = "127.0.0.1";
         return TDIST_OK;
     }
-    return tdist__error(TDIST_ERR_NOT_SUPPORTED,
-                        "multi-host process groups need opts.bind_addr (interface selection is "
-                        "issue 6)");
+    /* several hosts: TDIST_SOCKET_IFNAME, else the interface that reaches
+     * the store (init/iface.c, docs/multihost.md) */
+    return tdist__world_bind_addr(world, bind);
 }
 
 tdist_status_t tdist_pg_create_world(tdist_world_t *world, const tdist_pg_opts_t *opts,
