@@ -72,6 +72,7 @@ tdist_status_t tdist_pg_error(const tdist_pg_t *pg, char *buf, size_t n)
 tdist_status_t tdist_pg_abort(tdist_pg_t *pg)
 {
     if (!pg) return tdist__error(TDIST_ERR_INVALID_ARG, "tdist_pg_abort: pg is NULL");
+    tdist__pg_hier_abort(pg);
     pthread_mutex_lock(&pg->mu);
     atomic_store(&pg->aborted, true);
     if (pg->tp) tdist__tp_abort(pg->tp);
@@ -85,6 +86,7 @@ tdist_status_t tdist_pg_abort(tdist_pg_t *pg)
 static void pg_free(tdist_pg_t *pg)
 {
     if (!pg) return;
+    tdist__pg_hier_free(pg);
     tdist__shmc_destroy(pg->shm);
     tdist__coll_scratch_release(&pg->scratch);
     tdist__tp_destroy(pg->tp);
@@ -308,6 +310,7 @@ static tdist_status_t pg_build(tdist_world_t *world, tdist_store_t *store, int r
         const char *forced = getenv("TDIST_ALGO_ALLREDUCE");
         pg->ar_forced = forced && *forced && strcmp(forced, "auto") != 0;
     }
+    TDIST_CHECK_GOTO(tdist__pg_hier_setup(pg, deadline), st, fail);
     TDIST_CHECK_GOTO(tdist__pg_start_engine(pg), st, fail);
     *out = pg;
     return TDIST_OK;
@@ -386,6 +389,18 @@ static tdist_status_t make_sub(tdist_pg_t *parent, const int *ranks, int n, int 
     const char *name = opts && opts->name ? opts->name : defname;
     return pg_build(parent->world, parent->store, me, n, wranks, uid, name, timeout, kind, bind,
                     out);
+}
+
+tdist_status_t tdist__pg_build_sub(tdist_pg_t *parent, const int *members, int n, int me,
+                                   const char *uid, const char *name, tdist__tp_kind_t kind,
+                                   tdist_pg_t **out)
+{
+    const char *bind = kind == TDIST__TP_TCP ? parent->bind_addr : NULL;
+    tdist_status_t st = make_sub(parent, members, n, me, uid, name, NULL, kind, bind, out);
+    if (st != TDIST_OK)
+        tdist__error_context(st, "group %s: rank %d: internal subgroup %s", parent->name,
+                             parent->rank, name);
+    return st;
 }
 
 static tdist_status_t sub_common_checks(tdist_pg_t *parent, const tdist_pg_opts_t *opts,

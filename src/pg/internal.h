@@ -175,6 +175,15 @@ struct tdist_pg {
     int fp_have;             /* TCP: 1 + the rank whose fingerprint for the next
                                 exchange is already in fp_theirs (0: none) */
 
+    /* hierarchical collectives (hier.c): a TCP group over several hosts */
+    bool hier;               /* on */
+    tdist_pg_t *hier_local;  /* this host's ranks of the group (shm); NULL if alone */
+    tdist_pg_t *hier_cross;  /* the first rank of every host (tcp); NULL off leaders */
+    int hier_leader;         /* group rank of this host's first rank */
+    int *hier_host;          /* host index of every group rank */
+    int hier_nhosts;
+    size_t hier_min;         /* bytes from which all_reduce / broadcast go hierarchical */
+
     /* p2p (guarded by mu, driven by the p2p thread) */
     pthread_t p2p_thread;
     bool p2p_started;
@@ -261,6 +270,22 @@ tdist_status_t tdist__pg_shadow_until(tdist_pg_t *pg, struct tdist_work *w, int6
 /* Run w's exchange and algorithm (no status, no finish): engine.c. */
 tdist_status_t tdist__pg_run_body(tdist_pg_t *pg, struct tdist_work *w, int64_t timeout_ms,
                                   int64_t deadline_ms);
+
+/* ---------------------------------------------------------------- hier.c */
+
+/* After the meshes are up: find the hosts and build the local / cross
+ * subgroups if the group spans hosts (collective over the group). */
+tdist_status_t tdist__pg_hier_setup(tdist_pg_t *pg, int64_t deadline_ms);
+void tdist__pg_hier_abort(tdist_pg_t *pg);
+void tdist__pg_hier_free(tdist_pg_t *pg);
+bool tdist__pg_hier_eligible(const tdist_pg_t *pg, const struct tdist_work *w);
+tdist_status_t tdist__pg_hier_run(tdist_pg_t *pg, struct tdist_work *w, int64_t deadline_ms);
+
+/* group.c: an internal subgroup of parent (members: parent ranks in
+ * subgroup order; me: this rank's index there) over transport kind. */
+tdist_status_t tdist__pg_build_sub(tdist_pg_t *parent, const int *members, int n, int me,
+                                   const char *uid, const char *name, tdist__tp_kind_t kind,
+                                   tdist_pg_t **out);
 
 /* ------------------------------------------------------------------ p2p.c */
 
