@@ -29,6 +29,33 @@
  *                     timeline and the comm busy time (union of the
  *                     buckets' launch..done intervals) next to the blocked
  *                     wait, i.e. how much communication really was hidden
+ *   --join            (--mode ddp) the whole loop, warm-up included, inside a
+ *                     Join (tdist/join.h: tdist_join_begin before it,
+ *                     tdist_join_end after it; default Join options). Every
+ *                     rank has the same number of steps (even inputs), so
+ *                     this measures what the Join costs: one all_gather of
+ *                     one int64 per rank in every forward_begin
+ *                     (issue 5's benchmark, bench/compare/join.sh)
+ *   --join-disabled   the same with tdist_join_opts.enable = false (must cost
+ *                     nothing)
+ *   --join-empty-rank R  --join, and rank R has no inputs at all: it calls
+ *                     tdist_join_begin and at once tdist_join_end, which
+ *                     shadows every iteration of the others (bucket
+ *                     all_reduces on zeros). The step time and the DDP
+ *                     statistics are then those of the active ranks only
+ *   --join-alternate M1,M2,...  (--mode ddp) all modes in ONE run: after the
+ *                     warm-up (no Join), the timed steps go in blocks of
+ *                     --block K steps (default 5), one block per mode in
+ *                     turn (the order rotated every round), until every mode
+ *                     has -n steps. Modes: ddp (no Join), join (the block
+ *                     inside a Join), off (a Join with enable = false),
+ *                     empty (a Join in which rank --join-empty-rank R,
+ *                     default the last, has no inputs: it enters
+ *                     tdist_join_end at once and shadows the block). Whatever
+ *                     else runs on the machine hits every mode alike, so
+ *                     the ratios are steadier than between processes. The
+ *                     Join's begin and end (a notification, the final
+ *                     broadcast) are outside the timed steps, as with --join
  *
  * Without the env:// variables (RANK, WORLD_SIZE, ...) --mode local runs as a
  * single process without tdist at all.
@@ -52,9 +79,14 @@
  * bucket's size is all_reduced alone (PREMUL_SUM 1/world, as the default
  * hook) to show what one bucket costs without computation beside it.
  *
+ * With --join-empty-rank the empty rank keeps no step times (zeros), so the
+ * MAX is over the active ranks; the statistics are averaged over the active
+ * ranks. Active-rank throughput = active ranks x batch / step time.
+ *
  * Output (rank 0): comment lines, one machine-readable row
  *   ROW tdist <mode> <model> <world> <median_ms> <min_ms> <max_ms> <overlap> <wait_ms> <comm_ms> <compute_ms>
- * ("-" where a field does not apply) and RESULT lines.
+ * ("-" where a field does not apply; <mode> is local, ddp, ddp_join,
+ * ddp_joinoff or ddp_join_empty<R>) and RESULT lines.
  */
 #include <math.h>
 #include <stdatomic.h>
@@ -93,7 +125,15 @@ typedef struct cfg {
     int view;
     int probe;
     int trace;
+    int join;       /* 0: no Join; 1: Join enabled; 2: Join with enable = false */
+    int join_empty; /* rank without inputs under --join, or -1 */
+    int alt[4];     /* --join-alternate: modes (ALT_*), alt_n of them */
+    int alt_n;
+    int block;      /* --block */
 } cfg_t;
+
+enum { ALT_DDP, ALT_JOIN, ALT_OFF, ALT_EMPTY };
+static const char *const ALT_NAME[4] = {"ddp", "join", "off", "empty"};
 
 /* --trace: per-bucket launch / completion times of the current step (ns,
  * CLOCK_MONOTONIC). done[] is written by the group's engine thread. */
@@ -301,6 +341,148 @@ out:
     return rc;
 }
 
+/* What one training step needs (--join-alternate). */
+typedef struct step_ctx {
+    nn_seq_t *m;
+    tdist_ddp_t *ddp;
+    tdist_optim_t *opt;
+    ready_ctx_t *rctx;
+    const float *x;
+    const int *labels;
+    float *dlogits;
+    size_t B, din;
+} step_ctx_t;
+
+/* One whole step on batch `it`; its time in ms, or -1 after an error
+ * (reported). */
+static double one_step(const step_ctx_t *k, int it)
+{
+    const float *xb = k->x + (size_t)(it % NBATCHES) * k->B * k->din;
+    const int *lb = k->labels + (size_t)(it % NBATCHES) * k->B;
+    float loss;
+    tdist_status_t st;
+    double t0 = now_ms();
+    if ((st = tdist_ddp_forward_begin(k->ddp)) != TDIST_OK)
+        return fail_tdist("tdist_ddp_forward_begin", st), -1;
+    float *logits = nn_forward(k->m, xb, k->B);
+    if (!logits || nn_cross_entropy(logits, lb, k->B, CLASSES, &loss, k->dlogits) != 0)
+        return fail_nn("forward"), -1;
+    nn_zero_grad(k->m);
+    if (nn_backward(k->m, k->dlogits) != 0) return fail_nn("nn_backward"), -1;
+    if (k->rctx->st != TDIST_OK) return fail_tdist("tdist_ddp_grad_ready", k->rctx->st), -1;
+    if ((st = tdist_ddp_backward_end(k->ddp)) != TDIST_OK)
+        return fail_tdist("tdist_ddp_backward_end", st), -1;
+    if ((st = tdist_optim_step(k->opt)) != TDIST_OK) return fail_tdist("tdist_optim_step", st), -1;
+    double t = now_ms() - t0;
+    if (!isfinite(loss)) {
+        fprintf(stderr, "bench_ddp_step: rank %d: loss is %g at step %d\n", g_rank, (double)loss, it);
+        return -1;
+    }
+    return t;
+}
+
+/* --join-alternate: the modes in blocks, in one process; 0 on success. */
+static int alt_loop(const cfg_t *c, const model_spec_t *ms, const step_ctx_t *k, tdist_pg_t *pg,
+                    int world, int steps, int warmup)
+{
+    int K = c->block, nm = c->alt_n;
+    int rounds = (steps + K - 1) / K, per = rounds * K; /* timed steps per mode */
+    int empty_rank = c->join_empty >= 0 ? c->join_empty : world - 1;
+    double *t = calloc((size_t)nm * (size_t)per, sizeof *t);
+    double *rr = calloc((size_t)nm * (size_t)rounds, sizeof *rr);
+    int rc = 1, it = 0;
+    if (!t || !rr) {
+        fprintf(stderr, "bench_ddp_step: out of memory\n");
+        goto out;
+    }
+    for (int w = 0; w < warmup; w++)
+        if (one_step(k, it++) < 0) goto out;
+    for (int r = 0; r < rounds; r++) {
+        for (int q = 0; q < nm; q++) {
+            int mi = (q + r) % nm, mode = c->alt[mi];
+            tdist_join_t *join = NULL;
+            tdist_status_t st;
+            if (mode != ALT_DDP) {
+                tdist_joinable_t j;
+                tdist_join_opts_t jo;
+                tdist_join_opts_init(&jo);
+                jo.enable = mode != ALT_OFF;
+                if ((st = tdist_ddp_joinable(k->ddp, &j)) != TDIST_OK ||
+                    (st = tdist_join_begin(&j, 1, &jo, &join)) != TDIST_OK) {
+                    fail_tdist("tdist_join_begin", st);
+                    goto out;
+                }
+            }
+            bool idle = mode == ALT_EMPTY && g_rank == empty_rank;
+            for (int s = 0; s < K && !idle; s++) {
+                double dt = one_step(k, it++);
+                if (dt < 0) {
+                    if (join) (void)tdist_join_end(join);
+                    goto out;
+                }
+                t[(size_t)mi * per + (size_t)r * K + s] = dt;
+            }
+            if (join && (st = tdist_join_end(join)) != TDIST_OK) {
+                fail_tdist("tdist_join_end", st);
+                goto out;
+            }
+        }
+    }
+    if (max_over_ranks(pg, t, (size_t)nm * per) != 0) goto out;
+    double med[4];
+    for (int mi = 0; mi < nm; mi++) {
+        med[mi] = median(t + (size_t)mi * per, per);
+        for (int r = 0; r < rounds; r++) rr[(size_t)mi * rounds + r] = median(t + (size_t)mi * per + (size_t)r * K, K);
+    }
+    if (g_rank == 0) {
+        printf("# model %s, batch %zu per rank, world %d, --join-alternate: %d rounds of", ms->name,
+               k->B, world, rounds);
+        for (int mi = 0; mi < nm; mi++) printf(" %s", ALT_NAME[c->alt[mi]]);
+        printf(" (%d steps each; order rotated per round), %d warm-up steps; empty rank %d\n", K,
+               warmup, empty_rank);
+        for (int mi = 0; mi < nm; mi++) {
+            int mode = c->alt[mi];
+            int act = mode == ALT_EMPTY ? world - 1 : world;
+            printf("# %-5s: step median %.3f ms over %d steps (slowest%s rank per step);"
+                   " active-rank throughput %.1f samples/s\n",
+                   ALT_NAME[mode], med[mi], per, mode == ALT_EMPTY ? " active" : "",
+                   med[mi] > 0 ? act * (double)k->B * 1e3 / med[mi] : 0.0);
+            double mn = t[(size_t)mi * per], mx = mn;
+            for (int j = 1; j < per; j++) {
+                double v = t[(size_t)mi * per + j];
+                mn = v < mn ? v : mn;
+                mx = v > mx ? v : mx;
+            }
+            printf("ROW tdist alt_%s %s %d %.4f %.4f %.4f - - - -\n", ALT_NAME[mode], ms->name,
+                   world, med[mi], mn, mx);
+            printf("RESULT ddp_step_%s_ddp%d_alt_%s_ms %.3f ms\n", ms->name, world, ALT_NAME[mode],
+                   med[mi]);
+        }
+        /* ratios against the first mode: of the medians, and the median of
+         * the per-round ratios (blocks adjacent in time) */
+        for (int mi = 1; mi < nm; mi++) {
+            double *pr = rr + (size_t)mi * rounds; /* reuse: per-round ratio */
+            double tmp[1024];
+            int nr = rounds < 1024 ? rounds : 1024;
+            for (int r = 0; r < nr; r++) tmp[r] = rr[r] > 0 ? pr[r] / rr[r] : 0;
+            const char *a = ALT_NAME[c->alt[mi]], *b = ALT_NAME[c->alt[0]];
+            printf("# %s/%s: ratio of the medians %.4f, median of the %d per-round ratios %.4f\n",
+                   a, b, med[0] > 0 ? med[mi] / med[0] : 0.0, nr, median(tmp, nr));
+            printf("RESULT ddp_step_%s_ddp%d_alt_%s_over_%s %.4f x\n", ms->name, world, a, b,
+                   median(tmp, nr));
+            if (c->alt[mi] == ALT_EMPTY && median(tmp, nr) > 0)
+                printf("RESULT ddp_step_%s_ddp%d_alt_empty_throughput_vs_%s %.4f x\n", ms->name,
+                       world, b, 1.0 / median(tmp, nr));
+        }
+        fflush(stdout);
+    }
+    rc = 0;
+out:
+    free(t);
+    free(rr);
+    return rc;
+}
+
 /* Run one model; 0 on success. */
 static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int world)
 {
@@ -317,6 +499,9 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
     int *labels = NULL;
     double *times = NULL; /* 5 arrays of steps: total, fwd, bwd, bwd_end, optim */
     trace_t *tr = NULL;
+    tdist_join_t *join = NULL;
+    /* under --join-empty-rank, this rank has no inputs at all */
+    const int empty = c->join == 1 && c->join_empty == g_rank;
     if (!m) return fail_nn("building the model");
     size_t np = 0;
     nn_param_t *p = nn_params(m, &np);
@@ -384,13 +569,29 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
         }
     }
 
+    if (c->alt_n > 0) {
+        step_ctx_t k = {m, ddp, opt, &rctx, x, labels, dlogits, B, din};
+        rc = alt_loop(c, ms, &k, pg, world, steps, warmup);
+        goto out;
+    }
     tdist_ddp_stats_t s0, s1;
     memset(&s0, 0, sizeof s0);
     memset(&s1, 0, sizeof s1);
     float loss = 0, first_loss = 0;
     double tr_busy = 0, tr_exposed = 0; /* --trace sums over the timed steps */
     uint64_t tr_t1 = 0, tr_t2 = 0; /* last step: backward start, backward_end start */
-    int total = warmup + steps;
+    int total = empty ? 0 : warmup + steps;
+    if (ddp && c->join) {
+        tdist_joinable_t j;
+        tdist_join_opts_t jo;
+        tdist_join_opts_init(&jo);
+        jo.enable = c->join == 1;
+        if ((st = tdist_ddp_joinable(ddp, &j)) != TDIST_OK ||
+            (st = tdist_join_begin(&j, 1, &jo, &join)) != TDIST_OK) {
+            rc = fail_tdist("tdist_join_begin", st);
+            goto out;
+        }
+    }
     for (int it = 0; it < total; it++) {
         if (ddp && it == warmup) {
             st = tdist_ddp_get_stats(ddp, &s0);
@@ -467,6 +668,17 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
             times[4 * steps + k] = t4 - t3;
         }
     }
+    if (join) {
+        /* an empty rank shadows every iteration in here; the others leave
+         * their loops together, so for them it is one notification and the
+         * final parameter broadcast (not timed) */
+        st = tdist_join_end(join);
+        join = NULL; /* freed in every case */
+        if (st != TDIST_OK) {
+            rc = fail_tdist("tdist_join_end", st);
+            goto out;
+        }
+    }
     if (ddp && (st = tdist_ddp_get_stats(ddp, &s1)) != TDIST_OK) {
         rc = fail_tdist("tdist_ddp_get_stats", st);
         goto out;
@@ -480,10 +692,10 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
     double ph[4];
     for (int j = 0; j < 4; j++) ph[j] = median(times + (size_t)(j + 1) * steps, steps);
 
-    /* DDP statistics per timed step, mean over ranks. */
-    double dst[6] = {0}; /* compute, comm, wait, backward_end, bytes, buckets */
+    /* DDP statistics per timed step, mean over the (active) ranks. */
+    double dst[7] = {0}; /* compute, comm, wait, backward_end, bytes, buckets, active */
     double n_it = (double)(s1.sync_iterations - s0.sync_iterations);
-    if (ddp && n_it > 0) {
+    if (ddp && !empty && n_it > 0) {
         dst[0] = (s1.total_compute_ms - s0.total_compute_ms) / n_it;
         dst[1] = (s1.total_comm_ms - s0.total_comm_ms) / n_it;
         dst[2] = (s1.total_wait_ms - s0.total_wait_ms) / n_it;
@@ -491,29 +703,42 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
         dst[4] = (double)(s1.bytes_reduced - s0.bytes_reduced) / n_it;
         dst[5] = (double)(s1.buckets_reduced - s0.buckets_reduced) / n_it;
     }
-    if (sum_over_ranks(ddp ? pg : NULL, dst, 6) != 0) goto out;
-    if (ddp)
-        for (int j = 0; j < 6; j++) dst[j] /= world;
+    dst[6] = empty ? 0.0 : 1.0;
+    if (sum_over_ranks(ddp ? pg : NULL, dst, 7) != 0) goto out;
+    int active = ddp ? (int)lround(dst[6]) : world;
+    if (ddp && active > 0)
+        for (int j = 0; j < 6; j++) dst[j] /= active;
     double overlap = dst[1] > 0 ? 1.0 - dst[2] / dst[1] : 0.0;
 
-    const char *mode = c->ddp ? "ddp" : "local";
+    char mode[32];
+    if (!c->ddp) snprintf(mode, sizeof mode, "local");
+    else if (c->join == 2) snprintf(mode, sizeof mode, "ddp_joinoff");
+    else if (c->join == 1 && c->join_empty >= 0) snprintf(mode, sizeof mode, "ddp_join_empty%d", c->join_empty);
+    else if (c->join == 1) snprintf(mode, sizeof mode, "ddp_join");
+    else snprintf(mode, sizeof mode, "ddp");
     if (g_rank == 0) {
         printf("# model %s: %zu parameters in %zu tensors (%zu -> %d x Linear(%zu)+ReLU -> "
                "Linear(%d)), batch %zu per rank, mode %s, world %d, %d timed steps (+%d warm-up), "
                "OpenBLAS threads %d; loss %.4f -> %.4f\n",
                ms->name, nparams, np, din, ms->layers, ms->hidden, CLASSES, B, mode, world, steps,
                warmup, c->threads, (double)first_loss, (double)loss);
-        printf("# step time (max over ranks per step): median %.3f ms, min %.3f, max %.3f\n", med,
-               mn, mx);
+        printf("# step time (max over %s ranks per step): median %.3f ms, min %.3f, max %.3f\n",
+               active < world ? "the active" : "all", med, mn, mx);
+        if (c->join)
+            printf("# join: %s; %d of %d ranks active (with inputs); active-rank throughput"
+                   " %.1f samples/s (%d x %zu / median step)\n",
+                   c->join == 2 ? "Join with enable = false"
+                                : "the loop inside a Join (default options)",
+                   active, world, med > 0 ? active * (double)B * 1e3 / med : 0.0, active, B);
         printf("# phases (median over steps of the slowest rank): forward+loss+zero_grad %.3f ms,"
                " backward %.3f ms, backward_end %.3f ms, sgd step %.3f ms\n",
                ph[0], ph[1], ph[2], ph[3]);
         if (ddp) {
             size_t nb = tdist_ddp_num_buckets(ddp);
-            printf("# ddp statistics per timed step (mean over ranks): compute %.3f ms, comm %.3f ms,"
-                   " blocked wait %.3f ms, overlap %.3f, %.1f buckets, %.2f MB reduced"
+            printf("# ddp statistics per timed step (mean over %s ranks): compute %.3f ms, comm"
+                   " %.3f ms, blocked wait %.3f ms, overlap %.3f, %.1f buckets, %.2f MB reduced"
                    " (buckets now %zu, rebuilds %llu)\n",
-                   dst[0], dst[1], dst[2], overlap, dst[5], dst[4] * 1e-6, nb,
+                   active < world ? "the active" : "all", dst[0], dst[1], dst[2], overlap, dst[5], dst[4] * 1e-6, nb,
                    (unsigned long long)s1.bucket_rebuilds);
         }
         fflush(stdout);
@@ -539,7 +764,8 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
     if (ddp && c->probe && probe_buckets(pg, ddp, p, np) != 0) goto out;
     if (g_rank == 0) {
         char tag[64];
-        snprintf(tag, sizeof tag, "%s%d", mode, world);
+        snprintf(tag, sizeof tag, "ddp%d%s%s", world, c->join ? "_" : "", c->join ? mode + 4 : "");
+        if (!c->ddp) snprintf(tag, sizeof tag, "%s%d", mode, world);
         if (ddp)
             printf("ROW tdist %s %s %d %.4f %.4f %.4f %.4f %.4f %.4f %.4f\n", mode, ms->name, world,
                    med, mn, mx, overlap, dst[2], dst[1], dst[0]);
@@ -547,6 +773,9 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
             printf("ROW tdist %s %s %d %.4f %.4f %.4f - - - -\n", mode, ms->name, world, med, mn,
                    mx);
         printf("RESULT ddp_step_%s_%s_ms %.3f ms\n", ms->name, world == 1 ? mode : tag, med);
+        if (c->join)
+            printf("RESULT ddp_step_%s_%s_samples_per_s %.1f samples/s\n", ms->name, tag,
+                   med > 0 ? active * (double)B * 1e3 / med : 0.0);
         if (ddp) {
             printf("RESULT ddp_step_%s_%s_overlap %.3f fraction\n", ms->name, tag, overlap);
             printf("RESULT ddp_step_%s_%s_wait_ms %.3f ms\n", ms->name, tag, dst[2]);
@@ -557,6 +786,7 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
     rc = 0;
 out:
     if (m) nn_set_grad_ready_hook(m, NULL, NULL);
+    if (join) (void)tdist_join_end(join); /* after an error: frees it */
     tdist_ddp_destroy(ddp);
     free(tr);
     tdist_optim_destroy(opt);
@@ -575,6 +805,8 @@ static void usage(FILE *f)
     fprintf(f, "usage: bench_ddp_step --mode local|ddp [--model 3M|25M|all] [-n STEPS] [-w WARMUP]\n"
                "                      [--batch B] [--threads T] [--cap MiB] [--first MiB] [--view]\n"
                "                      [--no-probe] [--trace]\n"
+               "                      [--join | --join-disabled | --join-empty-rank R]\n"
+               "                      [--join-alternate ddp,join,off,empty [--block K]]\n"
                "run under tdistrun (ddp: 2+ ranks); see the comment at the top of bench/ddp_step.c\n");
 }
 
@@ -590,7 +822,7 @@ static int parse_int(const char *s, int lo, int hi, int *out)
 int main(int argc, char **argv)
 {
     cfg_t c = {.ddp = -1, .model_mask = 3, .steps = 0, .warmup = -1, .batch = 64, .threads = 1,
-               .probe = 1};
+               .probe = 1, .join_empty = -1, .block = 5};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -604,6 +836,10 @@ int main(int argc, char **argv)
             c.probe = 0;
         } else if (!strcmp(a, "--trace")) {
             c.trace = 1;
+        } else if (!strcmp(a, "--join")) {
+            c.join = 1;
+        } else if (!strcmp(a, "--join-disabled")) {
+            c.join = 2;
         } else if (!v) {
             fprintf(stderr, "bench_ddp_step: %s needs a value (or is unknown)\n", a);
             usage(stderr);
@@ -618,6 +854,28 @@ int main(int argc, char **argv)
             else if (!strcmp(v, "25M")) c.model_mask = 2;
             else if (!strcmp(v, "all")) c.model_mask = 3;
             else goto bad;
+            i++;
+        } else if (!strcmp(a, "--join-empty-rank")) {
+            if (parse_int(v, 0, 1 << 20, &c.join_empty)) goto bad;
+            c.join = 1;
+            i++;
+        } else if (!strcmp(a, "--block")) {
+            if (parse_int(v, 1, 100000, &c.block)) goto bad;
+            i++;
+        } else if (!strcmp(a, "--join-alternate")) {
+            char buf[128];
+            snprintf(buf, sizeof buf, "%s", v);
+            c.alt_n = 0;
+            for (char *sv = NULL, *tok = strtok_r(buf, ",", &sv); tok; tok = strtok_r(NULL, ",", &sv)) {
+                int mode = -1;
+                for (int q = 0; q < 4; q++)
+                    if (!strcmp(tok, ALT_NAME[q])) mode = q;
+                if (mode < 0 || c.alt_n == 4) goto bad;
+                for (int q = 0; q < c.alt_n; q++)
+                    if (c.alt[q] == mode) goto bad;
+                c.alt[c.alt_n++] = mode;
+            }
+            if (c.alt_n < 2) goto bad;
             i++;
         } else if (!strcmp(a, "-n")) {
             if (parse_int(v, 1, MAX_STEPS, &c.steps)) goto bad;
@@ -655,6 +913,17 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if ((c.join || c.alt_n) && !c.ddp) {
+        fprintf(stderr, "bench_ddp_step: --join* needs --mode ddp\n");
+        return 2;
+    }
+    if (c.alt_n) {
+        c.join = 0; /* --join-empty-rank only names the empty rank */
+        if (c.trace) {
+            fprintf(stderr, "bench_ddp_step: --join-alternate does not go with --trace\n");
+            return 2;
+        }
+    }
     nn_set_num_threads(c.threads);
 
     tdist_world_t *world = NULL;
@@ -673,6 +942,11 @@ int main(int argc, char **argv)
         }
     }
     int rc = 0;
+    if ((c.join == 1 || c.alt_n) && c.join_empty >= nworld) {
+        fprintf(stderr, "bench_ddp_step: --join-empty-rank %d: the world has %d ranks\n",
+                c.join_empty, nworld);
+        rc = 2;
+    }
     for (size_t k = 0; k < sizeof MODELS / sizeof MODELS[0] && rc == 0; k++)
         if (c.model_mask & (1 << k)) rc = run_model(&c, &MODELS[k], pg, nworld);
     tdist_pg_destroy(pg);
