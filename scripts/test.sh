@@ -12,8 +12,10 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 # clang and its runtime build the libFuzzer target for the store's frame parser;
 # python3-sklearn ships the digits data set the main job (and its test) trains on;
-# iproute2 (ip, tc) builds the network namespaces of the net tests (tests/net).
-ensure_packages "${TDIST_BUILD_PACKAGES[@]}" clang libclang-rt-14-dev python3-sklearn iproute2
+# iproute2 (ip, tc) builds the network namespaces of the net tests (tests/net);
+# openmpi-bin + libopenmpi-dev build the MPI backend and run its tests (tests/mpi).
+ensure_packages "${TDIST_BUILD_PACKAGES[@]}" clang libclang-rt-14-dev python3-sklearn iproute2 \
+    openmpi-bin libopenmpi-dev
 
 build="${TDIST_BUILD_DIR:-$here/build/test}"
 jobs="${TDIST_TEST_JOBS:-2}"

@@ -80,6 +80,14 @@ typedef struct tdist_pg_opts {
      * Subgroups created with NULL opts inherit the parent's timeout and
      * bind address. Copied. */
     const char *bind_addr;
+    /* Backend of a world group: "native" (tdist's own collectives over
+     * shared memory / TCP) or "mpi" (MPI's collectives on a communicator;
+     * the world must come from mpirun, see docs/mpi.md). NULL (default):
+     * TDIST_BACKEND from the environment, else "native". An unknown name is
+     * TDIST_ERR_INVALID_ARG; "mpi" in a build without MPI is
+     * TDIST_ERR_NOT_SUPPORTED. Subgroups always keep their parent's
+     * backend (ignored there). Copied. */
+    const char *backend;
 } tdist_pg_opts_t;
 
 /* Fill *opts with defaults. Thread-safe. */

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "init/internal.h"
+#include "init/mpi_world.h"
 
 #define MAX_WORLD_SIZE (1 << 20)
 #define MAX_URL 4096
@@ -464,6 +465,7 @@ static tdist_status_t check_opts(const tdist_init_opts_t *o)
 tdist_status_t tdist_init(const char *url, const tdist_init_opts_t *opts, tdist_world_t **out)
 {
     if (!out) return tdist__error(TDIST_ERR_INVALID_ARG, "tdist_init: out is NULL");
+    if (tdist__mpi_world_wanted(url)) return tdist__mpi_world_init(url, opts, out); /* mpirun */
     tdist_init_opts_t defaults;
     if (!opts) {
         tdist_init_opts_init(&defaults);
@@ -585,6 +587,7 @@ void tdist_world_destroy(tdist_world_t *w)
      * stops the server; the last rank to leave a file store removes the
      * rendezvous keys. */
     tdist__rdzv_leave(&w->rdzv, w->server ? w->world_size : 0, w->timeout_ms, w->is_file);
+    tdist__mpi_world_leave(w); /* MPI_Finalize after the last mpi:// world */
     world_free(w);
 }
 

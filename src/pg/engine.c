@@ -580,6 +580,7 @@ tdist_status_t tdist__pg_run_body(tdist_pg_t *pg, struct tdist_work *w, int64_t 
                                   int64_t deadline_ms)
 {
     tdist_status_t st;
+    if (pg->backend) return pg->backend->run(pg, w, timeout_ms, deadline_ms); /* backend/ */
     if (pg->hier && pg->tp && tdist__pg_hier_eligible(pg, w)) {
         st = tdist__pg_hier_run(pg, w, deadline_ms);
     } else if (pg->shm && pg->tp) {

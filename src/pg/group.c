@@ -72,6 +72,7 @@ tdist_status_t tdist_pg_error(const tdist_pg_t *pg, char *buf, size_t n)
 tdist_status_t tdist_pg_abort(tdist_pg_t *pg)
 {
     if (!pg) return tdist__error(TDIST_ERR_INVALID_ARG, "tdist_pg_abort: pg is NULL");
+    if (pg->backend) pg->backend->abort(pg);
     tdist__pg_hier_abort(pg);
     pthread_mutex_lock(&pg->mu);
     atomic_store(&pg->aborted, true);
@@ -86,6 +87,7 @@ tdist_status_t tdist_pg_abort(tdist_pg_t *pg)
 static void pg_free(tdist_pg_t *pg)
 {
     if (!pg) return;
+    if (pg->backend) pg->backend->destroy(pg);
     tdist__pg_hier_free(pg);
     tdist__shmc_destroy(pg->shm);
     tdist__coll_scratch_release(&pg->scratch);
@@ -348,6 +350,9 @@ tdist_status_t tdist_pg_create_world(tdist_world_t *world, const tdist_pg_opts_t
     if (opts && opts->timeout_ms <= 0)
         return tdist__error(TDIST_ERR_INVALID_ARG, "%s: opts.timeout_ms must be > 0 (got %lld)",
                             fn, (long long)opts->timeout_ms);
+    const tdist__backend_t *be = NULL;
+    TDIST_CHECK(tdist__backend_for_world(world, opts, &be));
+    if (be) return be->create_world(world, opts, out); /* backend/ */
     tdist__tp_kind_t kind;
     TDIST_CHECK(pick_transport(world, opts ? opts->transport : NULL, fn, &kind));
     const char *bind = NULL;
@@ -382,6 +387,10 @@ static tdist_status_t make_sub(tdist_pg_t *parent, const int *ranks, int n, int 
                                const char *uid, const char *defname, const tdist_pg_opts_t *opts,
                                tdist__tp_kind_t kind, const char *bind, tdist_pg_t **out)
 {
+    if (parent->backend) /* backend/: the subgroup keeps its parent's backend */
+        return parent->backend->create_sub(parent, ranks, n, me, uid,
+                                           opts && opts->name ? opts->name : defname,
+                                           opts ? opts->timeout_ms : parent->timeout_ms, out);
     int *wranks = malloc((size_t)n * sizeof *wranks);
     if (!wranks) return tdist__error(TDIST_ERR_NO_MEMORY, "group %s: out of memory", defname);
     for (int i = 0; i < n; i++) wranks[i] = parent->wranks[ranks[i]];
@@ -414,7 +423,8 @@ static tdist_status_t sub_common_checks(tdist_pg_t *parent, const tdist_pg_opts_
     if (opts && opts->transport)
         TDIST_CHECK(pick_transport(parent->world, opts->transport, fn, kind));
     *bind = NULL;
-    if (*kind == TDIST__TP_TCP) TDIST_CHECK(pick_bind(parent->world, opts, parent->bind_addr, bind));
+    if (*kind == TDIST__TP_TCP && !parent->backend)
+        TDIST_CHECK(pick_bind(parent->world, opts, parent->bind_addr, bind));
     char *why = NULL;
     tdist_status_t st = tdist__pg_sticky(parent, &why);
     if (st != TDIST_OK) {

@@ -120,7 +120,35 @@ struct tdist_work {
     char *p2p_msg;
 };
 
+/* Other backends behind the same group API (src/backend/, docs/mpi.md).
+ * A group whose backend is NULL is native (coll/ over transport/). A
+ * backend group has no meshes (tp, p2p_tp NULL); the engine, the work
+ * handles, the sticky error and the fingerprints stay pg's. */
+typedef struct tdist__backend {
+    const char *name;
+    /* tdist_pg_create_world / new_group / split (members: parent ranks in
+     * subgroup order, me: this rank's index; only members call it). */
+    tdist_status_t (*create_world)(tdist_world_t *world, const tdist_pg_opts_t *opts,
+                                   tdist_pg_t **out);
+    tdist_status_t (*create_sub)(tdist_pg_t *parent, const int *members, int n, int me,
+                                 const char *uid, const char *name, int64_t timeout_ms,
+                                 tdist_pg_t **out);
+    /* run w's fingerprint check and collective (engine side) */
+    tdist_status_t (*run)(tdist_pg_t *pg, struct tdist_work *w, int64_t timeout_ms,
+                          int64_t deadline_ms);
+    tdist_status_t (*p2p_submit)(tdist_pg_t *pg, struct tdist_work *w, tdist_work_t **work);
+    void (*abort)(tdist_pg_t *pg);   /* any thread, never blocks */
+    void (*destroy)(tdist_pg_t *pg); /* frees pg->be (engine and p2p thread stopped) */
+} tdist__backend_t;
+
+/* backend/backend.c: the backend of a new world group: opts->backend, else
+ * TDIST_BACKEND, else native (*out = NULL). */
+tdist_status_t tdist__backend_for_world(tdist_world_t *world, const tdist_pg_opts_t *opts,
+                                        const tdist__backend_t **out);
+
 struct tdist_pg {
+    const tdist__backend_t *backend; /* NULL: native */
+    void *be;                        /* the backend's state */
     tdist__tp_kind_t kind; /* transport of both meshes */
     tdist_world_t *world; /* borrowed */
     tdist_store_t *store; /* borrowed: the world's */

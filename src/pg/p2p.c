@@ -231,6 +231,7 @@ tdist_status_t tdist__p2p_submit(tdist_pg_t *pg, struct tdist_work *w, tdist_wor
         tdist__work_release(w);
         return jst;
     }
+    if (pg->backend) return pg->backend->p2p_submit(pg, w, work); /* backend/ */
     int64_t timeout = w->timeout_ms >= 0 ? w->timeout_ms : pg->timeout_ms;
     w->timeout_ms = timeout;
     w->deadline_ms = tdist__deadline_ms(timeout);

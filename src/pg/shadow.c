@@ -107,8 +107,11 @@ tdist_status_t tdist__pg_join_check(tdist_pg_t *pg, struct tdist_work *w)
                       "notification");
     case TDIST__JOIN_SHADOW:
         /* on TCP the announcement is the fingerprint message: none
-         * without fingerprints (TDIST_CHECK_FINGERPRINT=0), no shadowing */
-        if (!p2p && (pg->shm || pg->check_fp)) w->shadow_leader = pg->join_leader + 1;
+         * without fingerprints (TDIST_CHECK_FINGERPRINT=0), no shadowing;
+         * other backends (MPI) exchange fingerprints all-to-all: a joined
+         * rank cannot look first, so only the joinables' hooks shadow */
+        if (!p2p && !pg->backend && (pg->shm || pg->check_fp))
+            w->shadow_leader = pg->join_leader + 1;
         return TDIST_OK;
     case TDIST__JOIN_ACTIVE:
         break;

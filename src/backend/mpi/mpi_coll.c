@@ -1,0 +1,610 @@
+/*
+ * backend/mpi/mpi_coll.c — the MPI backend's collectives (docs/mpi.md).
+ *
+ * Every collective first exchanges the fingerprints (rule 2) with one
+ * MPI_Ialltoall of the fixed-size tdist__fp_t (per peer, so all_to_allv's
+ * "I send you s / I expect r" travel too) and compares them with pg's
+ * tdist__fp_compare: the mismatch message is the native one, word for
+ * word. Then the collective maps to MPI's non-blocking one, polled until
+ * done or the deadline (rule 3, mpi_internal.h).
+ *
+ * dtypes: f32 f64 i8 u8 i32 i64 are MPI's own; f16 and bf16 move as
+ * MPI_UINT16_T. f16, bf16, i8 and u8 reduce with user-defined MPI_Ops that
+ * call tdist's kernel (f16/bf16: f32 arithmetic rounded once per step, as
+ * the native backend; i8/u8: wrapping, where Open MPI 4.1's AVX kernels
+ * saturate 8-bit sums); the others with MPI's predefined ops.
+ * AVG reduces as SUM and divides afterwards (tdist_divide: the same
+ * rounding as native), PREMUL_SUM scales a copy of the input first
+ * (tdist_scale), then sums. Coalesced forms post one MPI call per buffer.
+ * Counts above INT_MAX: broadcast / all_reduce / reduce go in chunks, the
+ * other collectives are TDIST_ERR_NOT_SUPPORTED.
+ */
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/mpi/mpi_internal.h"
+
+#define MB_TAG 77 /* monitored_barrier's messages on the coll communicator */
+#define CHUNK ((size_t)1 << 30)
+#define MAXREQ 16
+
+/* ------------------------------------------------------------ types, ops */
+
+static MPI_Datatype mdt(tdist_dtype_t d)
+{
+    switch (d) {
+    case TDIST_F32: return MPI_FLOAT;
+    case TDIST_F64: return MPI_DOUBLE;
+    case TDIST_I8: return MPI_INT8_T;
+    case TDIST_U8: return MPI_UINT8_T;
+    case TDIST_I32: return MPI_INT32_T;
+    case TDIST_I64: return MPI_INT64_T;
+    default: return MPI_UINT16_T; /* f16, bf16: 2-byte payloads */
+    }
+}
+
+/* User ops that run tdist's own kernel (inout = in op inout): f16 and bf16
+ * (MPI has no such types) and i8 / u8 (Open MPI 4.1's op/avx component
+ * saturates 8-bit MPI_SUM, where tdist, C and MPI's standard wrap). */
+#define KOP(name, dt, op)                                                                    \
+    static void name(void *in, void *inout, int *len, MPI_Datatype *t)                       \
+    {                                                                                        \
+        (void)t;                                                                             \
+        tdist_reduce(inout, in, inout, (size_t)*len, dt, op);                                \
+    }
+#define KOPS(pfx, dt)                                                                        \
+    KOP(pfx##_sum, dt, TDIST_SUM)                                                            \
+    KOP(pfx##_prod, dt, TDIST_PROD)                                                          \
+    KOP(pfx##_min, dt, TDIST_MIN)                                                            \
+    KOP(pfx##_max, dt, TDIST_MAX)                                                            \
+    KOP(pfx##_band, dt, TDIST_BAND)                                                          \
+    KOP(pfx##_bor, dt, TDIST_BOR)                                                            \
+    KOP(pfx##_bxor, dt, TDIST_BXOR)
+KOPS(k_f16, TDIST_F16)
+KOPS(k_bf16, TDIST_BF16)
+KOPS(k_i8, TDIST_I8)
+KOPS(k_u8, TDIST_U8)
+#define KROW(pfx) {pfx##_sum, pfx##_prod, pfx##_min, pfx##_max, pfx##_band, pfx##_bor, pfx##_bxor}
+
+enum { NKD = 4, NKO = 7 }; /* kernel dtypes: f16 bf16 i8 u8; ops SUM..MAX, BAND..BXOR */
+static MPI_Op kops[NKD][NKO];
+static pthread_once_t kops_once = PTHREAD_ONCE_INIT;
+static bool kops_ok;
+
+static void kops_init(void)
+{
+    MPI_User_function *fns[NKD][NKO] = {KROW(k_f16), KROW(k_bf16), KROW(k_i8), KROW(k_u8)};
+    kops_ok = true;
+    for (int i = 0; i < NKD; i++)
+        for (int j = 0; j < NKO; j++)
+            if (MPI_Op_create(fns[i][j], 1, &kops[i][j]) != MPI_SUCCESS) kops_ok = false;
+}
+
+static int kdt(tdist_dtype_t dt)
+{
+    switch (dt) {
+    case TDIST_F16: return 0;
+    case TDIST_BF16: return 1;
+    case TDIST_I8: return 2;
+    case TDIST_U8: return 3;
+    default: return -1;
+    }
+}
+
+static int kop(tdist_redop_t op)
+{
+    switch (op) {
+    case TDIST_SUM: return 0;
+    case TDIST_PROD: return 1;
+    case TDIST_MIN: return 2;
+    case TDIST_MAX: return 3;
+    case TDIST_BAND: return 4;
+    case TDIST_BOR: return 5;
+    case TDIST_BXOR: return 6;
+    default: return -1;
+    }
+}
+
+/* The MPI op that does redop's reduction part (AVG, PREMUL_SUM: SUM). */
+static tdist_status_t mop(tdist_dtype_t dt, tdist_redop_t op, MPI_Op *out)
+{
+    tdist_redop_t base = (op == TDIST_AVG || op == TDIST_PREMUL_SUM) ? TDIST_SUM : op;
+    if (kdt(dt) >= 0) {
+        pthread_once(&kops_once, kops_init);
+        if (!kops_ok) return tdist__error(TDIST_ERR_SYSTEM, "MPI_Op_create failed");
+        if (kop(base) < 0)
+            return tdist__error(TDIST_ERR_INVALID_ARG, "reduce op %s on %s", tdist_redop_name(op),
+                                tdist_dtype_name(dt));
+        *out = kops[kdt(dt)][kop(base)];
+        return TDIST_OK;
+    }
+    switch (base) {
+    case TDIST_SUM: *out = MPI_SUM; break;
+    case TDIST_PROD: *out = MPI_PROD; break;
+    case TDIST_MIN: *out = MPI_MIN; break;
+    case TDIST_MAX: *out = MPI_MAX; break;
+    case TDIST_BAND: *out = MPI_BAND; break;
+    case TDIST_BOR: *out = MPI_BOR; break;
+    case TDIST_BXOR: *out = MPI_BXOR; break;
+    default:
+        return tdist__error(TDIST_ERR_INVALID_ARG, "reduce op %d has no MPI mapping", (int)op);
+    }
+    return TDIST_OK;
+}
+
+/* ------------------------------------------------------------------ helpers */
+
+static void *scratch(tdist__mpib_t *b, size_t bytes)
+{
+    if (b->leaked) return NULL; /* MPI may still write the old one */
+    if (bytes <= b->tmp_len && b->tmp) return b->tmp;
+    void *p = realloc(b->tmp, bytes ? bytes : 1);
+    if (!p) return NULL;
+    b->tmp = p;
+    b->tmp_len = bytes;
+    return p;
+}
+
+static tdist_status_t no_mem(void) { return tdist__error(TDIST_ERR_NO_MEMORY, "out of memory (MPI backend scratch)"); }
+
+static bool overlap(const void *a, size_t an, const void *c, size_t cn)
+{
+    if (!a || !c || !an || !cn) return false;
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)c;
+    return x < y + cn && y < x + an;
+}
+
+static tdist_status_t too_big(const char *what, size_t n)
+{
+    return tdist__error(TDIST_ERR_NOT_SUPPORTED,
+                        "%s: %zu elements is more than MPI's int counts hold on the MPI backend",
+                        what, n);
+}
+
+/* Counts and displacements as int (elements). */
+static tdist_status_t int_counts(const size_t *c, int n, int *ic, int *id, const char *what)
+{
+    size_t off = 0;
+    for (int r = 0; r < n; r++) {
+        if (c[r] > INT_MAX || off > INT_MAX) return too_big(what, c[r] > INT_MAX ? c[r] : off);
+        ic[r] = (int)c[r];
+        id[r] = (int)off;
+        off += c[r];
+    }
+    return TDIST_OK;
+}
+
+#define MPICALL(call, name)                                                                  \
+    do {                                                                                     \
+        int rc_ = (call);                                                                    \
+        if (rc_ != MPI_SUCCESS) return tdist__mpi_error(rc_, TDIST_ERR_CONNECTION, name);     \
+    } while (0)
+
+/* ------------------------------------------------------------ fingerprints */
+
+typedef struct verdict {
+    int32_t from, to;
+    uint64_t sends, expects;
+} verdict_t;
+
+static bool verdict_less(const verdict_t *a, const verdict_t *b)
+{
+    if (a->from < 0) return false;
+    if (b->from < 0) return true;
+    return a->from < b->from || (a->from == b->from && a->to < b->to);
+}
+
+static tdist_status_t fp_exchange(tdist_pg_t *pg, tdist__mpib_t *b, const struct tdist_work *w,
+                                  int64_t timeout_ms, int64_t deadline_ms)
+{
+    int n = pg->size, me = pg->rank;
+    tdist__fp_fill(pg, w);
+    MPI_Request r;
+    int fs = (int)sizeof(tdist__fp_t);
+    MPICALL(MPI_Ialltoall(pg->fp_mine, fs, MPI_BYTE, pg->fp_theirs, fs, MPI_BYTE, b->coll, &r),
+            "MPI_Ialltoall (fingerprints)");
+    TDIST_CHECK(tdist__mpi_wait(pg, b, &r, 1, deadline_ms, timeout_ms,
+                                "MPI_Ialltoall of the fingerprints"));
+    TDIST_CHECK(tdist__fp_compare(pg));
+    if (w->op != TDIST__OP_ALL_TO_ALLV) return TDIST_OK;
+    /* all_to_allv: the lowest disagreeing (from, to) pair, everywhere */
+    verdict_t mine = {.from = -1, .to = -1};
+    for (int p = 0; p < n; p++) {
+        uint64_t s = w->sendcounts[p];
+        uint64_t rr = (p == me) ? w->recvcounts[me] : pg->fp_theirs[p].recv_from_you;
+        verdict_t v = {me, p, s, rr};
+        if (s != rr && verdict_less(&v, &mine)) mine = v;
+        s = (p == me) ? w->sendcounts[me] : pg->fp_theirs[p].send_to_you;
+        rr = w->recvcounts[p];
+        verdict_t v2 = {p, me, s, rr};
+        if (s != rr && verdict_less(&v2, &mine)) mine = v2;
+    }
+    verdict_t *all = calloc((size_t)n, sizeof *all);
+    if (!all) return no_mem();
+    int vs = (int)sizeof(verdict_t);
+    int rc = MPI_Iallgather(&mine, vs, MPI_BYTE, all, vs, MPI_BYTE, b->coll, &r);
+    if (rc != MPI_SUCCESS) {
+        free(all);
+        return tdist__mpi_error(rc, TDIST_ERR_CONNECTION, "MPI_Iallgather (all_to_allv check)");
+    }
+    tdist_status_t st = tdist__mpi_wait(pg, b, &r, 1, deadline_ms, timeout_ms,
+                                        "MPI_Iallgather of the all_to_allv check");
+    if (st != TDIST_OK) return st; /* all stays with MPI */
+    verdict_t best = {.from = -1, .to = -1};
+    for (int p = 0; p < n; p++)
+        if (verdict_less(&all[p], &best)) best = all[p];
+    free(all);
+    if (best.from < 0) return TDIST_OK;
+    return tdist__error(TDIST_ERR_MISMATCH,
+                        "collective mismatch: all_to_allv splits disagree: rank %d sends %llu "
+                        "elements to rank %d, which expects %llu from rank %d",
+                        best.from, (unsigned long long)best.sends, best.to,
+                        (unsigned long long)best.expects, best.from);
+}
+
+/* ------------------------------------------------------- monitored barrier */
+
+typedef struct mb_reply {
+    int32_t status;
+    char msg[508];
+} mb_reply_t;
+
+static tdist_status_t monitored_barrier(tdist_pg_t *pg, tdist__mpib_t *b,
+                                        const struct tdist_work *w, int64_t timeout_ms,
+                                        int64_t deadline_ms)
+{
+    int n = pg->size, me = pg->rank, fs = (int)sizeof(tdist__fp_t);
+    if (n == 1) return TDIST_OK;
+    tdist__fp_fill(pg, w);
+    if (me != 0) {
+        mb_reply_t *rep = calloc(1, sizeof *rep);
+        if (!rep) return no_mem();
+        MPI_Request r[2];
+        MPICALL(MPI_Isend(&pg->fp_mine[0], fs, MPI_BYTE, 0, MB_TAG, b->coll, &r[0]), "MPI_Isend");
+        MPICALL(MPI_Irecv(rep, (int)sizeof *rep, MPI_BYTE, 0, MB_TAG, b->coll, &r[1]), "MPI_Irecv");
+        int64_t dl = deadline_ms == INT64_MAX ? INT64_MAX : deadline_ms + 2000;
+        tdist_status_t st = tdist__mpi_wait(pg, b, r, 2, dl, timeout_ms, "monitored_barrier");
+        if (st == TDIST_ERR_TIMEOUT)
+            return tdist__error(TDIST_ERR_TIMEOUT,
+                                "monitored_barrier: rank 0 (the monitor) did not answer within "
+                                "%lld ms",
+                                (long long)timeout_ms); /* rep stays with MPI */
+        if (st != TDIST_OK) return st;
+        rep->msg[sizeof rep->msg - 1] = '\0';
+        st = (tdist_status_t)rep->status;
+        if (st != TDIST_OK) st = tdist__error(st, "%s", rep->msg);
+        free(rep);
+        return st;
+    }
+    MPI_Request *r = malloc((size_t)n * sizeof *r);
+    if (!r) return no_mem();
+    r[0] = MPI_REQUEST_NULL;
+    for (int p = 1; p < n; p++) {
+        int rc = MPI_Irecv(&pg->fp_theirs[p], fs, MPI_BYTE, p, MB_TAG, b->coll, &r[p]);
+        if (rc != MPI_SUCCESS) {
+            b->leaked = true;
+            free(r);
+            return tdist__mpi_error(rc, TDIST_ERR_CONNECTION, "MPI_Irecv");
+        }
+    }
+    tdist_status_t st = tdist__mpi_wait(pg, b, r, n, deadline_ms, timeout_ms, "monitored_barrier");
+    mb_reply_t rep;
+    memset(&rep, 0, sizeof rep);
+    if (st != TDIST_OK) {
+        char list[200] = "";
+        int missing = 0;
+        for (int p = 1; p < n; p++) {
+            if (r[p] == MPI_REQUEST_NULL) continue;
+            size_t l = strlen(list);
+            snprintf(list + l, sizeof list - l, "%s%d", missing ? ", " : "", p);
+            missing++;
+        }
+        char cause[400];
+        snprintf(cause, sizeof cause, "%.300s", tdist_last_error());
+        if (st == TDIST_ERR_TIMEOUT)
+            snprintf(rep.msg, sizeof rep.msg,
+                     "monitored_barrier: rank%s %s did not arrive within %lld ms",
+                     missing == 1 ? "" : "s", list, (long long)timeout_ms);
+        else
+            snprintf(rep.msg, sizeof rep.msg, "monitored_barrier: rank%s %s did not arrive (%.150s)",
+                     missing == 1 ? "" : "s", list, cause);
+        rep.status = st;
+    } else {
+        for (int p = 1; p < n && rep.status == TDIST_OK; p++) {
+            if (tdist__fp_common_equal(&pg->fp_mine[0], &pg->fp_theirs[p])) continue;
+            char a[160], c[160];
+            tdist__fp_describe(&pg->fp_mine[0], false, a, sizeof a);
+            tdist__fp_describe(&pg->fp_theirs[p], false, c, sizeof c);
+            snprintf(rep.msg, sizeof rep.msg, "collective mismatch: rank 0 %s vs rank %d %s", a, p, c);
+            rep.status = TDIST_ERR_MISMATCH;
+        }
+    }
+    if (st == TDIST_OK || st == TDIST_ERR_TIMEOUT) {
+        /* tell every rank that arrived (the ones that did not: they time out) */
+        MPI_Request *s = malloc((size_t)n * sizeof *s);
+        if (s) {
+            s[0] = MPI_REQUEST_NULL;
+            for (int p = 1; p < n; p++) {
+                s[p] = MPI_REQUEST_NULL;
+                if (r[p] == MPI_REQUEST_NULL)
+                    MPI_Isend(&rep, (int)sizeof rep, MPI_BYTE, p, MB_TAG, b->coll, &s[p]);
+            }
+            tdist_status_t st2 = tdist__mpi_wait(pg, b, s, n, tdist__deadline_ms(1000), 1000,
+                                                 "monitored_barrier's answer");
+            if (st == TDIST_OK && st2 != TDIST_OK) st = st2;
+            free(s);
+        }
+    }
+    free(r);
+    if (rep.status != TDIST_OK) return tdist__error((tdist_status_t)rep.status, "%s", rep.msg);
+    return st;
+}
+
+/* ------------------------------------------------------------- collectives */
+
+typedef struct reqs {
+    MPI_Request r[MAXREQ];
+    MPI_Request *p;
+    int n, cap;
+} reqs_t;
+
+static MPI_Request *req_next(reqs_t *q)
+{
+    if (q->n == q->cap) {
+        int cap = q->cap * 2;
+        MPI_Request *p = malloc((size_t)cap * sizeof *p);
+        if (!p) return NULL;
+        memcpy(p, q->p, (size_t)q->n * sizeof *p);
+        if (q->p != q->r) free(q->p);
+        q->p = p;
+        q->cap = cap;
+    }
+    q->p[q->n] = MPI_REQUEST_NULL;
+    return &q->p[q->n++];
+}
+
+#define POST(q, call, name)                                                                  \
+    do {                                                                                     \
+        MPI_Request *rq_ = req_next(q);                                                      \
+        if (!rq_) return no_mem();                                                           \
+        int rc_ = (call);                                                                    \
+        if (rc_ != MPI_SUCCESS) return tdist__mpi_error(rc_, TDIST_ERR_CONNECTION, name);     \
+    } while (0)
+#define RQ (&q->p[q->n - 1])
+
+/* Post w's MPI calls into q; *div > 0: divide the result by it after. */
+static tdist_status_t post_coll(tdist_pg_t *pg, tdist__mpib_t *b, struct tdist_work *w, reqs_t *q,
+                                const char **name)
+{
+    int n = pg->size, me = pg->rank;
+    MPI_Comm c = b->coll;
+    MPI_Datatype t = mdt(w->dtype);
+    size_t es = tdist_dtype_size(w->dtype), cnt = w->count, bytes = cnt * es;
+    MPI_Op op = MPI_OP_NULL;
+    bool reduces = w->op == TDIST__OP_ALL_REDUCE || w->op == TDIST__OP_REDUCE ||
+                   w->op == TDIST__OP_REDUCE_SCATTER || w->op == TDIST__OP_ALL_REDUCE_COALESCED;
+    if (reduces) TDIST_CHECK(mop(w->dtype, w->redop, &op));
+    bool premul = reduces && w->redop == TDIST_PREMUL_SUM;
+    switch (w->op) {
+    case TDIST__OP_BROADCAST:
+        *name = "MPI_Ibcast";
+        for (size_t off = 0; off < cnt || off == 0; off += CHUNK) {
+            size_t k = TDIST_MIN(CHUNK, cnt - off);
+            POST(q, MPI_Ibcast((char *)w->recvbuf + off * es, (int)k, t, w->root, c, RQ), *name);
+            if (cnt == 0) break;
+        }
+        return TDIST_OK;
+    case TDIST__OP_ALL_REDUCE:
+    case TDIST__OP_REDUCE: {
+        bool all = w->op == TDIST__OP_ALL_REDUCE;
+        *name = all ? "MPI_Iallreduce" : "MPI_Ireduce";
+        const char *src = w->sendbuf;
+        char *dst = w->recvbuf;
+        bool root = all || me == w->root;
+        bool inplace = root && src == dst;
+        if (premul) {
+            char *tmp = scratch(b, bytes);
+            if (!tmp) return no_mem();
+            memcpy(tmp, src, bytes);
+            TDIST_CHECK(tdist_scale(tmp, cnt, w->dtype, w->premul));
+            src = tmp;
+            inplace = false;
+        }
+        for (size_t off = 0; off < cnt || off == 0; off += CHUNK) {
+            size_t k = TDIST_MIN(CHUNK, cnt - off);
+            const void *s = inplace ? MPI_IN_PLACE : (const void *)(src + off * es);
+            void *d = root ? dst + off * es : NULL;
+            if (all)
+                POST(q, MPI_Iallreduce(s, d, (int)k, t, op, c, RQ), *name);
+            else
+                POST(q, MPI_Ireduce(s, d, (int)k, t, op, w->root, c, RQ), *name);
+            if (cnt == 0) break;
+        }
+        return TDIST_OK;
+    }
+    case TDIST__OP_ALL_GATHER:
+    case TDIST__OP_ALL_GATHERV: {
+        *name = w->op == TDIST__OP_ALL_GATHER ? "MPI_Iallgather" : "MPI_Iallgatherv";
+        TDIST_CHECK(int_counts(w->recvcounts, n, b->ic, b->id, *name));
+        size_t total = 0, mine = w->recvcounts[me] * es, at = (size_t)b->id[me] * es;
+        for (int r = 0; r < n; r++) total += w->recvcounts[r];
+        if (total > INT_MAX) return too_big(*name, total);
+        const void *s = w->sendbuf;
+        if (s == (const char *)w->recvbuf + at) {
+            s = MPI_IN_PLACE;
+        } else if (overlap(s, mine, w->recvbuf, total * es)) {
+            void *tmp = scratch(b, mine);
+            if (!tmp) return no_mem();
+            memcpy(tmp, s, mine);
+            s = tmp;
+        }
+        if (w->op == TDIST__OP_ALL_GATHER)
+            POST(q, MPI_Iallgather(s, (int)cnt, t, w->recvbuf, (int)cnt, t, c, RQ), *name);
+        else
+            POST(q, MPI_Iallgatherv(s, b->ic[me], t, w->recvbuf, b->ic, b->id, t, c, RQ), *name);
+        return TDIST_OK;
+    }
+    case TDIST__OP_GATHER: {
+        *name = "MPI_Igather";
+        if (cnt > INT_MAX || cnt * (size_t)n > INT_MAX) return too_big(*name, cnt * (size_t)n);
+        const void *s = w->sendbuf;
+        void *d = me == w->root ? w->recvbuf : NULL;
+        if (d) {
+            if (s == (const char *)d + (size_t)me * bytes) {
+                s = MPI_IN_PLACE;
+            } else if (overlap(s, bytes, d, bytes * (size_t)n)) {
+                void *tmp = scratch(b, bytes);
+                if (!tmp) return no_mem();
+                memcpy(tmp, s, bytes);
+                s = tmp;
+            }
+        }
+        POST(q, MPI_Igather(s, (int)cnt, t, d, (int)cnt, t, w->root, c, RQ), *name);
+        return TDIST_OK;
+    }
+    case TDIST__OP_SCATTER: {
+        *name = "MPI_Iscatter";
+        if (cnt > INT_MAX || cnt * (size_t)n > INT_MAX) return too_big(*name, cnt * (size_t)n);
+        const void *s = me == w->root ? w->sendbuf : NULL;
+        void *d = w->recvbuf;
+        if (s) {
+            if (d == (const char *)s + (size_t)me * bytes) {
+                d = MPI_IN_PLACE;
+            } else if (overlap(s, bytes * (size_t)n, d, bytes)) {
+                void *tmp = scratch(b, bytes * (size_t)n);
+                if (!tmp) return no_mem();
+                memcpy(tmp, s, bytes * (size_t)n);
+                s = tmp;
+            }
+        }
+        POST(q, MPI_Iscatter(s, (int)cnt, t, d, (int)cnt, t, w->root, c, RQ), *name);
+        return TDIST_OK;
+    }
+    case TDIST__OP_REDUCE_SCATTER: {
+        *name = "MPI_Ireduce_scatter_block";
+        if (cnt > INT_MAX || cnt * (size_t)n > INT_MAX) return too_big(*name, cnt * (size_t)n);
+        size_t tot = bytes * (size_t)n;
+        const void *s = w->sendbuf;
+        if (premul) {
+            void *tmp = scratch(b, tot);
+            if (!tmp) return no_mem();
+            memcpy(tmp, s, tot);
+            TDIST_CHECK(tdist_scale(tmp, cnt * (size_t)n, w->dtype, w->premul));
+            s = tmp;
+        } else if (s == w->recvbuf) {
+            s = MPI_IN_PLACE; /* the input is in recvbuf, the result lands in block 0 */
+        } else if (overlap(s, tot, w->recvbuf, bytes)) {
+            void *tmp = scratch(b, tot);
+            if (!tmp) return no_mem();
+            memcpy(tmp, s, tot);
+            s = tmp;
+        }
+        POST(q, MPI_Ireduce_scatter_block(s, w->recvbuf, (int)cnt, t, op, c, RQ), *name);
+        return TDIST_OK;
+    }
+    case TDIST__OP_ALL_TO_ALL:
+    case TDIST__OP_ALL_TO_ALLV: {
+        *name = w->op == TDIST__OP_ALL_TO_ALL ? "MPI_Ialltoall" : "MPI_Ialltoallv";
+        TDIST_CHECK(int_counts(w->sendcounts, n, b->ic, b->id, *name));
+        TDIST_CHECK(int_counts(w->recvcounts, n, b->ic2, b->id2, *name));
+        size_t stot = 0, rtot = 0;
+        for (int r = 0; r < n; r++) {
+            stot += w->sendcounts[r];
+            rtot += w->recvcounts[r];
+        }
+        if (stot > INT_MAX || rtot > INT_MAX) return too_big(*name, TDIST_MAX(stot, rtot));
+        const void *s = w->sendbuf;
+        if (overlap(s, stot * es, w->recvbuf, rtot * es)) {
+            void *tmp = scratch(b, stot * es);
+            if (!tmp) return no_mem();
+            memcpy(tmp, s, stot * es);
+            s = tmp;
+        }
+        if (w->op == TDIST__OP_ALL_TO_ALL)
+            POST(q, MPI_Ialltoall(s, (int)cnt, t, w->recvbuf, (int)cnt, t, c, RQ), *name);
+        else
+            POST(q, MPI_Ialltoallv(s, b->ic, b->id, t, w->recvbuf, b->ic2, b->id2, t, c, RQ),
+                 *name);
+        return TDIST_OK;
+    }
+    case TDIST__OP_BARRIER:
+        *name = "MPI_Ibarrier";
+        POST(q, MPI_Ibarrier(c, RQ), *name);
+        return TDIST_OK;
+    case TDIST__OP_ALL_REDUCE_COALESCED:
+        *name = "MPI_Iallreduce (coalesced)";
+        for (size_t i = 0; i < w->nbufs; i++) {
+            if (premul) TDIST_CHECK(tdist_scale(w->bufs[i], w->counts[i], w->dtype, w->premul));
+            for (size_t off = 0; off < w->counts[i] || off == 0; off += CHUNK) {
+                size_t k = TDIST_MIN(CHUNK, w->counts[i] - off);
+                POST(q, MPI_Iallreduce(MPI_IN_PLACE, (char *)w->bufs[i] + off * es, (int)k, t, op, c, RQ),
+                     *name);
+                if (w->counts[i] == 0) break;
+            }
+        }
+        return TDIST_OK;
+    case TDIST__OP_BROADCAST_COALESCED:
+        *name = "MPI_Ibcast (coalesced)";
+        for (size_t i = 0; i < w->nbufs; i++)
+            for (size_t off = 0; off < w->counts[i] || off == 0; off += CHUNK) {
+                size_t k = TDIST_MIN(CHUNK, w->counts[i] - off);
+                POST(q, MPI_Ibcast((char *)w->bufs[i] + off * es, (int)k, t, w->root, c, RQ), *name);
+                if (w->counts[i] == 0) break;
+            }
+        return TDIST_OK;
+    default:
+        return tdist__error(TDIST_ERR_INTERNAL, "MPI backend: op %s is not a collective",
+                            tdist__op_name(w->op));
+    }
+}
+
+#undef RQ
+
+/* AVG's division (where the result is). */
+static tdist_status_t finish(tdist_pg_t *pg, const struct tdist_work *w)
+{
+    if (w->redop != TDIST_AVG) return TDIST_OK;
+    int64_t div = w->avg_div > 0 ? w->avg_div : pg->size;
+    switch (w->op) {
+    case TDIST__OP_ALL_REDUCE:
+    case TDIST__OP_REDUCE_SCATTER:
+        return tdist_divide(w->recvbuf, w->count, w->dtype, div);
+    case TDIST__OP_REDUCE:
+        return pg->rank == w->root ? tdist_divide(w->recvbuf, w->count, w->dtype, div) : TDIST_OK;
+    case TDIST__OP_ALL_REDUCE_COALESCED:
+        for (size_t i = 0; i < w->nbufs; i++)
+            TDIST_CHECK(tdist_divide(w->bufs[i], w->counts[i], w->dtype, div));
+        return TDIST_OK;
+    default:
+        return TDIST_OK;
+    }
+}
+
+tdist_status_t tdist__mpi_run(tdist_pg_t *pg, struct tdist_work *w, int64_t timeout_ms,
+                              int64_t deadline_ms)
+{
+    tdist__mpib_t *b = pg->be;
+    if (b->leaked)
+        return tdist__error(TDIST_ERR_ABORTED, "an earlier MPI request of the group is still "
+                                               "pending (the group failed)");
+    if (w->fp_override || w->shadow_leader > 0)
+        return tdist__error(TDIST_ERR_NOT_SUPPORTED,
+                            "Join's shadow collectives are not supported on the MPI backend");
+    if (w->op == TDIST__OP_MONITORED_BARRIER)
+        return monitored_barrier(pg, b, w, timeout_ms, deadline_ms);
+    if (pg->check_fp && pg->size > 1) TDIST_CHECK(fp_exchange(pg, b, w, timeout_ms, deadline_ms));
+    reqs_t q;
+    q.p = q.r;
+    q.n = 0;
+    q.cap = MAXREQ;
+    const char *name = "MPI";
+    tdist_status_t st = post_coll(pg, b, w, &q, &name);
+    if (st == TDIST_OK) st = tdist__mpi_wait(pg, b, q.p, q.n, deadline_ms, timeout_ms, name);
+    else if (q.n > 0) b->leaked = true; /* the calls already posted stay with MPI */
+    if (q.p != q.r && !b->leaked) free(q.p);
+    if (st == TDIST_OK) st = finish(pg, w);
+    return st;
+}

@@ -1,0 +1,62 @@
+/*
+ * backend/mpi/mpi_internal.h — the MPI backend's group state, shared by
+ * mpi_group.c (create world / subgroup, abort, destroy, send / recv) and
+ * mpi_coll.c (fingerprints and collectives).
+ *
+ * A group owns three duplicates of its communicator, all with
+ * MPI_ERRORS_RETURN:
+ *   coll  the engine's: fingerprints, collectives, monitored_barrier
+ *         (one work at a time: the engine thread or the caller's inline
+ *         path, serialised by pg->busy);
+ *   p2p   the p2p thread's send / recv (a header then the payload);
+ *   mgmt  the caller's thread: MPI_Comm_create_group of subgroups, so
+ *         group creation never races with the engine's collectives.
+ *
+ * Every wait polls MPI_Test until done, the work's deadline, or an abort:
+ * it spins for 10 ms (not when the node has more ranks than CPUs), then
+ * sched_yield()s between polls, then after 200 ms sleeps 100 us .. 1 ms,
+ * so 8 ranks on 2 cores make progress instead of spinning each other out.
+ * MPI cannot cancel a pending collective: after a timeout or an abort its
+ * requests and the buffers they use are left to MPI (the group is failed
+ * for good, the memory is never freed: "leaked").
+ */
+#ifndef TDIST_BACKEND_MPI_INTERNAL_H
+#define TDIST_BACKEND_MPI_INTERNAL_H
+
+#include <mpi.h>
+
+#include "backend/mpi/mpi_backend.h"
+
+typedef struct tdist__mpib {
+    MPI_Comm coll, p2p, mgmt;
+    bool oversub;        /* more ranks on this node than CPUs */
+    bool leaked;         /* requests left pending: keep the memory they may write */
+    /* engine-side scratch (grows; NULL until needed) */
+    void *tmp;
+    size_t tmp_len;
+    int *ic, *id, *ic2, *id2; /* size entries: counts / displacements */
+    /* p2p thread: posted operations */
+    struct tdist__mpi_p2p *active;
+} tdist__mpib_t;
+
+/* "MPI_Xxx failed: <MPI's error string>" with status st. */
+tdist_status_t tdist__mpi_error(int rc, tdist_status_t st, const char *what);
+
+/* Wait for n requests (entries may be MPI_REQUEST_NULL) until done, the
+ * deadline (TDIST_ERR_TIMEOUT naming what and timeout_ms), an abort of pg
+ * (TDIST_ERR_ABORTED) or an MPI error. On timeout / abort the pending
+ * requests stay with MPI and b->leaked is set. */
+tdist_status_t tdist__mpi_wait(tdist_pg_t *pg, tdist__mpib_t *b, MPI_Request *r, int n,
+                               int64_t deadline_ms, int64_t timeout_ms, const char *what);
+
+/* One poll's pause (see above): waited_us since the wait began. */
+void tdist__mpi_backoff(const tdist__mpib_t *b, int64_t waited_us);
+
+/* Microseconds, monotonic. */
+int64_t tdist__mpi_now_us(void);
+
+/* mpi_coll.c: the table's run op. */
+tdist_status_t tdist__mpi_run(tdist_pg_t *pg, struct tdist_work *w, int64_t timeout_ms,
+                              int64_t deadline_ms);
+
+#endif /* TDIST_BACKEND_MPI_INTERNAL_H */
