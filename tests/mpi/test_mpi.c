@@ -175,3 +175,31 @@ static void no_mpi_body(int rank, int n, void *arg)
 }
 
 TEST(mpi_backend_needs_an_mpi_world, 30) { tdist_test_run_ranks(2, no_mpi_body, NULL); }
+
+/* tdistrun --backend mpi starts the workers through mpirun with
+ * TDIST_BACKEND=mpi: env:// init gives an MPI world and an MPI group. */
+TEST(mpi_tdistrun_backend_mpi, 60)
+{
+    if (!can_run("mpi_tdistrun_backend_mpi")) return;
+    char outp[512], cmd[4096];
+    snprintf(outp, sizeof outp, "%s/tdistrun_mpi.txt", tdist_test_tmpdir());
+    const char *asan = getenv("ASAN_OPTIONS");
+    int lim = (int)(45 * tdist_test_timeout_mult());
+    snprintf(cmd, sizeof cmd,
+             "env -u TDIST_BACKEND OMPI_MCA_btl_vader_single_copy_mechanism=none "
+             "OMPI_MCA_btl=self,vader ASAN_OPTIONS='%s%sdetect_leaks=0' "
+             "timeout -k 5 %d %s/tools/tdistrun/tdistrun --backend mpi --nproc-per-node 3 "
+             "%s envinit > '%s' 2>&1",
+             asan ? asan : "", asan && *asan ? ":" : "", lim, TDIST_BIN_DIR, PROG, outp);
+    int st = system(cmd);
+    FILE *f = fopen(outp, "r");
+    char buf[1 << 15] = "";
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    buf[n] = '\0';
+    if (f) fclose(f);
+    printf("%s", buf);
+    if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0 || !strstr(buf, "MPI_PROG OK envinit"))
+        FAIL("tdistrun --backend mpi: exit %d, %s", WIFEXITED(st) ? WEXITSTATUS(st) : -1,
+             strstr(buf, "MPI_PROG OK") ? "OK printed" : "no OK line");
+    ASSERT_CONTAINS(buf, "tdistrun: backend mpi: starting 3 workers with");
+}

@@ -38,6 +38,9 @@ void tdr_usage(FILE *f)
         "                        leave placement to the kernel\n"
         "  --tee DIR             also write each worker's raw stdout/stderr to\n"
         "                        DIR/attempt_<A>/rank_<R>.stdout and .stderr\n"
+        "  --backend native|mpi  mpi: run the workers under mpirun -np N (one node)\n"
+        "                        with TDIST_BACKEND=mpi, so their groups use MPI\n"
+        "                        (default: TDIST_BACKEND, else native; docs/mpi.md)\n"
         "  -q, --quiet           print only errors and the failure report\n"
         "  -h, --help            print this help and exit 0\n"
         "  --version             print the version and exit 0\n"
@@ -61,6 +64,7 @@ enum {
     OPT_NO_PREFIX,
     OPT_TEE,
     OPT_BIND,
+    OPT_BACKEND,
     OPT_VERSION
 };
 
@@ -80,6 +84,7 @@ static const struct option long_opts[] = {
     {"no-prefix", no_argument, NULL, OPT_NO_PREFIX},
     {"tee", required_argument, NULL, OPT_TEE},
     {"bind-to", required_argument, NULL, OPT_BIND},
+    {"backend", required_argument, NULL, OPT_BACKEND},
     {"quiet", no_argument, NULL, 'q'},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, OPT_VERSION},
@@ -127,7 +132,7 @@ int tdr_parse_args(int argc, char **argv, tdr_opts_t *o, FILE *err)
     o->tee_dir = NULL;
     o->quiet = false;
 
-    bool node_rank_given = false;
+    bool node_rank_given = false, backend_given = false;
     optind = 1;
     opterr = 0;
     int rc;
@@ -191,6 +196,15 @@ int tdr_parse_args(int argc, char **argv, tdr_opts_t *o, FILE *err)
             else
                 return usage_error(err, "--bind-to: \"%s\" is not core or none", optarg);
             break;
+        case OPT_BACKEND:
+            if (strcmp(optarg, "native") == 0)
+                o->mpi = false;
+            else if (strcmp(optarg, "mpi") == 0)
+                o->mpi = true;
+            else
+                return usage_error(err, "--backend: \"%s\" is not native or mpi", optarg);
+            backend_given = true;
+            break;
         case 'q':
             o->quiet = true;
             break;
@@ -222,6 +236,14 @@ int tdr_parse_args(int argc, char **argv, tdr_opts_t *o, FILE *err)
         return usage_error(err, "--nnodes > 1 needs --node-rank");
     if ((int64_t)o->nnodes * o->nproc_per_node > TDR_MAX_WORLD)
         return usage_error(err, "--nnodes x --nproc-per-node exceeds %d workers", TDR_MAX_WORLD);
+    if (!backend_given) {
+        const char *b = getenv("TDIST_BACKEND");
+        o->mpi = b && strcmp(b, "mpi") == 0;
+    }
+    if (o->mpi && (o->nnodes > 1 || o->max_restarts > 0 || o->tee_dir))
+        return usage_error(err, "--backend mpi starts the job with mpirun on this node: it "
+                                "takes no --nnodes, --max-restarts or --tee (use mpirun's own "
+                                "host list for several nodes)");
     if (optind >= argc) return usage_error(err, "no program given");
     o->prog_argv = &argv[optind];
     return 0;

@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -93,6 +94,55 @@ static int inherited_listen_fd(void)
     return (int)fd;
 }
 
+/* --backend mpi: this node's workers are MPI processes, so mpirun starts
+ * them (its ranks, its signals, its output); tdistrun only builds the
+ * command. TDIST_MPIRUN names another launcher (e.g. MPICH's mpiexec, which
+ * takes -np and passes the environment). Returns only on failure. */
+static int exec_mpirun(const tdr_opts_t *o, const char *prog)
+{
+    const char *launcher = getenv("TDIST_MPIRUN");
+    bool ompi = !launcher || !*launcher;
+    char *mpirun = resolve_program(ompi ? "mpirun" : launcher);
+    if (!mpirun) return TDR_EXIT_NOT_FOUND;
+    int nargs = 0;
+    for (char **a = o->prog_argv; *a; a++) nargs++;
+    char **av = calloc((size_t)nargs + 16, sizeof *av);
+    char np[16];
+    snprintf(np, sizeof np, "%d", o->nproc_per_node);
+    if (!av) {
+        free(mpirun);
+        return TDR_EXIT_SETUP;
+    }
+    int k = 0;
+    av[k++] = mpirun;
+    av[k++] = "-np";
+    av[k++] = np;
+    if (ompi) {
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        if (ncpu > 0 && o->nproc_per_node > ncpu) av[k++] = "--oversubscribe";
+        av[k++] = "--bind-to";
+        av[k++] = o->bind_core ? "core" : "none";
+        if (geteuid() == 0) av[k++] = "--allow-run-as-root";
+        av[k++] = "-x";
+        av[k++] = "TDIST_BACKEND";
+    }
+    av[k++] = (char *)prog;
+    for (int i = 1; i < nargs; i++) av[k++] = o->prog_argv[i];
+    av[k] = NULL;
+    setenv("TDIST_BACKEND", "mpi", 1);
+    if (!o->quiet) {
+        fprintf(stderr, "tdistrun: backend mpi: starting %d worker%s with", o->nproc_per_node,
+                o->nproc_per_node == 1 ? "" : "s");
+        for (int i = 0; i < k; i++) fprintf(stderr, " %s", av[i]);
+        fprintf(stderr, "\n");
+    }
+    execv(mpirun, av);
+    fprintf(stderr, "tdistrun: cannot run %s: %s\n", mpirun, strerror(errno));
+    free(av);
+    free(mpirun);
+    return TDR_EXIT_NOT_FOUND;
+}
+
 int main(int argc, char **argv)
 {
     tdr_opts_t o;
@@ -102,6 +152,11 @@ int main(int argc, char **argv)
 
     char *prog = resolve_program(o.prog_argv[0]);
     if (!prog) return TDR_EXIT_NOT_FOUND;
+    if (o.mpi) {
+        int code = exec_mpirun(&o, prog);
+        free(prog);
+        return code;
+    }
     if (tdr_signals_install() != 0) {
         fprintf(stderr, "tdistrun: cannot install signal handlers: %s\n", strerror(errno));
         free(prog);

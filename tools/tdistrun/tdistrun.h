@@ -50,6 +50,7 @@ typedef struct tdr_opts {
     bool bind_core;          /* --bind-to core: worker i runs on allowed CPU i mod n */
     const char *tee_dir;     /* --tee DIR: also write raw per-rank logs there; NULL: off */
     bool quiet;              /* --quiet: no launcher status lines except errors */
+    bool mpi;                /* --backend mpi (or TDIST_BACKEND=mpi): exec mpirun */
     char **prog_argv;        /* program and its arguments (NULL-terminated, borrowed) */
 } tdr_opts_t;
 
