@@ -341,10 +341,31 @@ static char *op_prefix(tdist_pg_t *pg, const struct tdist_work *w)
                            (unsigned long long)w->seq, d);
 }
 
+/* A recv that fails while its payload receive is still posted must not
+ * return while MPI may still write into the caller's buffer: cancel the
+ * receive and wait (bounded) until MPI lets go of it — at once when it was
+ * not matched, when the data is in when it was. Only a payload still on
+ * its way from a peer that never delivers it outlives the bound (then the
+ * buffer stays MPI's, as after a timeout; docs/mpi.md). */
+#define SETTLE_MS 2000
+static void settle_recv(p2p_op_t *op)
+{
+    if (op->w->op != TDIST__OP_RECV || op->preq == MPI_REQUEST_NULL) return;
+    MPI_Cancel(&op->preq);
+    int64_t until = tdist__now_ms() + SETTLE_MS;
+    for (int i = 0; i < 1000000 && op->preq != MPI_REQUEST_NULL; i++) {
+        int flag = 0;
+        if (MPI_Test(&op->preq, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+        if (flag || tdist__now_ms() >= until) break;
+        if (i > 100) tdist__sleep_ms(1);
+    }
+}
+
 /* Decide op's outcome (p2p thread). */
 static void mark(tdist_pg_t *pg, p2p_op_t *op, tdist_status_t st, const char *cause)
 {
     if (op->st != TDIST_INPROGRESS) return;
+    if (st != TDIST_OK) settle_recv(op);
     op->st = st;
     if (st != TDIST_OK) {
         char *p = op_prefix(pg, op->w);
