@@ -124,13 +124,15 @@ for np in $RANKS; do
             ov=$(awk -v a="$to" -v b="$tt" 'BEGIN {printf "%.1f", (b / a - 1) * 100}')
             oi=$(awk -v a="$ti" -v b="$tt" 'BEGIN {printf "%.1f", (b / a - 1) * 100}')
             printf "  %12s %12.1f %12.1f %14.1f %10s%% %10s%%\n" "$bytes" "$to" "$ti" "$tt" "$ov" "$oi"
-            mib=$((bytes / 1048576))
+            if ((bytes >= 1048576 && bytes % 1048576 == 0)); then mib="$((bytes / 1048576))MiB"
+            elif ((bytes >= 1024 && bytes % 1024 == 0)); then mib="$((bytes / 1024))KiB"
+            else mib="${bytes}B"; fi
             {
-                echo "RESULT mpi_backend_np${np}_${mib}MiB_ompi_time $to us"
-                echo "RESULT mpi_backend_np${np}_${mib}MiB_ompi_iallreduce_time $ti us"
-                echo "RESULT mpi_backend_np${np}_${mib}MiB_tdist_time $tt us"
-                echo "RESULT mpi_backend_np${np}_${mib}MiB_overhead_vs_ompi $ov %"
-                echo "RESULT mpi_backend_np${np}_${mib}MiB_overhead_vs_ompi_iallreduce $oi %"
+                echo "RESULT mpi_backend_np${np}_${mib}_ompi_time $to us"
+                echo "RESULT mpi_backend_np${np}_${mib}_ompi_iallreduce_time $ti us"
+                echo "RESULT mpi_backend_np${np}_${mib}_tdist_time $tt us"
+                echo "RESULT mpi_backend_np${np}_${mib}_overhead_vs_ompi $ov %"
+                echo "RESULT mpi_backend_np${np}_${mib}_overhead_vs_ompi_iallreduce $oi %"
             } >>"$OUT/results"
         done
 done

@@ -20,6 +20,10 @@
  *   envinit    env:// + TDIST_BACKEND=mpi makes an MPI world and MPI group
  *   death      rank 1 SIGKILLs itself during an all_reduce loop; the others
  *              print what they saw (docs/mpi.md)
+ *   tune       Open MPI's coll_libnbc_iallreduce_algorithm, which the backend
+ *              sets to "ring" around its large MPI_Iallreduce posts, reads
+ *              the same before and after tdist's all_reduces (0, or what
+ *              OMPI_MCA_coll_libnbc_iallreduce_algorithm says); results right
  */
 #include <inttypes.h>
 #include <math.h>
@@ -30,6 +34,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <mpi.h>
 
 #include "gen.h"
 #include "harness.h"
@@ -690,6 +696,63 @@ static void run_envinit(void)
     tdist_world_destroy(w);
 }
 
+/* ---------------------------------------------------------------- tune */
+
+/* The MCA variable as the application sees it through MPI_T (-1: not an
+ * Open MPI with libnbc). */
+static int nbc_alg(void)
+{
+    int prov = 0, idx = -1, n = 0, v = -1;
+    ASSERT_EQ(MPI_T_init_thread(MPI_THREAD_MULTIPLE, &prov), MPI_SUCCESS);
+    MPI_T_cvar_handle h;
+    if (MPI_T_cvar_get_index("coll_libnbc_iallreduce_algorithm", &idx) == MPI_SUCCESS &&
+        MPI_T_cvar_handle_alloc(idx, NULL, &h, &n) == MPI_SUCCESS) {
+        ASSERT_EQ(MPI_T_cvar_read(h, &v), MPI_SUCCESS);
+        MPI_T_cvar_handle_free(&h);
+    }
+    MPI_T_finalize();
+    return v;
+}
+
+static void run_tune(tdist_world_t *w)
+{
+    const char *e = getenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm");
+    int want = e ? atoi(e) : 0;
+    char ver[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0;
+    MPI_Get_library_version(ver, &len);
+    if (!strstr(ver, "Open MPI")) {
+        if (R == 0) printf("tune: not Open MPI, nothing to check\n");
+        return;
+    }
+    ASSERT_EQ(nbc_alg(), want);
+    tdist_pg_t *pg = make_pg(w, "mpi", 30000);
+    /* sizes on both sides of the 64 KiB switch, in place and not, coalesced */
+    static const size_t counts[] = {1000, 16384, 1 << 18};
+    for (size_t ci = 0; ci < 3; ci++) {
+        size_t c = counts[ci];
+        float *a = xmalloc(c * sizeof(float)), *b = xmalloc(c * sizeof(float));
+        for (size_t i = 0; i < c; i++) a[i] = (float)((R + 1) * (int)(i % 97));
+        ASSERT_OK(tdist_all_reduce(pg, a, b, c, TDIST_F32, TDIST_SUM, NULL, NULL));
+        ASSERT_OK(tdist_all_reduce(pg, a, a, c, TDIST_F32, TDIST_SUM, NULL, NULL));
+        float *bufs[1] = {a};
+        ASSERT_OK(tdist_all_reduce_coalesced(pg, (void **)bufs, &c, 1, TDIST_F32, TDIST_SUM, NULL,
+                                             NULL));
+        float k = (float)(N * (N + 1) / 2);
+        for (size_t i = 0; i < c; i++) {
+            float want1 = k * (float)(i % 97);
+            if (b[i] != want1 || a[i] != want1 * (float)N)
+                FAIL("tune: count %zu element %zu: %g / %g, want %g / %g", c, i, b[i], a[i], want1,
+                     want1 * (float)N);
+        }
+        ASSERT_EQ(nbc_alg(), want); /* the application sees what it had */
+        free(a);
+        free(b);
+    }
+    tdist_pg_destroy(pg);
+    if (R == 0) printf("tune: coll_libnbc_iallreduce_algorithm stayed %d\n", want);
+}
+
 /* --------------------------------------------------------------- death */
 
 static void run_death(tdist_world_t *w)
@@ -724,7 +787,7 @@ static void run_death(tdist_world_t *w)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: mpirun -np N %s matrix|sub|mismatch|timeout|monitored|p2p|ddp|ddpjoin|envinit|death\n", argv[0]);
+        fprintf(stderr, "usage: mpirun -np N %s matrix|sub|mismatch|timeout|monitored|p2p|ddp|ddpjoin|envinit|death|tune\n", argv[0]);
         return 2;
     }
     const char *what = argv[1];
@@ -753,6 +816,7 @@ int main(int argc, char **argv)
     else if (strcmp(what, "ddp") == 0) run_ddp(w, false);
     else if (strcmp(what, "ddpjoin") == 0) run_ddp(w, true);
     else if (strcmp(what, "death") == 0) run_death(w);
+    else if (strcmp(what, "tune") == 0) run_tune(w);
     else FAIL("unknown scenario %s", what);
     tdist_world_destroy(w);
     if (R == 0) printf("MPI_PROG OK %s\n", what);

@@ -132,6 +132,19 @@ TEST(mpi_env_init_with_tdist_backend, 40)
     expect_ok("mpi_env_init_with_tdist_backend", 2, "envinit", 30, "TDIST_BACKEND=mpi");
 }
 
+/* The backend sets Open MPI's libnbc iallreduce algorithm to "ring" only
+ * around its own large posts: the application reads the variable unchanged,
+ * and a value the user chose is never touched (docs/mpi.md). */
+TEST(mpi_libnbc_ring_invisible_to_the_application, 60)
+{
+    expect_ok("mpi_libnbc_ring_invisible_to_the_application", 2, "tune", 45, NULL);
+}
+TEST(mpi_libnbc_user_choice_is_kept, 60)
+{
+    expect_ok("mpi_libnbc_user_choice_is_kept", 3, "tune", 45,
+              "OMPI_MCA_coll_libnbc_iallreduce_algorithm=2");
+}
+
 /* A rank SIGKILLed mid-collective: nothing hangs. Open MPI's runtime
  * (mpirun) notices the death and kills the other ranks; the job ends
  * non-zero well before the group timeout (5 s) would matter. What was

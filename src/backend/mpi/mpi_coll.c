@@ -343,6 +343,82 @@ static tdist_status_t monitored_barrier(tdist_pg_t *pg, tdist__mpib_t *b,
     return st;
 }
 
+/* ------------------------------------------------- Open MPI's iallreduce */
+
+/* Open MPI's libnbc (4.x) runs every MPI_Iallreduce on fewer than 4 ranks,
+ * and every in-place one, as a binomial tree: reduce to one rank, then
+ * broadcast from it, so each byte crosses twice and one rank does all the
+ * arithmetic. Its ring (reduce-scatter + all-gather) moves each byte once
+ * per step and shares the arithmetic; on this machine, f32 SUM on 2 ranks,
+ * the ring took 0.42 ms at 4 MiB against the tree's 1.02 ms (docs/mpi.md).
+ * libnbc reads its choice from the MCA variable
+ * coll_libnbc_iallreduce_algorithm at every call, and MPI_T may write it
+ * while MPI runs (scope "all": every process must hold the same value).
+ * So, unless the user chose an algorithm (OMPI_MCA_..., mpirun --mca, or
+ * the variable already non-zero) or set TDIST_MPI_TUNE=0, the backend posts
+ * every MPI_Iallreduce of NBC_RING_MIN bytes or more with the variable at
+ * "ring" and sets it back to "ignore" (libnbc's own choice) right after,
+ * under one process-wide mutex that every MPI_Iallreduce of the backend
+ * takes: both ranks of any call see the same value, since the choice
+ * depends only on the size, which the fingerprints have checked. What the
+ * mutex cannot cover: a thread of the application posting its own
+ * MPI_Iallreduce in that same instant (docs/mpi.md). */
+#define NBC_VAR "coll_libnbc_iallreduce_algorithm"
+#define NBC_RING 1
+#define NBC_RING_MIN ((size_t)64 << 10)
+
+static struct {
+    pthread_mutex_t mu;
+    bool on;
+    MPI_T_cvar_handle h;
+} nbc = {.mu = PTHREAD_MUTEX_INITIALIZER};
+static pthread_once_t nbc_once = PTHREAD_ONCE_INIT;
+
+static void nbc_init(void)
+{
+    const char *e = getenv("TDIST_MPI_TUNE");
+    if ((e && strcmp(e, "0") == 0) || getenv("OMPI_MCA_" NBC_VAR)) return;
+    char ver[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0, prov = 0, idx = -1, n = 0, verb, bind, scope, cur = -1;
+    if (MPI_Get_library_version(ver, &len) != MPI_SUCCESS || !strstr(ver, "Open MPI")) return;
+    if (MPI_T_init_thread(MPI_THREAD_MULTIPLE, &prov) != MPI_SUCCESS) return;
+    char name[128], desc[16];
+    int nl = sizeof name, dl = sizeof desc;
+    MPI_Datatype dt;
+    MPI_T_enum en;
+    if (MPI_T_cvar_get_index(NBC_VAR, &idx) != MPI_SUCCESS ||
+        MPI_T_cvar_get_info(idx, name, &nl, &verb, &dt, &en, desc, &dl, &bind, &scope) !=
+            MPI_SUCCESS ||
+        dt != MPI_INT || bind != MPI_T_BIND_NO_OBJECT || scope == MPI_T_SCOPE_CONSTANT ||
+        scope == MPI_T_SCOPE_READONLY)
+        goto out;
+    if (MPI_T_cvar_handle_alloc(idx, NULL, &nbc.h, &n) != MPI_SUCCESS) goto out;
+    if (n != 1 || MPI_T_cvar_read(nbc.h, &cur) != MPI_SUCCESS || cur != 0) {
+        MPI_T_cvar_handle_free(&nbc.h);
+        goto out;
+    }
+    nbc.on = true;
+    return;
+out:
+    MPI_T_finalize();
+}
+
+/* MPI_Iallreduce, with the algorithm chosen as above (bytes: this call's). */
+static int iallreduce(const void *s, void *d, int k, MPI_Datatype t, MPI_Op op, MPI_Comm c,
+                      MPI_Request *r, size_t bytes)
+{
+    pthread_once(&nbc_once, nbc_init);
+    if (!nbc.on) return MPI_Iallreduce(s, d, k, t, op, c, r);
+    int ring = NBC_RING, dflt = 0;
+    bool tune = bytes >= NBC_RING_MIN;
+    pthread_mutex_lock(&nbc.mu);
+    if (tune) MPI_T_cvar_write(nbc.h, &ring);
+    int rc = MPI_Iallreduce(s, d, k, t, op, c, r);
+    if (tune) MPI_T_cvar_write(nbc.h, &dflt);
+    pthread_mutex_unlock(&nbc.mu);
+    return rc;
+}
+
 /* ------------------------------------------------------------- collectives */
 
 typedef struct reqs {
@@ -418,7 +494,7 @@ static tdist_status_t post_coll(tdist_pg_t *pg, tdist__mpib_t *b, struct tdist_w
             const void *s = inplace ? MPI_IN_PLACE : (const void *)(src + off * es);
             void *d = root ? dst + off * es : NULL;
             if (all)
-                POST(q, MPI_Iallreduce(s, d, (int)k, t, op, c, RQ), *name);
+                POST(q, iallreduce(s, d, (int)k, t, op, c, RQ, k * es), *name);
             else
                 POST(q, MPI_Ireduce(s, d, (int)k, t, op, w->root, c, RQ), *name);
             if (cnt == 0) break;
@@ -540,7 +616,9 @@ static tdist_status_t post_coll(tdist_pg_t *pg, tdist__mpib_t *b, struct tdist_w
             if (premul) TDIST_CHECK(tdist_scale(w->bufs[i], w->counts[i], w->dtype, w->premul));
             for (size_t off = 0; off < w->counts[i] || off == 0; off += CHUNK) {
                 size_t k = TDIST_MIN(CHUNK, w->counts[i] - off);
-                POST(q, MPI_Iallreduce(MPI_IN_PLACE, (char *)w->bufs[i] + off * es, (int)k, t, op, c, RQ),
+                POST(q,
+                     iallreduce(MPI_IN_PLACE, (char *)w->bufs[i] + off * es, (int)k, t, op, c, RQ,
+                                k * es),
                      *name);
                 if (w->counts[i] == 0) break;
             }
