@@ -10,7 +10,9 @@
  * first interface that is up) — and broadcasts "host port" with MPI_Bcast
  * on a duplicate of MPI_COMM_WORLD. Every rank then runs tdist_init on
  * tcp://host:port?rank=R&world_size=N, rank 0 hosting the store on that
- * socket (opts.listen_fd).
+ * socket (opts.listen_fd). A launcher's world size (OMPI_COMM_WORLD_SIZE,
+ * PMI_SIZE) above 1 with MPI_COMM_WORLD of 1 rank is refused: another MPI's
+ * launcher made every rank a singleton.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -27,6 +29,23 @@ static const char *launcher_var(void)
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
         if (getenv(vars[i])) return vars[i];
     return NULL;
+}
+
+/* The world size the launcher announced (Open MPI's mpirun, MPICH's Hydra),
+ * -1 when none did; *var: the variable's name. */
+static long launcher_size(const char **var)
+{
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (!v || !*v) continue;
+        char *end = NULL;
+        long n = strtol(v, &end, 10);
+        if (*end != '\0' || n < 1) continue;
+        *var = vars[i];
+        return n;
+    }
+    return -1;
 }
 
 bool tdist__mpi_world_wanted(const char *url)
@@ -190,6 +209,26 @@ tdist_status_t tdist__mpi_world_init(const char *url, const tdist_init_opts_t *o
     int rank = 0, size = 1, local = 1;
     MPI_Comm_rank(c, &rank);
     MPI_Comm_size(c, &size);
+    /* another MPI's launcher (Open MPI's mpirun starting an MPICH build, or
+     * MPICH's mpiexec an Open MPI one): MPI_Init makes every process a
+     * singleton, N separate jobs of 1 rank; refuse on every rank */
+    const char *lvar = NULL;
+    long lsize = launcher_size(&lvar);
+    if (size == 1 && lsize > 1) {
+        char ver[MPI_MAX_LIBRARY_VERSION_STRING] = "";
+        int vlen = 0;
+        MPI_Get_library_version(ver, &vlen);
+        ver[strcspn(ver, ",\n")] = '\0'; /* "Open MPI v4.1.4", "MPICH Version:\t4.0.2" */
+        for (char *p = ver; *p; p++)
+            if (*p == '\t') *p = ' ';
+        MPI_Comm_free(&c);
+        return tdist__error(TDIST_ERR_MISMATCH,
+                            "tdist_init(mpi://): %s=%ld, but MPI_COMM_WORLD has 1 rank: another "
+                            "MPI's launcher started this job, not the one of the MPI tdist is "
+                            "linked with (%.120s); start it with that MPI's mpiexec (tdistrun: "
+                            "set TDIST_MPIRUN)",
+                            lvar, lsize, ver);
+    }
     MPI_Comm node;
     rc = MPI_Comm_split_type(c, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
     if (rc == MPI_SUCCESS) {

@@ -11,7 +11,9 @@
  * TDIST_SOCKET_IFNAME / the first interface gives (several hosts), port 0,
  * and MPI_Bcast tells the others where; then the normal tcp:// rendezvous
  * runs. MPI_Finalize runs when the last such world is destroyed, only if
- * tdist called MPI_Init.
+ * tdist called MPI_Init. TDIST_ERR_MISMATCH when the launcher announced
+ * several ranks (OMPI_COMM_WORLD_SIZE, PMI_SIZE) but MPI_COMM_WORLD has 1:
+ * another MPI's launcher (Open MPI's mpirun, MPICH's mpiexec) started it.
  */
 #ifndef TDIST_INIT_MPI_WORLD_H
 #define TDIST_INIT_MPI_WORLD_H

@@ -18,6 +18,7 @@
  *   ddp        DDP over the MPI group equals DDP over a native group
  *   ddpjoin    the same under a Join with uneven inputs (rank r: 5 + r steps)
  *   envinit    env:// + TDIST_BACKEND=mpi makes an MPI world and MPI group
+ *              (rank / size to check: OMPI_COMM_WORLD_*, else Hydra's PMI_*)
  *   death      rank 1 SIGKILLs itself during an all_reduce loop; the others
  *              print what they saw (docs/mpi.md)
  *   tune       Open MPI's coll_libnbc_iallreduce_algorithm, which the backend
@@ -793,7 +794,13 @@ int main(int argc, char **argv)
     const char *what = argv[1];
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (strcmp(what, "envinit") == 0) {
+        /* the launcher's own idea of rank and size: Open MPI's mpirun, else
+         * MPICH's Hydra (mpiexec.mpich) */
         const char *s = getenv("OMPI_COMM_WORLD_SIZE"), *r = getenv("OMPI_COMM_WORLD_RANK");
+        if (!s || !r) {
+            s = getenv("PMI_SIZE");
+            r = getenv("PMI_RANK");
+        }
         ASSERT_TRUE(s && r);
         N = atoi(s);
         R = atoi(r);
