@@ -216,3 +216,31 @@ TEST(mpi_tdistrun_backend_mpi, 60)
              strstr(buf, "MPI_PROG OK") ? "OK printed" : "no OK line");
     ASSERT_CONTAINS(buf, "tdistrun: backend mpi: starting 3 workers with");
 }
+
+/* A launcher of another MPI (here faked: PMI_SIZE=2, as MPICH's Hydra sets,
+ * on a process Open MPI starts as a singleton) makes MPI_COMM_WORLD 1 rank;
+ * tdist_init("mpi://") refuses instead of running N separate 1-rank jobs. */
+TEST(mpi_other_mpis_launcher_is_refused, 30)
+{
+    if (!can_run("mpi_other_mpis_launcher_is_refused")) return;
+    char outp[512], cmd[4096];
+    snprintf(outp, sizeof outp, "%s/other_launcher.txt", tdist_test_tmpdir());
+    const char *asan = getenv("ASAN_OPTIONS");
+    int lim = (int)(20 * tdist_test_timeout_mult());
+    snprintf(cmd, sizeof cmd,
+             "env -u OMPI_COMM_WORLD_SIZE -u TDIST_BACKEND PMI_SIZE=2 PMI_RANK=0 "
+             "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+             "ASAN_OPTIONS='%s%sdetect_leaks=0' timeout -k 5 %d %s matrix > '%s' 2>&1",
+             asan ? asan : "", asan && *asan ? ":" : "", lim, PROG, outp);
+    int st = system(cmd);
+    FILE *f = fopen(outp, "r");
+    char buf[1 << 14] = "";
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    buf[n] = '\0';
+    if (f) fclose(f);
+    printf("%s", buf);
+    ASSERT_TRUE(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 1);
+    ASSERT_CONTAINS(buf, "TDIST_ERR_MISMATCH");
+    ASSERT_CONTAINS(buf, "PMI_SIZE=2, but MPI_COMM_WORLD has 1 rank: another MPI's launcher");
+    ASSERT_TRUE(strstr(buf, "MPI_PROG OK") == NULL);
+}
