@@ -81,5 +81,6 @@ tdist_status_t tdist__shm_wait_until(tdist__tp_t *tp, bool (*cond)(void *arg),
                                      bool (*needs)(void *arg, int peer), void *arg,
                                      int64_t deadline_ms, bool spin);
 void tdist__shm_notify(tdist__tp_t *tp);
+bool tdist__shm_oversubscribed(tdist__tp_t *tp);
 
 #endif /* TDIST_TRANSPORT_OPS_H */

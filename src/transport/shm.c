@@ -41,8 +41,9 @@
 #include "transport/ops.h"
 
 #define SEG_MAGIC 0x6d68737470647474ull /* "ttdptshm" */
-#define SEG_VERSION 2
-#define HDR_BYTES 256
+#define SEG_VERSION 3
+#define HDR_BYTES 512
+#define CPU_WORDS 16 /* affinity masks in headers: CPUs 0..1023 */
 #define SLOT_HDR_BYTES 256
 #define DEFAULT_RING (1u << 20)
 #define MIN_RING 4096u
@@ -68,6 +69,9 @@ typedef struct seg_hdr {
     _Alignas(64) atomic_uint mapped; /* peers that mapped this segment and wrote their hello */
     _Alignas(64) atomic_uint bell;   /* futex word: bumped to wake the owner */
     atomic_uint sleeping;            /* the owner is (about to be) asleep on bell */
+    /* the owner's CPU affinity (bit c of word c / 64: it may run on CPU c);
+     * all zero when it may run on a CPU >= 64 * CPU_WORDS */
+    _Alignas(64) uint64_t cpus[CPU_WORDS];
 } seg_hdr_t;
 
 /* One ring's control lines, followed by ring_bytes of data. */
@@ -119,7 +123,7 @@ typedef struct shm_tp {
     struct pollfd *pfd;  /* size entries, for liveness polls */
     int *pfd_peer;
     bool connected;
-    bool oversubscribed; /* more ranks than CPUs this process may run on */
+    bool oversubscribed; /* more ranks than the CPUs they may run on, together */
     uint64_t last_check_ns;
     atomic_bool aborted;
     tdist_status_t err;
@@ -137,6 +141,22 @@ static inline void cpu_relax(void)
 #elif defined(__aarch64__)
     __asm__ __volatile__("yield");
 #endif
+}
+
+/* This process's affinity into h->cpus (all zero: unknown, or a CPU beyond
+ * the mask's reach). */
+static void put_affinity(seg_hdr_t *h, const cpu_set_t *cpus)
+{
+    memset(h->cpus, 0, sizeof h->cpus);
+    if (!cpus) return;
+    for (int c = 0; c < CPU_SETSIZE; c++) {
+        if (!CPU_ISSET(c, cpus)) continue;
+        if (c >= 64 * CPU_WORDS) {
+            memset(h->cpus, 0, sizeof h->cpus);
+            return;
+        }
+        h->cpus[c / 64] |= 1ull << (c % 64);
+    }
 }
 
 static size_t slot_stride(uint64_t ring) { return SLOT_HDR_BYTES + (size_t)ring; }
@@ -328,11 +348,11 @@ tdist_status_t tdist__shm_listen(tdist__tp_kind_t kind, int rank, int size,
     tp->tag = opts->tag;
     tp->ring_bytes = ring;
     tp->coll_bytes = coll;
-    /* More ranks than CPUs we may run on: a spinning waiter only delays
-     * the peer it waits for, so waiters yield at once. */
+    /* Until connect has seen the peers' affinities (see oversubscribed()):
+     * more ranks than CPUs this process may run on. */
     cpu_set_t cpus;
-    int ncpu = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
-    tp->oversubscribed = size > ncpu;
+    bool have_cpus = sched_getaffinity(0, sizeof cpus, &cpus) == 0;
+    tp->oversubscribed = size > (have_cpus ? CPU_COUNT(&cpus) : 1);
     tp->pe = pe;
     tp->pfd = pfd;
     tp->pfd_peer = pfd_peer;
@@ -382,6 +402,7 @@ tdist_status_t tdist__shm_listen(tdist__tp_kind_t kind, int rank, int size,
     tp->hdr->tag = tp->tag;
     tp->hdr->ring_bytes = ring;
     tp->hdr->coll_bytes = coll;
+    put_affinity(tp->hdr, have_cpus ? &cpus : NULL);
     atomic_thread_fence(memory_order_release);
     __atomic_store_n(&tp->hdr->magic, SEG_MAGIC, __ATOMIC_RELEASE);
     snprintf(tp->addr, sizeof tp->addr, "shm:%s:%d", tp->name, (int)getpid());
@@ -591,6 +612,27 @@ static int verify_peer(shm_tp_t *tp, int p)
     return 1;
 }
 
+/* Whether the mesh's ranks are more than the CPUs they may run on, all
+ * together (the union of their affinities, read from every header once all
+ * are mapped). Waiters then yield at once: a spinning waiter only delays
+ * the peer it waits for. Ranks bound one per CPU (tdistrun --bind-to core,
+ * mpirun's default) are not oversubscribed, though each sees one CPU. An
+ * unknown mask keeps the guess made at create. */
+static bool oversubscribed(const shm_tp_t *tp)
+{
+    uint64_t all[CPU_WORDS] = {0};
+    for (int p = 0; p < tp->size; p++) {
+        const seg_hdr_t *h = p == tp->rank ? tp->hdr : tp->pe[p].hdr;
+        uint64_t any = 0;
+        for (int i = 0; h && i < CPU_WORDS; i++) any |= h->cpus[i];
+        if (!any) return tp->oversubscribed;
+        for (int i = 0; i < CPU_WORDS; i++) all[i] |= h->cpus[i];
+    }
+    int n = 0;
+    for (int i = 0; i < CPU_WORDS; i++) n += __builtin_popcountll(all[i]);
+    return tp->size > n;
+}
+
 tdist_status_t tdist__shm_connect(tdist__tp_t *t, const char *const *addrs, int64_t deadline_ms)
 {
     static const char fn[] = "tdist__tp_connect";
@@ -678,6 +720,7 @@ tdist_status_t tdist__shm_connect(tdist__tp_t *t, const char *const *addrs, int6
         return sticky(tp);
     }
     tp->connected = true;
+    tp->oversubscribed = oversubscribed(tp);
     TDIST_LOGD("rank %d: shm transport mesh of %d ranks up in %lld ms", tp->rank, tp->size,
                (long long)(tdist__now_ms() - start));
     return TDIST_OK;
@@ -1050,6 +1093,8 @@ tdist_status_t tdist__shm_wait_until(tdist__tp_t *t, bool (*cond)(void *arg),
         (void)i;
     }
 }
+
+bool tdist__shm_oversubscribed(tdist__tp_t *t) { return TP(t)->oversubscribed; }
 
 /* Any thread, also a signal handler: atomics and one futex wake (both
  * async-signal-safe). The segment is unlinked by connect's failure path

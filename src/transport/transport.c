@@ -128,6 +128,8 @@ tdist_status_t tdist__tp_wait_until(tdist__tp_t *tp, bool (*cond)(void *arg),
     return tdist__shm_wait_until(tp, cond, needs, arg, deadline_ms, spin);
 }
 
+bool tdist__tp_oversubscribed(tdist__tp_t *tp) { return is_shm(tp) && tdist__shm_oversubscribed(tp); }
+
 void tdist__tp_notify(tdist__tp_t *tp)
 {
     if (is_shm(tp)) tdist__shm_notify(tp);

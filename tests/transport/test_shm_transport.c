@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -798,4 +799,45 @@ TEST(transport_shm_sweeps_segments_of_dead_owners, 30)
     ASSERT_EQ(shm_entries(getpid()), 1);   /* our own is there */
     tdist__tp_destroy(tp);
     ASSERT_EQ(shm_entries(getpid()), 0);
+}
+
+/* ------------------------------------------- oversubscription by affinity */
+
+/* Waiters spin only when the ranks have a CPU each. A rank bound to one
+ * CPU sees one CPU, but ranks bound to different CPUs are not
+ * oversubscribed (tdistrun --bind-to core); ranks on the same CPU are. */
+static void affinity_body(int rank, int n, void *arg)
+{
+    bool same = arg != NULL;
+    cpu_set_t all, one;
+    ASSERT_EQ(sched_getaffinity(0, sizeof all, &all), 0);
+    int cpu[2] = {-1, -1}, k = 0;
+    for (int c = 0; c < CPU_SETSIZE && k < 2; c++)
+        if (CPU_ISSET(c, &all)) cpu[k++] = c;
+    if (k < 2) {
+        if (rank == 0) printf("SKIP: this process may run on one CPU only\n");
+        return;
+    }
+    CPU_ZERO(&one);
+    CPU_SET(same ? cpu[0] : cpu[rank], &one);
+    ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+    tp_rank_t t;
+    tp_open(&t, rank, n, NULL, TAG);
+    tp_connect(&t);
+    if (tdist__tp_oversubscribed(t.tp) != same)
+        FAIL("rank %d: bound to CPU %d (%s CPU as the peer): oversubscribed = %d, want %d", rank,
+             same ? cpu[0] : cpu[rank], same ? "the same" : "another",
+             tdist__tp_oversubscribed(t.tp), same);
+    store_barrier(&t, "affinity-done");
+    tp_close(&t);
+    ASSERT_EQ(sched_setaffinity(0, sizeof all, &all), 0);
+}
+
+TEST(transport_shm_bound_ranks_are_not_oversubscribed, 30)
+{
+    tdist_test_run_ranks(2, affinity_body, NULL);
+}
+TEST(transport_shm_ranks_on_one_cpu_are_oversubscribed, 30)
+{
+    tdist_test_run_ranks(2, affinity_body, (void *)"same");
 }
