@@ -1,6 +1,7 @@
 /* core/util.c — clocks, deadlines, environment parsing, small string helpers. */
 #include <limits.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,10 +18,36 @@ uint64_t tdist__now_ns(void)
 
 int64_t tdist__now_ms(void) { return (int64_t)(tdist__now_ns() / 1000000ull); }
 
+/* The coarse clock's tick in ns (0: no coarse clock), read once. */
+static uint64_t coarse_tick_ns(void)
+{
+    static _Atomic int64_t tick = -1;
+    int64_t t = atomic_load_explicit(&tick, memory_order_relaxed);
+    if (t < 0) {
+        struct timespec r;
+        t = clock_getres(CLOCK_MONOTONIC_COARSE, &r) == 0 && r.tv_sec == 0 ? r.tv_nsec : 0;
+        atomic_store_explicit(&tick, t, memory_order_relaxed);
+    }
+    return (uint64_t)t;
+}
+
+/* Every blocking collective computes a deadline, most never need it: the
+ * coarse clock costs a third of CLOCK_MONOTONIC (7 vs 23 ns on the test
+ * VM). It lags CLOCK_MONOTONIC by less than one tick, so adding a tick
+ * makes the deadline never early and at most one tick (1-4 ms) late; only
+ * for timeouts of a second or more, where that is noise (a wait(0) must
+ * still mean "now"). */
 int64_t tdist__deadline_ms(int64_t timeout_ms)
 {
     if (timeout_ms < 0) return INT64_MAX;
-    int64_t now = tdist__now_ms();
+    uint64_t tick = coarse_tick_ns();
+    struct timespec ts;
+    int64_t now;
+    if (timeout_ms >= 1000 && tick > 0 && clock_gettime(CLOCK_MONOTONIC_COARSE, &ts) == 0)
+        now = (int64_t)(((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + tick +
+                         999999ull) / 1000000ull);
+    else
+        now = tdist__now_ms();
     if (timeout_ms > INT64_MAX - now) return INT64_MAX;
     return now + timeout_ms;
 }

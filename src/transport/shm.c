@@ -1059,6 +1059,12 @@ tdist_status_t tdist__shm_wait_until(tdist__tp_t *t, bool (*cond)(void *arg),
      * latency). More ranks than CPUs: yield at once, the peer we wait for
      * may need this CPU. */
     if (spin && !tp->oversubscribed) {
+        /* the first round before the clock: a peer a few hundred ns
+         * behind arrives within it, and the clock costs ~20 ns */
+        for (int i = 0; i < SPIN_ROUNDS; i++) {
+            cpu_relax();
+            if (cond(arg)) return TDIST_OK;
+        }
         uint64_t spin_end = tdist__now_ns() + COLL_SPIN_NS;
         for (;;) {
             for (int i = 0; i < SPIN_ROUNDS; i++) {
