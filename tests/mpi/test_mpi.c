@@ -189,6 +189,20 @@ static void no_mpi_body(int rank, int n, void *arg)
 
 TEST(mpi_backend_needs_an_mpi_world, 30) { tdist_test_run_ranks(2, no_mpi_body, NULL); }
 
+/* Run cmd (which writes its output to outp) with system(); the first
+ * cap - 1 bytes of outp into buf (printed, for the test log). Returns
+ * system()'s status. */
+static int shell_capture(const char *cmd, const char *outp, char *buf, size_t cap)
+{
+    int st = system(cmd);
+    FILE *f = fopen(outp, "r");
+    size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
+    buf[n] = '\0';
+    if (f) fclose(f);
+    printf("%s", buf);
+    return st;
+}
+
 /* tdistrun --backend mpi starts the workers through mpirun with
  * TDIST_BACKEND=mpi: env:// init gives an MPI world and an MPI group. */
 TEST(mpi_tdistrun_backend_mpi, 60)
@@ -204,13 +218,8 @@ TEST(mpi_tdistrun_backend_mpi, 60)
              "timeout -k 5 %d %s/tools/tdistrun/tdistrun --backend mpi --nproc-per-node 3 "
              "%s envinit > '%s' 2>&1",
              asan ? asan : "", asan && *asan ? ":" : "", lim, TDIST_BIN_DIR, PROG, outp);
-    int st = system(cmd);
-    FILE *f = fopen(outp, "r");
-    char buf[1 << 15] = "";
-    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-    buf[n] = '\0';
-    if (f) fclose(f);
-    printf("%s", buf);
+    char buf[1 << 15];
+    int st = shell_capture(cmd, outp, buf, sizeof buf);
     if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0 || !strstr(buf, "MPI_PROG OK envinit"))
         FAIL("tdistrun --backend mpi: exit %d, %s", WIFEXITED(st) ? WEXITSTATUS(st) : -1,
              strstr(buf, "MPI_PROG OK") ? "OK printed" : "no OK line");
@@ -232,13 +241,8 @@ TEST(mpi_other_mpis_launcher_is_refused, 30)
              "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
              "ASAN_OPTIONS='%s%sdetect_leaks=0' timeout -k 5 %d %s matrix > '%s' 2>&1",
              asan ? asan : "", asan && *asan ? ":" : "", lim, PROG, outp);
-    int st = system(cmd);
-    FILE *f = fopen(outp, "r");
-    char buf[1 << 14] = "";
-    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-    buf[n] = '\0';
-    if (f) fclose(f);
-    printf("%s", buf);
+    char buf[1 << 14];
+    int st = shell_capture(cmd, outp, buf, sizeof buf);
     ASSERT_TRUE(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 1);
     ASSERT_CONTAINS(buf, "TDIST_ERR_MISMATCH");
     ASSERT_CONTAINS(buf, "PMI_SIZE=2, but MPI_COMM_WORLD has 1 rank: another MPI's launcher");
