@@ -728,7 +728,8 @@ static void run_tune(tdist_world_t *w)
     }
     ASSERT_EQ(nbc_alg(), want);
     tdist_pg_t *pg = make_pg(w, "mpi", 30000);
-    /* sizes on both sides of the 64 KiB switch, in place and not, coalesced */
+    /* sizes on both sides of the switch-over (4 KiB on 2 ranks, 512 KiB on
+     * 3), in place and not, coalesced */
     static const size_t counts[] = {1000, 16384, 1 << 18};
     for (size_t ci = 0; ci < 3; ci++) {
         size_t c = counts[ci];

@@ -356,16 +356,27 @@ static tdist_status_t monitored_barrier(tdist_pg_t *pg, tdist__mpib_t *b,
  * while MPI runs (scope "all": every process must hold the same value).
  * So, unless the user chose an algorithm (OMPI_MCA_..., mpirun --mca, or
  * the variable already non-zero) or set TDIST_MPI_TUNE=0, the backend posts
- * every MPI_Iallreduce of NBC_RING_MIN bytes or more with the variable at
+ * every MPI_Iallreduce of ring_min(ranks) bytes or more with the variable at
  * "ring" and sets it back to "ignore" (libnbc's own choice) right after,
  * under one process-wide mutex that every MPI_Iallreduce of the backend
  * takes: both ranks of any call see the same value, since the choice
- * depends only on the size, which the fingerprints have checked. What the
+ * depends only on the size and the communicator, which the fingerprints
+ * have checked. The ring's 2(n-1) steps cost latency, so the switch-over
+ * grows with the ranks (measured, ompi-i with and without the ring, same
+ * session: 2 ranks ring faster from 4 KiB, 3 ranks from 1 MiB (equal at
+ * 256 KiB), 4 ranks from 4 MiB (12 % slower at 1 MiB)). What the
  * mutex cannot cover: a thread of the application posting its own
  * MPI_Iallreduce in that same instant (docs/mpi.md). */
 #define NBC_VAR "coll_libnbc_iallreduce_algorithm"
 #define NBC_RING 1
-#define NBC_RING_MIN ((size_t)64 << 10)
+
+/* Smallest MPI_Iallreduce (bytes) run as libnbc's ring on n ranks. */
+static size_t ring_min(int n)
+{
+    if (n <= 2) return (size_t)4 << 10;
+    if (n == 3) return (size_t)512 << 10;
+    return (size_t)2 << 20;
+}
 
 static struct {
     pthread_mutex_t mu;
@@ -410,7 +421,9 @@ static int iallreduce(const void *s, void *d, int k, MPI_Datatype t, MPI_Op op, 
     pthread_once(&nbc_once, nbc_init);
     if (!nbc.on) return MPI_Iallreduce(s, d, k, t, op, c, r);
     int ring = NBC_RING, dflt = 0;
-    bool tune = bytes >= NBC_RING_MIN;
+    int n = 0;
+    MPI_Comm_size(c, &n);
+    bool tune = bytes >= ring_min(n);
     pthread_mutex_lock(&nbc.mu);
     if (tune) MPI_T_cvar_write(nbc.h, &ring);
     int rc = MPI_Iallreduce(s, d, k, t, op, c, r);
