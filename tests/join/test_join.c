@@ -257,7 +257,9 @@ static void throw_body(int rank, int n, void *arg)
             }
         ASSERT_CONTAINS(msg, "tdist_join_");
         ASSERT_CONTAINS(msg, "group world");
-        ASSERT_TRUE(p == 1.0 - 0.1 * first_out); /* no update after the failure */
+        double want = 1.0; /* no update after the failure: first_out steps, same arithmetic */
+        for (int k = 0; k < first_out; k++) want -= 0.1 * 1.0;
+        if (p != want) FAIL("p = %.17g after the failure, want %.17g (%d steps)", p, want, first_out);
     } else {
         ASSERT_EQ(failed_at, -1);
     }
@@ -269,7 +271,7 @@ static void throw_body(int rank, int n, void *arg)
     tdist_world_destroy(w);
 }
 
-TEST(join_throw_on_early_termination, 60)
+TEST(join_throw_on_early_termination, 90)
 {
     throw_case_t a = {.n = 3, .counts = {3, 1, 3}};
     tdist_test_run_ranks(3, throw_body, &a);
@@ -279,6 +281,8 @@ TEST(join_throw_on_early_termination, 60)
     tdist_test_run_ranks(4, throw_body, &c);
     throw_case_t d = {.n = 2, .counts = {2, 2}}; /* even: no error */
     tdist_test_run_ranks(2, throw_body, &d);
+    throw_case_t e = {.n = 8, .counts = {5, 3, 6, 3, 7, 4, 5, 6}}; /* ranks 1 and 3 run out */
+    tdist_test_run_ranks(8, throw_body, &e);
 }
 
 /* --------------------------------------------------- enable = false */
@@ -355,7 +359,12 @@ static void disabled_body(int rank, int n, void *arg)
     tdist_world_destroy(w);
 }
 
-TEST(join_disabled_is_no_join, 60) { tdist_test_run_ranks(2, disabled_body, NULL); }
+TEST(join_disabled_is_no_join, 90)
+{
+    static const int sizes[] = {2, 3, 4, 8};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        tdist_test_run_ranks(sizes[i], disabled_body, NULL);
+}
 
 /* --------------------------------------------------------- arguments */
 
