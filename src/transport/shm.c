@@ -1059,19 +1059,18 @@ tdist_status_t tdist__shm_wait_until(tdist__tp_t *t, bool (*cond)(void *arg),
      * latency). More ranks than CPUs: yield at once, the peer we wait for
      * may need this CPU. */
     if (spin && !tp->oversubscribed) {
-        /* the first round before the clock: a peer a few hundred ns
-         * behind arrives within it, and the clock costs ~20 ns */
-        for (int i = 0; i < SPIN_ROUNDS; i++) {
-            cpu_relax();
-            if (cond(arg)) return TDIST_OK;
-        }
-        uint64_t spin_end = tdist__now_ns() + COLL_SPIN_NS;
-        for (;;) {
+        /* the clock (~20 ns) is read only after the first round: a peer a
+         * few hundred ns behind arrives within it */
+        for (uint64_t spin_end = 0;;) {
             for (int i = 0; i < SPIN_ROUNDS; i++) {
                 cpu_relax();
                 if (cond(arg)) return TDIST_OK;
             }
-            if (tdist__now_ns() >= spin_end) break;
+            uint64_t now = tdist__now_ns();
+            if (!spin_end)
+                spin_end = now + COLL_SPIN_NS;
+            else if (now >= spin_end)
+                break;
         }
     }
     uint64_t start = tdist__now_ns();

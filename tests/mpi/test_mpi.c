@@ -44,6 +44,31 @@ typedef struct run {
     char *out;    /* stdout + stderr of mpirun and its ranks (malloc'd) */
 } run_t;
 
+/* The whole of file path (malloc'd; "(no output)" when it cannot be read). */
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        char *none = strdup("(no output)");
+        ASSERT_TRUE(none != NULL);
+        return none;
+    }
+    size_t cap = 1 << 16, len = 0, k;
+    char *out = malloc(cap + 1);
+    ASSERT_TRUE(out != NULL);
+    while ((k = fread(out + len, 1, cap - len, f)) > 0) {
+        len += k;
+        if (len == cap) {
+            cap *= 2;
+            out = realloc(out, cap + 1);
+            ASSERT_TRUE(out != NULL);
+        }
+    }
+    out[len] = '\0';
+    fclose(f);
+    return out;
+}
+
 /* Run `mpirun -np np tdist_mpi_prog scenario` bounded by limit_s. */
 static run_t mpi_run(int np, const char *scenario, int limit_s, const char *env)
 {
@@ -64,25 +89,7 @@ static run_t mpi_run(int np, const char *scenario, int limit_s, const char *env)
     int st = system(cmd);
     r.ms = tdist_test_now_ms() - t0;
     if (st != -1 && WIFEXITED(st)) r.code = WEXITSTATUS(st);
-    FILE *f = fopen(outp, "r");
-    if (f) {
-        size_t cap = 1 << 16, len = 0;
-        r.out = malloc(cap + 1);
-        ASSERT_TRUE(r.out != NULL);
-        size_t k;
-        while ((k = fread(r.out + len, 1, cap - len, f)) > 0) {
-            len += k;
-            if (len == cap) {
-                cap *= 2;
-                r.out = realloc(r.out, cap + 1);
-                ASSERT_TRUE(r.out != NULL);
-            }
-        }
-        r.out[len] = '\0';
-        fclose(f);
-    } else {
-        r.out = strdup("(no output)");
-    }
+    r.out = slurp(outp);
     printf("---- mpirun -np %d %s: exit %d after %.0f ms ----\n%s---- end ----\n", np, scenario,
            r.code, r.ms, r.out);
     fflush(stdout);
@@ -189,17 +196,13 @@ static void no_mpi_body(int rank, int n, void *arg)
 
 TEST(mpi_backend_needs_an_mpi_world, 30) { tdist_test_run_ranks(2, no_mpi_body, NULL); }
 
-/* Run cmd (which writes its output to outp) with system(); the first
- * cap - 1 bytes of outp into buf (printed, for the test log). Returns
- * system()'s status. */
-static int shell_capture(const char *cmd, const char *outp, char *buf, size_t cap)
+/* Run cmd (which writes its output to outp) with system(); *out gets that
+ * output (malloc'd), printed for the test log. Returns system()'s status. */
+static int shell_capture(const char *cmd, const char *outp, char **out)
 {
     int st = system(cmd);
-    FILE *f = fopen(outp, "r");
-    size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
-    buf[n] = '\0';
-    if (f) fclose(f);
-    printf("%s", buf);
+    *out = slurp(outp);
+    printf("%s", *out);
     return st;
 }
 
@@ -218,12 +221,13 @@ TEST(mpi_tdistrun_backend_mpi, 60)
              "timeout -k 5 %d %s/tools/tdistrun/tdistrun --backend mpi --nproc-per-node 3 "
              "%s envinit > '%s' 2>&1",
              asan ? asan : "", asan && *asan ? ":" : "", lim, TDIST_BIN_DIR, PROG, outp);
-    char buf[1 << 15];
-    int st = shell_capture(cmd, outp, buf, sizeof buf);
+    char *buf;
+    int st = shell_capture(cmd, outp, &buf);
     if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0 || !strstr(buf, "MPI_PROG OK envinit"))
         FAIL("tdistrun --backend mpi: exit %d, %s", WIFEXITED(st) ? WEXITSTATUS(st) : -1,
              strstr(buf, "MPI_PROG OK") ? "OK printed" : "no OK line");
     ASSERT_CONTAINS(buf, "tdistrun: backend mpi: starting 3 workers with");
+    free(buf);
 }
 
 /* A launcher of another MPI (here faked: PMI_SIZE=2, as MPICH's Hydra sets,
@@ -241,10 +245,11 @@ TEST(mpi_other_mpis_launcher_is_refused, 30)
              "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
              "ASAN_OPTIONS='%s%sdetect_leaks=0' timeout -k 5 %d %s matrix > '%s' 2>&1",
              asan ? asan : "", asan && *asan ? ":" : "", lim, PROG, outp);
-    char buf[1 << 14];
-    int st = shell_capture(cmd, outp, buf, sizeof buf);
+    char *buf;
+    int st = shell_capture(cmd, outp, &buf);
     ASSERT_TRUE(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 1);
     ASSERT_CONTAINS(buf, "TDIST_ERR_MISMATCH");
     ASSERT_CONTAINS(buf, "PMI_SIZE=2, but MPI_COMM_WORLD has 1 rank: another MPI's launcher");
     ASSERT_TRUE(strstr(buf, "MPI_PROG OK") == NULL);
+    free(buf);
 }
