@@ -154,6 +154,15 @@ tdist_status_t tdist__shmc_exchange(const tdist__coll_ctx_t *c, const void *blob
                                     const void *aux, size_t aux_len, const uint8_t **blobs,
                                     size_t *lens);
 
+/* An exchange written in place, without staging copies: tdist__shmc_begin
+ * gives this rank's blob (TDIST__SHMC_BLOB_MAX bytes) and *aux
+ * (TDIST__SHMC_AUX_MAX bytes) of its next exchange, to fill; then
+ * tdist__shmc_post publishes len and aux_len bytes of them, and
+ * tdist__shmc_gather waits as tdist__shmc_exchange does. */
+uint8_t *tdist__shmc_begin(const tdist__coll_ctx_t *c, uint8_t **aux);
+void tdist__shmc_post(const tdist__coll_ctx_t *c, size_t len, size_t aux_len);
+tdist_status_t tdist__shmc_gather(const tdist__coll_ctx_t *c, const uint8_t **blobs, size_t *lens);
+
 /* The two halves of an exchange, for a protocol in which only some ranks
  * read: publish this rank's blob for the next exchange (no wait), and
  * read rank r's blob of the current exchange if it has published it

@@ -220,19 +220,33 @@ static void publish(const tdist__coll_ctx_t *c, atomic_uint_least64_t *ctr, uint
 
 /* ------------------------------------------------------------ exchange */
 
+uint8_t *tdist__shmc_begin(const tdist__coll_ctx_t *c, uint8_t **aux)
+{
+    tdist__shmc_t *s = c->shm;
+    line_t *mine = line_of(s, s->rank, s->line_seq + 1);
+    if (aux) *aux = mine->aux;
+    return mine->blob;
+}
+
+void tdist__shmc_post(const tdist__coll_ctx_t *c, size_t len, size_t aux_len)
+{
+    tdist__shmc_t *s = c->shm;
+    uint64_t seq = ++s->line_seq;
+    line_t *mine = line_of(s, s->rank, seq);
+    mine->len = (uint32_t)TDIST_MIN(len, (size_t)TDIST__SHMC_BLOB_MAX);
+    mine->aux_len = (uint32_t)TDIST_MIN(aux_len, (size_t)TDIST__SHMC_AUX_MAX);
+    publish(c, &mine->seq, seq);
+}
+
 void tdist__shmc_publish(const tdist__coll_ctx_t *c, const void *blob, size_t len,
                          const void *aux, size_t aux_len)
 {
-    tdist__shmc_t *s = c->shm;
     if (len > TDIST__SHMC_BLOB_MAX) len = TDIST__SHMC_BLOB_MAX;
     if (aux_len > TDIST__SHMC_AUX_MAX) aux_len = TDIST__SHMC_AUX_MAX;
-    uint64_t seq = ++s->line_seq;
-    line_t *mine = line_of(s, s->rank, seq);
-    if (len) memcpy(mine->blob, blob, len);
-    if (aux_len) memcpy(mine->aux, aux, aux_len);
-    mine->len = (uint32_t)len;
-    mine->aux_len = (uint32_t)aux_len;
-    publish(c, &mine->seq, seq);
+    uint8_t *aux_to = NULL, *blob_to = tdist__shmc_begin(c, &aux_to);
+    if (len) memcpy(blob_to, blob, len);
+    if (aux_len) memcpy(aux_to, aux, aux_len);
+    tdist__shmc_post(c, len, aux_len);
 }
 
 const uint8_t *tdist__shmc_peek(const tdist__coll_ctx_t *c, int r, size_t *len)
@@ -272,11 +286,16 @@ tdist_status_t tdist__shmc_exchange(const tdist__coll_ctx_t *c, const void *blob
                                     const void *aux, size_t aux_len, const uint8_t **blobs,
                                     size_t *lens)
 {
-    tdist__shmc_t *s = c->shm;
     if (len > TDIST__SHMC_BLOB_MAX || aux_len > TDIST__SHMC_AUX_MAX)
         return tdist__error(TDIST_ERR_INTERNAL, "shm exchange: blob of %zu / aux of %zu bytes",
                             len, aux_len);
     tdist__shmc_publish(c, blob, len, aux, aux_len);
+    return tdist__shmc_gather(c, blobs, lens);
+}
+
+tdist_status_t tdist__shmc_gather(const tdist__coll_ctx_t *c, const uint8_t **blobs, size_t *lens)
+{
+    tdist__shmc_t *s = c->shm;
     uint64_t seq = s->line_seq;
     TDIST_CHECK(wait_for(c, W_LINE, seq, -1));
     for (int r = 0; r < s->size; r++) {

@@ -126,7 +126,7 @@ tdist_status_t tdist_broadcast(tdist_pg_t *pg, void *buf, size_t count, tdist_dt
     TDIST_CHECK(chk_root(fn, pg, root));
     TDIST_CHECK(chk_size(fn, pg, count, 1, dtype, "buf"));
     TDIST_CHECK(chk_buf(fn, pg, buf, count, "buf"));
-    struct tdist_work *w = tdist__work_new(TDIST__OP_BROADCAST, opts);
+    struct tdist_work sw, *w = tdist__work_on_stack(&sw, TDIST__OP_BROADCAST, opts, work);
     if (!w) return no_mem(fn);
     w->recvbuf = buf;
     w->sendbuf = buf;
@@ -147,8 +147,18 @@ tdist_status_t tdist_all_reduce(tdist_pg_t *pg, const void *sendbuf, void *recvb
     TDIST_CHECK(chk_size(fn, pg, count, 1, dtype, "buffers"));
     TDIST_CHECK(chk_buf(fn, pg, sendbuf, count, "sendbuf"));
     TDIST_CHECK(chk_buf(fn, pg, recvbuf, count, "recvbuf"));
-    struct tdist_work *w = new_work(TDIST__OP_ALL_REDUCE, opts, sendbuf, recvbuf, count, dtype);
+    if (!work && !(opts && opts->on_complete)) {
+        tdist_status_t st;
+        if (tdist__pg_tiny_all_reduce(pg, sendbuf, recvbuf, count, dtype, op,
+                                      opts ? opts->timeout_ms : -1, &st))
+            return st;
+    }
+    struct tdist_work sw, *w = tdist__work_on_stack(&sw, TDIST__OP_ALL_REDUCE, opts, work);
     if (!w) return no_mem(fn);
+    w->sendbuf = sendbuf;
+    w->recvbuf = recvbuf;
+    w->count = count;
+    w->dtype = dtype;
     w->redop = op;
     return tdist__pg_submit(pg, w, work);
 }
@@ -341,7 +351,7 @@ tdist_status_t tdist_barrier(tdist_pg_t *pg, const tdist_coll_opts_t *opts, tdis
 {
     static const char *fn = "tdist_barrier";
     TDIST_CHECK(chk_common(fn, pg, opts));
-    struct tdist_work *w = tdist__work_new(TDIST__OP_BARRIER, opts);
+    struct tdist_work sw, *w = tdist__work_on_stack(&sw, TDIST__OP_BARRIER, opts, work);
     if (!w) return no_mem(fn);
     return tdist__pg_submit(pg, w, work);
 }

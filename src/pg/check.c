@@ -76,6 +76,22 @@ static bool has_dtype(tdist__op_t op)
     return op != TDIST__OP_BARRIER && op != TDIST__OP_MONITORED_BARRIER;
 }
 
+void tdist__fp_init(tdist__fp_t *fp, tdist__op_t op, uint64_t uid_hash, uint64_t seq,
+                    tdist_dtype_t dtype, int root, tdist_redop_t redop, size_t count,
+                    uint32_t flags)
+{
+    memset(fp, 0, sizeof *fp);
+    fp->flags = flags;
+    fp->magic = TDIST__FP_MAGIC;
+    fp->op = (uint32_t)op;
+    fp->uid_hash = uid_hash;
+    fp->seq = seq;
+    fp->dtype = has_dtype(op) ? (int32_t)dtype : -1;
+    fp->root = has_root(op) ? root : -1;
+    fp->redop = has_redop(op) ? (int32_t)redop : -1;
+    fp->count = count;
+}
+
 void tdist__fp_common(const struct tdist_work *w, uint64_t uid_hash, tdist__fp_t *fp)
 {
     if (w->fp_override) { /* a shadow collective says exactly what it answers */
@@ -83,15 +99,8 @@ void tdist__fp_common(const struct tdist_work *w, uint64_t uid_hash, tdist__fp_t
         fp->send_to_you = fp->recv_from_you = 0;
         return;
     }
-    memset(fp, 0, sizeof *fp);
-    fp->flags = w->fp_flags;
-    fp->magic = TDIST__FP_MAGIC;
-    fp->op = (uint32_t)w->op;
-    fp->uid_hash = uid_hash;
-    fp->seq = w->seq;
-    fp->dtype = has_dtype(w->op) ? (int32_t)w->dtype : -1;
-    fp->root = has_root(w->op) ? w->root : -1;
-    fp->redop = has_redop(w->op) ? (int32_t)w->redop : -1;
+    tdist__fp_init(fp, w->op, uid_hash, w->seq, w->dtype, w->root, w->redop, w->count,
+                   w->fp_flags);
     switch (w->op) {
     case TDIST__OP_ALL_GATHERV: {
         uint64_t total = 0;

@@ -78,10 +78,8 @@ static struct tdist_work *work_alloc(void)
     return w;
 }
 
-struct tdist_work *tdist__work_new(tdist__op_t op, const tdist_coll_opts_t *opts)
+static void work_init(struct tdist_work *w, tdist__op_t op, const tdist_coll_opts_t *opts)
 {
-    struct tdist_work *w = work_alloc();
-    if (!w) return NULL;
     atomic_init(&w->refs, 2);
     atomic_init(&w->status, TDIST_INPROGRESS);
     w->op = op;
@@ -94,19 +92,44 @@ struct tdist_work *tdist__work_new(tdist__op_t op, const tdist_coll_opts_t *opts
         w->on_complete = opts->on_complete;
         w->user_data = opts->user_data;
     }
+}
+
+struct tdist_work *tdist__work_new(tdist__op_t op, const tdist_coll_opts_t *opts)
+{
+    struct tdist_work *w = work_alloc();
+    if (w) work_init(w, op, opts);
     return w;
 }
 
-void tdist__work_release(struct tdist_work *w)
+struct tdist_work *tdist__work_on_stack(struct tdist_work *w, tdist__op_t op,
+                                        const tdist_coll_opts_t *opts, tdist_work_t **work)
 {
-    if (!w) return;
-    if (atomic_fetch_sub(&w->refs, 1) != 1) return;
+    if (work || (opts && opts->on_complete)) return tdist__work_new(op, opts);
+    memset(&w->refs, 0, sizeof *w - offsetof(struct tdist_work, refs));
+    work_init(w, op, opts);
+    w->on_stack = true;
+    return w;
+}
+
+/* What a work owns (copies of the caller's arrays, messages). */
+static void work_free_owned(struct tdist_work *w)
+{
+    if (!w->msg && !w->sendcounts && !w->recvcounts && !w->bufs && !w->counts && !w->p2p_msg)
+        return;
     free(w->msg);
     free(w->sendcounts);
     free(w->recvcounts);
     free(w->bufs);
     free(w->counts);
     free(w->p2p_msg);
+}
+
+void tdist__work_release(struct tdist_work *w)
+{
+    if (!w) return;
+    if (atomic_fetch_sub(&w->refs, 1) != 1) return;
+    work_free_owned(w);
+    if (w->on_stack) return; /* the caller's storage */
     pthread_once(&spare_once, spare_init);
     if (spare_ok && !pthread_getspecific(spare_key) && pthread_setspecific(spare_key, w) == 0)
         return;
@@ -250,11 +273,55 @@ char *tdist__pg_fail(tdist_pg_t *pg, tdist_status_t st, const char *prefix, cons
 /* ------------------------------------------------------------- submission */
 
 static void run_work(tdist_pg_t *pg, struct tdist_work *w);
+static tdist_status_t run_work_status(tdist_pg_t *pg, struct tdist_work *w, char **msg);
+static tdist_status_t work_failed(tdist_pg_t *pg, const struct tdist_work *w, tdist_status_t st,
+                                  char **msg);
+
+/* A work run on the caller's thread is over: the engine may go on. */
+static void end_inline(tdist_pg_t *pg)
+{
+    pthread_mutex_lock(&pg->mu);
+    pg->busy = false;
+    /* Only the engine waits on cv, and only for queued work (or the
+     * stop): waking it after every inline call costs a context switch. */
+    if (pg->head || pg->stop) pthread_cond_broadcast(&pg->cv);
+    pthread_mutex_unlock(&pg->mu);
+}
+
+/* Stack work w is over: free what it owns (nothing, for most calls). */
+static void stack_work_done(struct tdist_work *w)
+{
+    work_free_owned(w);
+}
+
+/* A copy of stack work w on the heap (w's arrays move to it), or NULL. */
+static struct tdist_work *to_heap(struct tdist_work *w)
+{
+    struct tdist_work *h = work_alloc();
+    if (!h) return NULL;
+    memcpy(&h->refs, &w->refs, sizeof *w - offsetof(struct tdist_work, refs));
+    h->on_stack = false;
+    return h;
+}
 
 tdist_status_t tdist__pg_submit(tdist_pg_t *pg, struct tdist_work *w, tdist_work_t **work)
 {
     w->nranks = pg->size;
     pthread_mutex_lock(&pg->mu);
+    if (w->on_stack && (pg->head || pg->busy)) {
+        /* it will wait in the queue, past this call's frame on other
+         * threads' stacks: move it to the heap */
+        pthread_mutex_unlock(&pg->mu);
+        struct tdist_work *h = to_heap(w);
+        if (!h) {
+            atomic_store(&w->refs, 1);
+            tdist__work_release(w);
+            return tdist__error(TDIST_ERR_NO_MEMORY, "rank %d group %s: out of memory",
+                                pg->rank, pg->name);
+        }
+        w = h;
+        pthread_mutex_lock(&pg->mu);
+    }
     if (pg->join_mode != TDIST__JOIN_NONE) {
         tdist_status_t jst = tdist__pg_join_check(pg, w);
         if (jst != TDIST_OK) {
@@ -291,13 +358,18 @@ tdist_status_t tdist__pg_submit(tdist_pg_t *pg, struct tdist_work *w, tdist_work
     pthread_mutex_unlock(&pg->mu);
     if (inline_run) {
         w->inline_run = true;
-        run_work(pg, w);
-        pthread_mutex_lock(&pg->mu);
-        pg->busy = false;
-        /* Only the engine waits on cv, and only for queued work (or the
-         * stop): waking it after every inline call costs a context switch. */
-        if (pg->head || pg->stop) pthread_cond_broadcast(&pg->cv);
-        pthread_mutex_unlock(&pg->mu);
+        char *msg = NULL;
+        if (w->on_stack) /* nobody else sees it: no finish, no wake-up */
+            st = run_work_status(pg, w, &msg);
+        else
+            run_work(pg, w);
+        end_inline(pg);
+        if (w->on_stack) {
+            if (st != TDIST_OK) tdist__error(st, "%s", msg ? msg : "out of memory");
+            free(msg);
+            stack_work_done(w);
+            return st;
+        }
         st = tdist_work_wait(w, -1);
         tdist__work_release(w);
         return st;
@@ -507,21 +579,42 @@ static uint64_t fp_hash(const tdist__fp_t *fp)
     return h;
 }
 
+/* The fingerprint hashes in this exchange's blobs differ: word the
+ * mismatch from every rank's whole fingerprint (aux parts). */
+static tdist_status_t shm_mismatch(tdist_pg_t *pg, const tdist__coll_ctx_t *c,
+                                   const struct tdist_work *w)
+{
+    size_t fps = sizeof(tdist__fp_t);
+    tdist__fp_fill(pg, w);
+    for (int r = 0; r < pg->size; r++) {
+        size_t al = 0;
+        const uint8_t *aux = tdist__shmc_peek_aux(c, r, &al);
+        memset(&pg->fp_theirs[r], 0, fps);
+        if (aux) memcpy(&pg->fp_theirs[r], aux, TDIST_MIN(al, fps));
+    }
+    TDIST_CHECK(tdist__fp_compare(pg));
+    /* equal fingerprints, different hashes: cannot happen */
+    return tdist__error(TDIST_ERR_INTERNAL, "fingerprint hashes differ, fingerprints do not");
+}
+
 static tdist_status_t run_shm(tdist_pg_t *pg, struct tdist_work *w, int64_t deadline_ms)
 {
     tdist__coll_ctx_t c = {.tp = pg->tp, .shm = pg->shm, .spin = w->inline_run,
                            .scratch = &pg->scratch,
                            .rank = pg->rank, .size = pg->size,
                            .deadline_ms = deadline_ms};
-    size_t hs = sizeof(uint64_t), len = hs, fps = sizeof(tdist__fp_t);
-    _Alignas(64) uint8_t blob[TDIST__SHMC_BLOB_MAX];
+    const size_t hs = sizeof(uint64_t), fps = sizeof(tdist__fp_t);
+    size_t es = tdist_dtype_size(w->dtype), bytes = w->count * es, len = hs;
+    /* the exchange line is written in place: the fingerprint into its aux
+     * part, its hash and a tiny payload into the blob every rank reads */
+    uint8_t *aux = NULL, *blob = tdist__shmc_begin(&c, &aux);
     tdist__fp_t fp;
     tdist__fp_common(w, pg->uid_hash, &fp);
     uint64_t h = fp_hash(&fp);
+    memcpy(aux, &fp, fps);
     memcpy(blob, &h, hs);
     bool tiny = shm_tiny(pg, w);
     if (tiny) {
-        size_t bytes = w->count * tdist_dtype_size(w->dtype);
         memcpy(blob + hs, w->sendbuf, bytes);
         if (w->redop == TDIST_PREMUL_SUM)
             TDIST_CHECK(tdist_scale(blob + hs, w->count, w->dtype, w->premul));
@@ -529,51 +622,105 @@ static tdist_status_t run_shm(tdist_pg_t *pg, struct tdist_work *w, int64_t dead
     }
     bool tiny_bcast = shm_tiny_bcast(w);
     if (tiny_bcast && pg->rank == w->root) {
-        size_t bytes = w->count * tdist_dtype_size(w->dtype);
         memcpy(blob + hs, w->recvbuf, bytes);
         len += bytes;
     }
+    tdist__shmc_post(&c, len, fps);
+    /* Only rank 0 collects a monitored barrier (over the transport, to
+     * name who is missing); the line just keeps every rank's exchange
+     * count and shows this call to a rank that issued something else. */
+    if (w->op == TDIST__OP_MONITORED_BARRIER) return TDIST_OK;
     const uint8_t **b = pg->shm_blobs;
-    if (w->op == TDIST__OP_MONITORED_BARRIER) {
-        /* Only rank 0 collects (over the transport, to name who is
-         * missing); the line just keeps every rank's exchange count and
-         * shows this call to a rank that issued something else. */
-        tdist__shmc_publish(&c, blob, len, &fp, fps);
-        return TDIST_OK;
-    }
-    TDIST_CHECK(tdist__shmc_exchange(&c, blob, len, &fp, fps, b, NULL));
+    TDIST_CHECK(tdist__shmc_gather(&c, b, NULL));
     if (pg->check_fp) {
-        bool same = true;
-        for (int r = 0; r < pg->size && same; r++) same = memcmp(b[r], &h, hs) == 0;
-        if (!same) {
-            tdist__fp_fill(pg, w);
-            for (int r = 0; r < pg->size; r++) {
-                size_t al = 0;
-                const uint8_t *aux = tdist__shmc_peek_aux(&c, r, &al);
-                memset(&pg->fp_theirs[r], 0, fps);
-                if (aux) memcpy(&pg->fp_theirs[r], aux, TDIST_MIN(al, fps));
-            }
-            TDIST_CHECK(tdist__fp_compare(pg));
-            /* equal fingerprints, different hashes: cannot happen */
-            return tdist__error(TDIST_ERR_INTERNAL, "fingerprint hashes differ, fingerprints "
-                                "do not");
-        }
+        for (int r = 0; r < pg->size; r++)
+            if (memcmp(b[r], &h, hs) != 0) return shm_mismatch(pg, &c, w);
         if (w->op == TDIST__OP_ALL_TO_ALLV) TDIST_CHECK(tdist__fp_exchange(pg, w, deadline_ms));
     }
     if (w->op == TDIST__OP_BARRIER) return TDIST_OK;
     if (tiny_bcast) {
-        if (pg->rank != w->root)
-            memcpy(w->recvbuf, b[w->root] + hs, w->count * tdist_dtype_size(w->dtype));
+        if (pg->rank != w->root) memcpy(w->recvbuf, b[w->root] + hs, bytes);
         return TDIST_OK;
     }
     if (!tiny) return run_coll(pg, w, deadline_ms);
+    /* in rank order, as every rank does: the same bits everywhere */
     void *out = w->recvbuf;
-    TDIST_CHECK(tdist_reduce(out, b[0] + hs, b[1] + hs, w->count, w->dtype, w->redop));
+    tdist__reduce_unchecked(out, b[0] + hs, b[1] + hs, w->count, w->dtype, w->redop);
     for (int r = 2; r < pg->size; r++)
-        TDIST_CHECK(tdist_reduce(out, out, b[r] + hs, w->count, w->dtype, w->redop));
+        tdist__reduce_unchecked(out, out, b[r] + hs, w->count, w->dtype, w->redop);
     if (w->redop == TDIST_AVG)
         TDIST_CHECK(tdist_divide(out, w->count, w->dtype, w->avg_div > 0 ? w->avg_div : pg->size));
     return TDIST_OK;
+}
+
+bool tdist__pg_tiny_all_reduce(tdist_pg_t *pg, const void *sendbuf, void *recvbuf, size_t count,
+                               tdist_dtype_t dtype, tdist_redop_t op, int64_t timeout_ms,
+                               tdist_status_t *out)
+{
+    const size_t hs = sizeof(uint64_t), fps = sizeof(tdist__fp_t);
+    size_t bytes = count * tdist_dtype_size(dtype);
+    /* what run_shm's tiny branch does, minus the work; anything else (a
+     * scale factor, a Join's divisor and shadowing, a forced algorithm,
+     * fingerprints off) takes the general path */
+    if (!pg->shm || !pg->tp || pg->backend || pg->hier || pg->ar_forced || !pg->check_fp ||
+        count == 0 || bytes > SHM_TINY_MAX || op == TDIST_PREMUL_SUM)
+        return false;
+    pthread_mutex_lock(&pg->mu);
+    if (pg->join_mode != TDIST__JOIN_NONE || pg->head || pg->busy || pg->err != TDIST_OK ||
+        atomic_load(&pg->aborted) || atomic_load(&pg->failed)) {
+        pthread_mutex_unlock(&pg->mu);
+        return false;
+    }
+    uint64_t seq = ++pg->next_seq;
+    pg->busy = true;
+    pthread_mutex_unlock(&pg->mu);
+    seq += pg->seq_shift; /* as run_work does */
+    tdist_clear_error();
+
+    tdist__coll_ctx_t c = {.tp = pg->tp, .shm = pg->shm, .spin = true, .scratch = &pg->scratch,
+                           .rank = pg->rank, .size = pg->size};
+    uint8_t *aux = NULL, *blob = tdist__shmc_begin(&c, &aux);
+    tdist__fp_t fp;
+    tdist__fp_init(&fp, TDIST__OP_ALL_REDUCE, pg->uid_hash, seq, dtype, -1, op, count, 0);
+    uint64_t h = fp_hash(&fp);
+    memcpy(aux, &fp, fps);
+    memcpy(blob, &h, hs);
+    memcpy(blob + hs, sendbuf, bytes);
+    tdist__shmc_post(&c, hs + bytes, fps);
+    /* the deadline is taken while the peers' lines are on their way */
+    c.deadline_ms = tdist__deadline_ms(timeout_ms >= 0 ? timeout_ms : pg->timeout_ms);
+    const uint8_t **b = pg->shm_blobs;
+    tdist_status_t st = tdist__shmc_gather(&c, b, NULL);
+    bool same = true;
+    for (int r = 0; st == TDIST_OK && r < pg->size && same; r++) same = memcmp(b[r], &h, hs) == 0;
+    if (st == TDIST_OK && same) {
+        /* in rank order, as every rank does: the same bits everywhere */
+        tdist__reduce_unchecked(recvbuf, b[0] + hs, b[1] + hs, count, dtype, op);
+        for (int r = 2; r < pg->size; r++)
+            tdist__reduce_unchecked(recvbuf, recvbuf, b[r] + hs, count, dtype, op);
+        if (op == TDIST_AVG) st = tdist_divide(recvbuf, count, dtype, pg->size);
+    }
+    char *msg = NULL;
+    if (st != TDIST_OK || !same) { /* the work only words the failure */
+        struct tdist_work sw, *w = tdist__work_on_stack(&sw, TDIST__OP_ALL_REDUCE, NULL, NULL);
+        w->sendbuf = sendbuf;
+        w->recvbuf = recvbuf;
+        w->count = count;
+        w->dtype = dtype;
+        w->redop = op;
+        w->nranks = pg->size;
+        w->seq = seq;
+        w->timeout_ms = timeout_ms;
+        if (st == TDIST_OK) st = shm_mismatch(pg, &c, w);
+        pg->fp_have = 0;
+        st = work_failed(pg, w, st, &msg);
+        stack_work_done(w);
+    }
+    end_inline(pg);
+    if (st != TDIST_OK) tdist__error(st, "%s", msg ? msg : "out of memory");
+    free(msg);
+    *out = st;
+    return true;
 }
 
 tdist_status_t tdist__pg_run_body(tdist_pg_t *pg, struct tdist_work *w, int64_t timeout_ms,
@@ -611,39 +758,43 @@ static void work_prefix(const tdist_pg_t *pg, const struct tdist_work *w, char *
              (unsigned long long)w->seq, d);
 }
 
-static void run_work(tdist_pg_t *pg, struct tdist_work *w)
+/* Run w; its status, and on failure *msg (malloc'd, caller frees; NULL
+ * when out of memory) says why. */
+static tdist_status_t run_work_status(tdist_pg_t *pg, struct tdist_work *w, char **msg)
 {
     char prefix[400];
+    *msg = NULL;
     if (atomic_load(&pg->aborted)) {
         work_prefix(pg, w, prefix, sizeof prefix);
-        char *m = tdist__asprintf("%s: the group was aborted", prefix);
-        tdist__work_finish(w, TDIST_ERR_ABORTED, m);
-        free(m);
-        return;
+        *msg = tdist__asprintf("%s: the group was aborted", prefix);
+        return TDIST_ERR_ABORTED;
     }
     char *sticky = NULL;
     tdist_status_t st = atomic_load(&pg->failed) ? tdist__pg_sticky(pg, &sticky) : TDIST_OK;
     if (st != TDIST_OK) {
         work_prefix(pg, w, prefix, sizeof prefix);
-        char *m = tdist__asprintf("%s: the group failed earlier: %s", prefix, sticky);
-        tdist__work_finish(w, st, m);
-        free(m);
+        *msg = tdist__asprintf("%s: the group failed earlier: %s", prefix, sticky);
         free(sticky);
-        return;
+        return st;
     }
     int64_t timeout = w->timeout_ms >= 0 ? w->timeout_ms : pg->timeout_ms;
     int64_t deadline = tdist__deadline_ms(timeout);
     tdist_clear_error();
     /* shadow collectives run on a joined rank took sequence numbers */
     w->seq += pg->seq_shift;
-    st = TDIST_OK;
     if (w->shadow_leader > 0) st = tdist__pg_shadow_until(pg, w, deadline);
     if (st == TDIST_OK) st = tdist__pg_run_body(pg, w, timeout, deadline);
     pg->fp_have = 0;
-    if (st == TDIST_OK) {
-        tdist__work_finish(w, TDIST_OK, NULL);
-        return;
-    }
+    if (st == TDIST_OK) return TDIST_OK;
+    return work_failed(pg, w, st, msg);
+}
+
+/* w (which has run) failed with st, tdist_last_error() saying why: record
+ * the group's failure (tdist__pg_fail); *msg the whole message. */
+static tdist_status_t work_failed(tdist_pg_t *pg, const struct tdist_work *w, tdist_status_t st,
+                                  char **msg)
+{
+    char prefix[400];
     work_prefix(pg, w, prefix, sizeof prefix);
     if (atomic_load(&pg->aborted) && st != TDIST_ERR_MISMATCH) st = TDIST_ERR_ABORTED;
     char *cause = tdist__strdup(st == TDIST_ERR_ABORTED && !tdist_last_error()[0]
@@ -654,11 +805,19 @@ static void run_work(tdist_pg_t *pg, struct tdist_work *w)
         cause = tdist__asprintf("the group was aborted (tdist_pg_abort or destroy) on rank %d",
                                 pg->rank);
     }
-    char *msg = tdist__pg_fail(pg, st, prefix, cause ? cause : "unknown cause");
-    TDIST_LOGD("%s", msg ? msg : prefix);
-    tdist__work_finish(w, st, msg ? msg : prefix);
-    free(msg);
+    *msg = tdist__pg_fail(pg, st, prefix, cause ? cause : "unknown cause");
+    TDIST_LOGD("%s", *msg ? *msg : prefix);
+    if (!*msg) *msg = tdist__strdup(prefix);
     free(cause);
+    return st;
+}
+
+static void run_work(tdist_pg_t *pg, struct tdist_work *w)
+{
+    char *msg = NULL;
+    tdist_status_t st = run_work_status(pg, w, &msg);
+    tdist__work_finish(w, st, msg);
+    free(msg);
 }
 
 static void *engine_main(void *arg)

@@ -104,6 +104,7 @@ struct tdist_work {
     void (*on_complete)(tdist_status_t status, void *user_data);
     void *user_data;
     bool inline_run;    /* run on the caller's thread: nobody waits on cv */
+    bool on_stack;      /* the caller's storage (tdist__work_on_stack) */
     /* Join (rule 4), snapshot of the group's join state at submit */
     uint32_t fp_flags;  /* TDIST__FP_* of this call */
     int avg_div;        /* AVG divides by this (0: the group size) */
@@ -235,6 +236,11 @@ uint64_t tdist__fnv1a(uint64_t h, const void *data, size_t len);
 void tdist__fp_fill(tdist_pg_t *pg, const struct tdist_work *w);
 /* The common part of w's fingerprint (per-peer fields zero). */
 void tdist__fp_common(const struct tdist_work *w, uint64_t uid_hash, tdist__fp_t *fp);
+/* The common part of a fingerprint from its fields (fields the op does not
+ * have become -1, as in tdist__fp_common; count as given). */
+void tdist__fp_init(tdist__fp_t *fp, tdist__op_t op, uint64_t uid_hash, uint64_t seq,
+                    tdist_dtype_t dtype, int root, tdist_redop_t redop, size_t count,
+                    uint32_t flags);
 /* Exchange fingerprints with every peer and compare them; TDIST_OK or
  * TDIST_ERR_MISMATCH (message identical on every rank) or the
  * transport's error. */
@@ -250,10 +256,25 @@ bool tdist__fp_common_equal(const tdist__fp_t *a, const tdist__fp_t *b);
 /* --------------------------------------------------------------- engine.c */
 
 struct tdist_work *tdist__work_new(tdist__op_t op, const tdist_coll_opts_t *opts);
+/* For a blocking call without a callback (work NULL, no on_complete): w
+ * itself, initialised, living in the caller's frame; tdist__pg_submit runs
+ * it on the caller's thread without a heap work, a finish or a wake-up,
+ * and moves it to the heap if it has to queue. Otherwise a new heap work
+ * (NULL when out of memory). */
+struct tdist_work *tdist__work_on_stack(struct tdist_work *w, tdist__op_t op,
+                                        const tdist_coll_opts_t *opts, tdist_work_t **work);
 void tdist__work_release(struct tdist_work *w);
 /* Finish w with st (msg may be NULL on success): call on_complete, wake
  * waiters, drop the engine's reference. */
 void tdist__work_finish(struct tdist_work *w, tdist_status_t st, const char *msg);
+/* The fast path of a blocking tiny all_reduce (engine.c): on an idle
+ * shared-memory group outside a Join, run it on the caller's thread
+ * straight through the exchange line, without a work; *st is its result
+ * and true is returned. false: not eligible here, nothing was done (the
+ * caller takes the general path). */
+bool tdist__pg_tiny_all_reduce(tdist_pg_t *pg, const void *sendbuf, void *recvbuf, size_t count,
+                               tdist_dtype_t dtype, tdist_redop_t op, int64_t timeout_ms,
+                               tdist_status_t *st);
 /* Queue w (owned by the engine from now on) and return it to the caller
  * (async), or wait for it (work == NULL). Assigns the sequence number. */
 tdist_status_t tdist__pg_submit(tdist_pg_t *pg, struct tdist_work *w, tdist_work_t **work);

@@ -202,6 +202,81 @@ TEST(pg_mismatch_all_to_allv_pairwise, 30)
                        "expects 1 from rank 0");
 }
 
+/* Blocking calls without a callback, a few elements: on shared memory the
+ * all_reduces take the work-less fast path; the message, its timing and
+ * stickiness must be those of the general path. */
+typedef enum mm_tiny { MMT_REDOP, MMT_VS_BROADCAST, MMT_VS_BARRIER } mm_tiny_t;
+
+typedef struct mm_tiny_arg {
+    mm_tiny_t c;
+    const char *want;
+} mm_tiny_arg_t;
+
+static void mm_tiny_body(int rank, int n, void *arg)
+{
+    const mm_tiny_arg_t *a = arg;
+    tdist_world_t *w;
+    tdist_pg_t *pg = open_world(&w, 30000);
+    float buf[2] = {1, 2}, out[2];
+    for (int i = 0; i < 3; i++) { /* the fast path itself works */
+        ASSERT_OK(tdist_all_reduce(pg, buf, out, 2, TDIST_F32, TDIST_SUM, NULL, NULL));
+        ASSERT_EQ(out[1], (float)(2 * n));
+    }
+    bool odd = rank == n - 1;
+    double t0 = tdist_test_now_ms();
+    tdist_status_t st;
+    if (!odd)
+        st = tdist_all_reduce(pg, buf, out, 2, TDIST_F32, TDIST_SUM, NULL, NULL);
+    else if (a->c == MMT_REDOP)
+        st = tdist_all_reduce(pg, buf, out, 2, TDIST_F32, TDIST_MAX, NULL, NULL);
+    else if (a->c == MMT_VS_BROADCAST)
+        st = tdist_broadcast(pg, buf, 2, TDIST_F32, 0, NULL, NULL);
+    else
+        st = tdist_barrier(pg, NULL, NULL);
+    double dt = tdist_test_now_ms() - t0;
+    ASSERT_STATUS(st, TDIST_ERR_MISMATCH);
+    const char *m = tdist_last_error();
+    ASSERT_CONTAINS(m, a->want);
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "rank %d group world seq 4 ", rank);
+    ASSERT_CONTAINS(m, prefix);
+    const char *common = strstr(m, "collective mismatch:");
+    ASSERT_TRUE(common != NULL);
+    snprintf(g_mm->msg[rank], sizeof g_mm->msg[rank], "%s", common);
+    if (dt > 1000) FAIL("mismatch took %.0f ms to report (limit 1000 ms)", dt);
+    /* sticky: the next call (the fast path's too) fails at once */
+    ASSERT_STATUS(tdist_all_reduce(pg, buf, out, 2, TDIST_F32, TDIST_SUM, NULL, NULL),
+                  TDIST_ERR_MISMATCH);
+    ASSERT_CONTAINS(tdist_last_error(), "failed earlier");
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
+}
+
+static void run_mm_tiny(int n, mm_tiny_t c, const char *want)
+{
+    g_mm = shared_alloc(sizeof *g_mm);
+    mm_tiny_arg_t a = {c, want};
+    tdist_test_run_ranks(n, mm_tiny_body, &a);
+    for (int r = 1; r < n; r++)
+        if (strcmp(g_mm->msg[r], g_mm->msg[0]) != 0)
+            FAIL("rank %d reported \"%s\" but rank 0 \"%s\"", r, g_mm->msg[r], g_mm->msg[0]);
+    munmap(g_mm, sizeof *g_mm);
+}
+
+TEST(pg_mismatch_blocking_tiny_redop, 30)
+{
+    run_mm_tiny(3, MMT_REDOP, "rank 0 all_reduce(f32, 2, sum) vs rank 2 all_reduce(f32, 2, max)");
+}
+TEST(pg_mismatch_blocking_tiny_vs_broadcast, 30)
+{
+    run_mm_tiny(2, MMT_VS_BROADCAST,
+                "rank 0 all_reduce(f32, 2, sum) vs rank 1 broadcast(f32, 2, root 0)");
+}
+TEST(pg_mismatch_blocking_tiny_vs_barrier, 30)
+{
+    run_mm_tiny(4, MMT_VS_BARRIER, "rank 0 all_reduce(f32, 2, sum) vs rank 3 barrier");
+}
+
 /* --------------------------------------------------------- peer deaths */
 
 typedef enum death { D_KILL, D_TERM, D_EXIT0, D_EXIT1, D_ABORT, D_STOP } death_t;
@@ -221,6 +296,7 @@ typedef struct death_arg {
     int64_t timeout_ms;
     death_shared_t *sh;
     bool async; /* 4 outstanding works per iteration instead of one blocking call */
+    int count;  /* elements per all_reduce (0: 4096; 2: the tiny fast path on shm) */
 } death_arg_t;
 
 /* 4 async all_reduces, then wait for all; TDIST_OK or the first error
@@ -264,8 +340,8 @@ static void death_body(int rank, int n, void *arg)
     death_arg_t *a = arg;
     tdist_world_t *w;
     tdist_pg_t *pg = open_world(&w, a->timeout_ms);
-    enum { CNT = 4096 };
-    float *in = malloc(CNT * sizeof(float)), *out = malloc(4 * CNT * sizeof(float));
+    const int CNT = a->count > 0 ? a->count : 4096;
+    float *in = malloc((size_t)CNT * sizeof(float)), *out = malloc(4 * (size_t)CNT * sizeof(float));
     ASSERT_TRUE(in && out);
     for (int i = 0; i < CNT; i++) in[i] = (float)(rank + 1);
     double limit = tdist_test_now_ms() + 20000 * tdist_test_timeout_mult();
@@ -313,10 +389,10 @@ static void death_body(int rank, int n, void *arg)
     tdist_world_destroy(w);
 }
 
-static void run_death_x(int n, int victim, death_t how, int64_t timeout_ms, bool async)
+static void run_death_n(int n, int victim, death_t how, int64_t timeout_ms, bool async, int count)
 {
     death_shared_t *sh = shared_alloc(sizeof *sh);
-    death_arg_t a = {how, victim, timeout_ms, sh, async};
+    death_arg_t a = {how, victim, timeout_ms, sh, async, count};
     tdist_ranks_opts_t o;
     tdist_ranks_opts_init(&o, n);
     o.kill_others_after_ms = -1; /* the victim's end is expected */
@@ -345,6 +421,11 @@ static void run_death_x(int n, int victim, death_t how, int64_t timeout_ms, bool
     munmap(sh, sizeof *sh);
 }
 
+static void run_death_x(int n, int victim, death_t how, int64_t timeout_ms, bool async)
+{
+    run_death_n(n, victim, how, timeout_ms, async, 0);
+}
+
 static void run_death(int n, int victim, death_t how, int64_t timeout_ms)
 {
     run_death_x(n, victim, how, timeout_ms, false);
@@ -357,6 +438,12 @@ TEST(pg_peer_exit0_fails_others, 40) { run_death(3, 2, D_EXIT0, 3000); }
 TEST(pg_peer_exit1_fails_others, 40) { run_death(3, 0, D_EXIT1, 3000); }
 TEST(pg_peer_abort_fails_others, 40) { run_death(4, 3, D_ABORT, 3000); }
 TEST(pg_peer_sigstop_fails_others_at_timeout, 40) { run_death(3, 1, D_STOP, 2000); }
+/* blocking 2-element all_reduces: on shared memory, the work-less fast path */
+TEST(pg_peer_sigkill_fails_others_tiny_blocking, 40) { run_death_n(4, 2, D_KILL, 3000, false, 2); }
+TEST(pg_peer_sigstop_fails_others_at_timeout_tiny_blocking, 40)
+{
+    run_death_n(3, 1, D_STOP, 2000, false, 2);
+}
 
 /* ------------------------------------------------------------- abort */
 
