@@ -566,16 +566,24 @@ static bool shm_tiny_bcast(const struct tdist_work *w)
            w->count * tdist_dtype_size(w->dtype) <= SHM_TINY_MAX;
 }
 
+/* The line's 64-bit stand-in for a fingerprint: sum of its words, each
+ * times its own odd constant. A difference in any one word always changes
+ * it (an odd multiplier is invertible mod 2^64); differences in several
+ * cancel with probability about 2^-64. The multiplies are independent, so
+ * it costs a few cycles of latency, not a chain of ten. */
 static uint64_t fp_hash(const tdist__fp_t *fp)
 {
-    _Static_assert(sizeof(tdist__fp_t) % 8 == 0, "fingerprint of whole words");
-    uint64_t h = 0x9e3779b97f4a7c15ull, wds[sizeof(tdist__fp_t) / 8];
-    memcpy(wds, fp, sizeof wds);
-    for (size_t i = 0; i < sizeof wds / 8; i++) {
-        h ^= wds[i];
-        h *= 0xff51afd7ed558ccdull;
-        h ^= h >> 32;
-    }
+    static const uint64_t m[] = {
+        0x3cc04026ff2218f3ull, 0xb1545fbc0781bf83ull, 0x21414522c6e07da7ull,
+        0x0ace59957aa4a9a1ull, 0x9ef717a4709e7127ull, 0x5acaf58aab68ce59ull,
+        0xb48043a646d31849ull, 0x1e926c902f1af58bull, 0x524cff5480dd4c83ull,
+        0x8f872a6532f12893ull,
+    };
+    _Static_assert(sizeof(tdist__fp_t) == sizeof m, "one constant per fingerprint word");
+    uint64_t w[sizeof m / sizeof m[0]];
+    memcpy(w, fp, sizeof w);
+    uint64_t h = 0;
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) h += w[i] * m[i];
     return h;
 }
 
@@ -610,7 +618,7 @@ static tdist_status_t run_shm(tdist_pg_t *pg, struct tdist_work *w, int64_t dead
     uint8_t *aux = NULL, *blob = tdist__shmc_begin(&c, &aux);
     tdist__fp_t fp;
     tdist__fp_common(w, pg->uid_hash, &fp);
-    uint64_t h = fp_hash(&fp);
+    uint64_t h = pg->check_fp ? fp_hash(&fp) : 0;
     memcpy(aux, &fp, fps);
     memcpy(blob, &h, hs);
     bool tiny = shm_tiny(pg, w);
@@ -660,10 +668,9 @@ bool tdist__pg_tiny_all_reduce(tdist_pg_t *pg, const void *sendbuf, void *recvbu
     const size_t hs = sizeof(uint64_t), fps = sizeof(tdist__fp_t);
     size_t bytes = count * tdist_dtype_size(dtype);
     /* what run_shm's tiny branch does, minus the work; anything else (a
-     * scale factor, a Join's divisor and shadowing, a forced algorithm,
-     * fingerprints off) takes the general path */
-    if (!pg->shm || !pg->tp || pg->backend || pg->hier || pg->ar_forced || !pg->check_fp ||
-        count == 0 || bytes > SHM_TINY_MAX || op == TDIST_PREMUL_SUM)
+     * scale factor, a Join's divisor and shadowing, a forced algorithm)
+     * takes the general path */
+    if (!pg->shm || !pg->tp || pg->backend || pg->hier || pg->ar_forced || count == 0 || bytes > SHM_TINY_MAX || op == TDIST_PREMUL_SUM)
         return false;
     pthread_mutex_lock(&pg->mu);
     if (pg->join_mode != TDIST__JOIN_NONE || pg->head || pg->busy || pg->err != TDIST_OK ||
@@ -682,7 +689,9 @@ bool tdist__pg_tiny_all_reduce(tdist_pg_t *pg, const void *sendbuf, void *recvbu
     uint8_t *aux = NULL, *blob = tdist__shmc_begin(&c, &aux);
     tdist__fp_t fp;
     tdist__fp_init(&fp, TDIST__OP_ALL_REDUCE, pg->uid_hash, seq, dtype, -1, op, count, 0);
-    uint64_t h = fp_hash(&fp);
+    /* TDIST_CHECK_FINGERPRINT=0 (a measurement switch): no hash, no
+     * comparison; the fingerprint itself stays in aux, as Join reads it */
+    uint64_t h = pg->check_fp ? fp_hash(&fp) : 0;
     memcpy(aux, &fp, fps);
     memcpy(blob, &h, hs);
     memcpy(blob + hs, sendbuf, bytes);
@@ -692,7 +701,8 @@ bool tdist__pg_tiny_all_reduce(tdist_pg_t *pg, const void *sendbuf, void *recvbu
     const uint8_t **b = pg->shm_blobs;
     tdist_status_t st = tdist__shmc_gather(&c, b, NULL);
     bool same = true;
-    for (int r = 0; st == TDIST_OK && r < pg->size && same; r++) same = memcmp(b[r], &h, hs) == 0;
+    for (int r = 0; st == TDIST_OK && pg->check_fp && r < pg->size && same; r++)
+        same = memcmp(b[r], &h, hs) == 0;
     if (st == TDIST_OK && same) {
         /* in rank order, as every rank does: the same bits everywhere */
         tdist__reduce_unchecked(recvbuf, b[0] + hs, b[1] + hs, count, dtype, op);
