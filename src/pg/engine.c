@@ -580,11 +580,32 @@ static uint64_t fp_hash(const tdist__fp_t *fp)
         0x8f872a6532f12893ull,
     };
     _Static_assert(sizeof(tdist__fp_t) == sizeof m, "one constant per fingerprint word");
-    uint64_t w[sizeof m / sizeof m[0]];
-    memcpy(w, fp, sizeof w);
+    /* from the fields, not the bytes: a word load spanning two 4-byte
+     * stores just made would stall on store forwarding */
+    const uint64_t w[] = {
+        fp->magic | (uint64_t)fp->op << 32,
+        fp->uid_hash,
+        fp->seq,
+        fp->count,
+        fp->vec_hash,
+        fp->aux,
+        (uint32_t)fp->dtype | (uint64_t)(uint32_t)fp->root << 32,
+        (uint32_t)fp->redop | (uint64_t)fp->flags << 32,
+        fp->send_to_you,
+        fp->recv_from_you,
+    };
+    _Static_assert(sizeof w == sizeof m, "every field");
     uint64_t h = 0;
     for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) h += w[i] * m[i];
     return h;
+}
+
+/* The hash at the head of a rank's blob (one load, not a memcmp call). */
+static inline uint64_t line_hash(const uint8_t *blob)
+{
+    uint64_t v;
+    memcpy(&v, blob, sizeof v);
+    return v;
 }
 
 /* The fingerprint hashes in this exchange's blobs differ: word the
@@ -642,7 +663,7 @@ static tdist_status_t run_shm(tdist_pg_t *pg, struct tdist_work *w, int64_t dead
     TDIST_CHECK(tdist__shmc_gather(&c, b, NULL));
     if (pg->check_fp) {
         for (int r = 0; r < pg->size; r++)
-            if (memcmp(b[r], &h, hs) != 0) return shm_mismatch(pg, &c, w);
+            if (line_hash(b[r]) != h) return shm_mismatch(pg, &c, w);
         if (w->op == TDIST__OP_ALL_TO_ALLV) TDIST_CHECK(tdist__fp_exchange(pg, w, deadline_ms));
     }
     if (w->op == TDIST__OP_BARRIER) return TDIST_OK;
@@ -702,7 +723,7 @@ bool tdist__pg_tiny_all_reduce(tdist_pg_t *pg, const void *sendbuf, void *recvbu
     tdist_status_t st = tdist__shmc_gather(&c, b, NULL);
     bool same = true;
     for (int r = 0; st == TDIST_OK && pg->check_fp && r < pg->size && same; r++)
-        same = memcmp(b[r], &h, hs) == 0;
+        same = line_hash(b[r]) == h;
     if (st == TDIST_OK && same) {
         /* in rank order, as every rank does: the same bits everywhere */
         tdist__reduce_unchecked(recvbuf, b[0] + hs, b[1] + hs, count, dtype, op);
