@@ -688,10 +688,11 @@ bool tdist__pg_tiny_all_reduce(tdist_pg_t *pg, const void *sendbuf, void *recvbu
 {
     const size_t hs = sizeof(uint64_t), fps = sizeof(tdist__fp_t);
     size_t bytes = count * tdist_dtype_size(dtype);
-    /* what run_shm's tiny branch does, minus the work; anything else (a
-     * scale factor, a Join's divisor and shadowing, a forced algorithm)
-     * takes the general path */
-    if (!pg->shm || !pg->tp || pg->backend || pg->hier || pg->ar_forced || count == 0 || bytes > SHM_TINY_MAX || op == TDIST_PREMUL_SUM)
+    /* what run_shm's tiny branch does, minus the work (shm groups have 2
+     * ranks or more); anything else (a scale factor, a Join's divisor and
+     * shadowing, a forced algorithm) takes the general path */
+    if (!pg->shm || !pg->tp || pg->backend || pg->hier || pg->ar_forced || count == 0 ||
+        bytes > SHM_TINY_MAX || op == TDIST_PREMUL_SUM)
         return false;
     pthread_mutex_lock(&pg->mu);
     if (pg->join_mode != TDIST__JOIN_NONE || pg->head || pg->busy || pg->err != TDIST_OK ||
