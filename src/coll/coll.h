@@ -179,6 +179,18 @@ const uint8_t *tdist__shmc_peek_aux(const tdist__coll_ctx_t *c, int r, size_t *l
 tdist_status_t tdist__shmc_await_next(const tdist__coll_ctx_t *c, int r, const uint8_t **aux,
                                       size_t *aux_len);
 
+/* One-shot small all_reduce (shm_coll.c): before the exchange that
+ * carries its fingerprint, tdist__shmc_stage_small copies this rank's
+ * input (bytes <= tdist__shmc_small_max()) into its slot for that
+ * exchange (waiting, bounded by c->deadline_ms, until every peer is done
+ * with the slots); after the exchange, tdist__shmc_reduce_small writes
+ * op over every rank's input, in rank order, into dst (AVG sums; the
+ * caller divides). Not for PREMUL_SUM. */
+size_t tdist__shmc_small_max(void);
+tdist_status_t tdist__shmc_stage_small(const tdist__coll_ctx_t *c, const void *src, size_t bytes);
+void tdist__shmc_reduce_small(const tdist__coll_ctx_t *c, void *dst, size_t count,
+                              tdist_dtype_t dtype, tdist_redop_t op);
+
 /* all_reduce (root < 0) or reduce to root through the staging area. */
 tdist_status_t tdist__shmc_all_reduce(const tdist__coll_ctx_t *c, const void *sendbuf,
                                       void *recvbuf, size_t count, tdist_dtype_t dtype,

@@ -13,7 +13,9 @@
  *          number, a blob that starts in the same cache line (a hash of the
  *          fingerprint, and a tiny all_reduce's data) and an aux part read
  *          only when needed (the whole fingerprint, for the mismatch message)
- *   4096   two staging slots of CHUNK bytes (used alternately by chunk)
+ *   4096   two staging slots of CHUNK bytes (used alternately by chunk;
+ *          a one-shot small all_reduce uses the slot of its exchange's
+ *          parity)
  *
  * Every counter and line sequence only grows (no resets, no shared
  * atomics: each is written by its owner alone). All ranks run the same
@@ -32,7 +34,17 @@
  *   copy    wait every red >= g+1; copy every rank's reduced slice into
  *           the output; out = g+1
  * Each element is reduced once, by one rank, in one order: every rank gets
- * the same bits. A line exchange needs no acknowledgement: a rank can only
+ * the same bits.
+ *
+ * A small all_reduce (up to CHUNK bytes) can instead go in one shot: each
+ * rank copies its whole input into the slot of its next exchange's parity
+ * (once every peer has copied out every staged chunk: out >= chunks),
+ * publishes the exchange, and after it reduces every rank's slot in rank
+ * order itself (the same bits everywhere, and the same as the staged
+ * protocol's). One wait instead of three; each rank reduces all of it.
+ * A slot is written again two exchanges later, after every peer has
+ * published the exchange in between, i.e. finished reading it; the next
+ * staged collective starts with an exchange too. A line exchange needs no acknowledgement: a rank can only
  * write line parity p again (two exchanges later) after every rank has
  * published the exchange in between, i.e. finished reading this one.
  */
@@ -473,6 +485,32 @@ tdist_status_t tdist__shmc_all_reduce(const tdist__coll_ctx_t *c, const void *se
     }
     s->chunks = j.g0 + nk;
     return st;
+}
+
+/* ------------------------------------------------------ one-shot small */
+
+size_t tdist__shmc_small_max(void) { return CHUNK; }
+
+tdist_status_t tdist__shmc_stage_small(const tdist__coll_ctx_t *c, const void *src, size_t bytes)
+{
+    tdist__shmc_t *s = c->shm;
+    if (bytes > CHUNK)
+        return tdist__error(TDIST_ERR_INTERNAL, "shm small all_reduce of %zu bytes", bytes);
+    /* the peers may still copy out of this rank's slots after the last
+     * staged collective: wait until they are done with every chunk */
+    TDIST_CHECK(wait_for(c, W_OUT, s->chunks, -1));
+    memcpy(slot_of(s, s->rank, s->line_seq + 1), src, bytes);
+    return TDIST_OK;
+}
+
+void tdist__shmc_reduce_small(const tdist__coll_ctx_t *c, void *dst, size_t count,
+                              tdist_dtype_t dtype, tdist_redop_t op)
+{
+    const tdist__shmc_t *s = c->shm;
+    uint64_t x = s->line_seq; /* the exchange that published the slots */
+    tdist__reduce_unchecked(dst, slot_of(s, 0, x), slot_of(s, 1, x), count, dtype, op);
+    for (int r = 2; r < s->size; r++)
+        tdist__reduce_unchecked(dst, dst, slot_of(s, r, x), count, dtype, op);
 }
 
 tdist_status_t tdist__shmc_broadcast(const tdist__coll_ctx_t *c, void *buf, size_t count,

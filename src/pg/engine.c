@@ -559,6 +559,29 @@ static bool shm_tiny(const tdist_pg_t *pg, const struct tdist_work *w)
            w->count * tdist_dtype_size(w->dtype) <= SHM_TINY_MAX;
 }
 
+/* Above that and up to this size an all_reduce goes in one shot through
+ * the staging slots (coll.h): one wait instead of the staged protocol's
+ * three, each rank reducing everything. That pays most when ranks share
+ * CPUs (every wait a yield); with a CPU each, the staged protocol's split
+ * of the work wins sooner. Measured on 2 vCPUs (docs/pg.md). Both
+ * depend only on what every rank agrees on (the fingerprint, the
+ * group). */
+#ifndef TDIST_SHM_SMALL_MAX
+#define TDIST_SHM_SMALL_MAX (2u * 1024u)
+#endif
+#ifndef TDIST_SHM_SMALL_MAX_OVERSUB
+#define TDIST_SHM_SMALL_MAX_OVERSUB (8u * 1024u)
+#endif
+
+static bool shm_small(const tdist_pg_t *pg, const struct tdist_work *w)
+{
+    size_t bytes = w->count * tdist_dtype_size(w->dtype);
+    size_t max = tdist__tp_oversubscribed(pg->tp) ? TDIST_SHM_SMALL_MAX_OVERSUB
+                                                  : TDIST_SHM_SMALL_MAX;
+    return w->op == TDIST__OP_ALL_REDUCE && !pg->ar_forced && w->redop != TDIST_PREMUL_SUM &&
+           bytes > SHM_TINY_MAX && bytes <= TDIST_MIN(max, tdist__shmc_small_max());
+}
+
 /* A tiny broadcast rides in the root's line the same way. */
 static bool shm_tiny_bcast(const struct tdist_work *w)
 {
@@ -654,6 +677,8 @@ static tdist_status_t run_shm(tdist_pg_t *pg, struct tdist_work *w, int64_t dead
         memcpy(blob + hs, w->recvbuf, bytes);
         len += bytes;
     }
+    bool small = shm_small(pg, w);
+    if (small) TDIST_CHECK(tdist__shmc_stage_small(&c, w->sendbuf, bytes));
     tdist__shmc_post(&c, len, fps);
     /* Only rank 0 collects a monitored barrier (over the transport, to
      * name who is missing); the line just keeps every rank's exchange
@@ -671,12 +696,16 @@ static tdist_status_t run_shm(tdist_pg_t *pg, struct tdist_work *w, int64_t dead
         if (pg->rank != w->root) memcpy(w->recvbuf, b[w->root] + hs, bytes);
         return TDIST_OK;
     }
-    if (!tiny) return run_coll(pg, w, deadline_ms);
+    if (!tiny && !small) return run_coll(pg, w, deadline_ms);
     /* in rank order, as every rank does: the same bits everywhere */
     void *out = w->recvbuf;
-    tdist__reduce_unchecked(out, b[0] + hs, b[1] + hs, w->count, w->dtype, w->redop);
-    for (int r = 2; r < pg->size; r++)
-        tdist__reduce_unchecked(out, out, b[r] + hs, w->count, w->dtype, w->redop);
+    if (small) {
+        tdist__shmc_reduce_small(&c, out, w->count, w->dtype, w->redop);
+    } else {
+        tdist__reduce_unchecked(out, b[0] + hs, b[1] + hs, w->count, w->dtype, w->redop);
+        for (int r = 2; r < pg->size; r++)
+            tdist__reduce_unchecked(out, out, b[r] + hs, w->count, w->dtype, w->redop);
+    }
     if (w->redop == TDIST_AVG)
         TDIST_CHECK(tdist_divide(out, w->count, w->dtype, w->avg_div > 0 ? w->avg_div : pg->size));
     return TDIST_OK;
