@@ -41,8 +41,8 @@
 #define ADDR_LEN 64     /* "[<45 chars>]:65535" fits */
 #define PROBLEM_LEN 160
 #define ERRMSG_LEN 1024
-#define SPIN_NS 20000   /* progress retries the sockets this long before poll() */
-#define SPIN_BACKOFF 64 /* sleeps without spinning after a spin found nothing */
+/* progress retries the sockets this long, yielding, before poll() */
+#define SPIN_NS 1000000
 
 /* One channel: the connection to one peer and its two request queues. */
 typedef struct channel {
@@ -66,7 +66,6 @@ struct tdist__tp {
     struct pollfd *pfd;  /* size + 1 entries, rebuilt by every poll */
     int *pfd_peer;       /* which peer each pfd entry is (-1: wake_fd) */
     bool connected;
-    int nospin; /* progress calls left that sleep without spinning first */
     atomic_bool aborted;
     tdist_status_t err;  /* sticky: TDIST_OK until the first failure */
     char errmsg[ERRMSG_LEN];
@@ -854,21 +853,17 @@ tdist_status_t tdist__tcp_progress(tdist__tp_t *tp, int timeout_ms)
         }
         if (tp->err != TDIST_OK) return sticky(tp);
         if (moved || timeout_ms == 0) return TDIST_OK;
-        /* Spin briefly before sleeping: a reply that is microseconds
-         * away costs less than a sleep and a wake-up. But a spin that
-         * finds nothing (the peer is slow, or ranks outnumber cores and
-         * spinning only steals its CPU) turns spinning off for the next
-         * SPIN_BACKOFF sleeps. */
-        if (round == 0 && tp->nospin > 0) {
-            tp->nospin--;
-            break;
-        }
+        /* Retry, yielding, for up to SPIN_NS before sleeping in poll(): a
+         * reply that is microseconds away costs less than a sleep and a
+         * wake-up, and a rank that shares its core with the peer it waits
+         * for hands it the CPU at once (as the shm transport's waits do).
+         * A spin of 20 us that then stopped spinning for the next 64
+         * sleeps made every wait of 4 ranks on 2 cores a wake-up: 8-byte
+         * all_reduce 113 -> 83 us, 2 MiB 5.5 -> 2.3 ms; 2 bound ranks and
+         * DDP over TCP unchanged or a little faster (docs/transport.md). */
         uint64_t now = tdist__now_ns();
         if (round == 0) spin_until = now + SPIN_NS;
-        if (now >= spin_until || atomic_load(&tp->aborted)) {
-            tp->nospin = SPIN_BACKOFF;
-            break;
-        }
+        if (now >= spin_until || atomic_load(&tp->aborted)) break;
         if (round >= 4) sched_yield(); /* let a peer sharing this core run */
     }
 
