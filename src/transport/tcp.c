@@ -858,9 +858,8 @@ tdist_status_t tdist__tcp_progress(tdist__tp_t *tp, int timeout_ms)
          * wake-up, and a rank that shares its core with the peer it waits
          * for hands it the CPU at once (as the shm transport's waits do).
          * A spin of 20 us that then stopped spinning for the next 64
-         * sleeps made every wait of 4 ranks on 2 cores a wake-up: 8-byte
-         * all_reduce 113 -> 83 us, 2 MiB 5.5 -> 2.3 ms; 2 bound ranks and
-         * DDP over TCP unchanged or a little faster (docs/transport.md). */
+         * sleeps made most waits of 4 ranks on 2 cores a wake-up
+         * (docs/transport.md has the figures). */
         uint64_t now = tdist__now_ns();
         if (round == 0) spin_until = now + SPIN_NS;
         if (now >= spin_until || atomic_load(&tp->aborted)) break;
