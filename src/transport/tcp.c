@@ -834,6 +834,50 @@ static bool drive_recv(tdist__tp_t *tp, int peer)
     return moved;
 }
 
+/* The poll set, in tp->pfd: the abort eventfd first, then every channel
+ * with work (sends want POLLOUT, receives POLLIN); an idle channel is
+ * watched for the peer closing it (POLLRDHUP), which is noted and becomes
+ * an error only when a request needs that peer. Returns its size. */
+static int fill_pfd(tdist__tp_t *tp)
+{
+    int n = 0;
+    tp->pfd[n] = (struct pollfd){.fd = tp->wake_fd, .events = POLLIN};
+    tp->pfd_peer[n++] = -1;
+    for (int p = 0; p < tp->size; p++) {
+        channel_t *c = &tp->ch[p];
+        if (p == tp->rank || c->fd < 0) continue;
+        short ev = (short)((c->sq_head ? POLLOUT : 0) | (c->rq_head ? POLLIN : 0));
+        if (!c->rq_head && !c->peer_closed) ev |= POLLRDHUP;
+        if (!ev) continue;
+        tp->pfd[n] = (struct pollfd){.fd = c->fd, .events = ev};
+        tp->pfd_peer[n++] = p;
+    }
+    return n;
+}
+
+/* Drive the channels a poll over fill_pfd's n entries found ready.
+ * Returns whether a byte moved. */
+static bool serve_ready(tdist__tp_t *tp, int n)
+{
+    bool moved = false;
+    for (int i = 1; i < n && tp->err == TDIST_OK; i++) {
+        short re = tp->pfd[i].revents;
+        if (!re) continue;
+        int p = tp->pfd_peer[i];
+        channel_t *c = &tp->ch[p];
+        if (!c->rq_head && (re & (POLLRDHUP | POLLHUP | POLLERR))) {
+            /* Closed or reset while we expect nothing from it: not an
+             * error yet (it may have finished and left); a send to it or
+             * a receive it cannot satisfy will fail. */
+            c->peer_closed = true;
+            TDIST_LOGD("rank %d: peer rank %d (%s) closed its channel", tp->rank, p, c->addr);
+        }
+        if (c->sq_head) moved |= drive_send(tp, p);
+        if (c->rq_head) moved |= drive_recv(tp, p);
+    }
+    return moved;
+}
+
 tdist_status_t tdist__tcp_progress(tdist__tp_t *tp, int timeout_ms)
 {
     TDIST_ARG_CHECK(tp != NULL, "tdist__tp_progress");
@@ -847,9 +891,20 @@ tdist_status_t tdist__tcp_progress(tdist__tp_t *tp, int timeout_ms)
     bool moved = false;
     uint64_t spin_until = 0;
     for (int round = 0;; round++) {
-        for (int p = 0; p < tp->size && tp->err == TDIST_OK; p++) {
-            if (tp->ch[p].sq_head) moved |= drive_send(tp, p);
-            if (tp->ch[p].rq_head) moved |= drive_recv(tp, p);
+        if (round == 0) {
+            for (int p = 0; p < tp->size && tp->err == TDIST_OK; p++) {
+                if (tp->ch[p].sq_head) moved |= drive_send(tp, p);
+                if (tp->ch[p].rq_head) moved |= drive_recv(tp, p);
+            }
+        } else {
+            /* one poll() tells which channels can move, instead of a
+             * send or receive per channel that mostly finds EAGAIN */
+            int n = fill_pfd(tp);
+            int rc = poll(tp->pfd, (nfds_t)n, 0);
+            if (rc < 0 && errno != EINTR)
+                return fail(tp, TDIST_ERR_SYSTEM, "rank %d: transport poll: %s", tp->rank,
+                            strerror(errno));
+            if (rc > 0) moved |= serve_ready(tp, n);
         }
         if (tp->err != TDIST_OK) return sticky(tp);
         if (moved || timeout_ms == 0) return TDIST_OK;
@@ -866,21 +921,8 @@ tdist_status_t tdist__tcp_progress(tdist__tp_t *tp, int timeout_ms)
         if (round >= 4) sched_yield(); /* let a peer sharing this core run */
     }
 
-    /* Then sleep in one poll: sends want POLLOUT, receives POLLIN; an idle
-     * channel is watched for the peer closing it (POLLRDHUP), which is
-     * noted and becomes an error only when a request needs that peer. */
-    int n = 0;
-    tp->pfd[n] = (struct pollfd){.fd = tp->wake_fd, .events = POLLIN};
-    tp->pfd_peer[n++] = -1;
-    for (int p = 0; p < tp->size; p++) {
-        channel_t *c = &tp->ch[p];
-        if (p == tp->rank || c->fd < 0) continue;
-        short ev = (short)((c->sq_head ? POLLOUT : 0) | (c->rq_head ? POLLIN : 0));
-        if (!c->rq_head && !c->peer_closed) ev |= POLLRDHUP;
-        if (!ev) continue;
-        tp->pfd[n] = (struct pollfd){.fd = c->fd, .events = ev};
-        tp->pfd_peer[n++] = p;
-    }
+    /* Then sleep in one poll (fill_pfd says what it watches). */
+    int n = fill_pfd(tp);
     int rc = poll(tp->pfd, (nfds_t)n, timeout_ms < 0 ? -1 : timeout_ms);
     if (rc < 0) {
         if (errno == EINTR) return TDIST_OK;
@@ -888,21 +930,7 @@ tdist_status_t tdist__tcp_progress(tdist__tp_t *tp, int timeout_ms)
                     strerror(errno));
     }
     if (atomic_load(&tp->aborted)) return fail_aborted(tp);
-    for (int i = 1; i < n && tp->err == TDIST_OK; i++) {
-        short re = tp->pfd[i].revents;
-        if (!re) continue;
-        int p = tp->pfd_peer[i];
-        channel_t *c = &tp->ch[p];
-        if (!c->rq_head && (re & (POLLRDHUP | POLLHUP | POLLERR))) {
-            /* Closed or reset while we expect nothing from it: not an
-             * error yet (it may have finished and left); a send to it or
-             * a receive it cannot satisfy will fail. */
-            c->peer_closed = true;
-            TDIST_LOGD("rank %d: peer rank %d (%s) closed its channel", tp->rank, p, c->addr);
-        }
-        if (c->sq_head) drive_send(tp, p);
-        if (c->rq_head) drive_recv(tp, p);
-    }
+    serve_ready(tp, n);
     return tp->err != TDIST_OK ? sticky(tp) : TDIST_OK;
 }
 
