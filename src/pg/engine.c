@@ -495,7 +495,7 @@ static tdist_status_t run_coll(tdist_pg_t *pg, struct tdist_work *w, int64_t dea
 static bool fused_eligible(const tdist_pg_t *pg, const struct tdist_work *w)
 {
     return pg->check_fp && w->op == TDIST__OP_ALL_REDUCE && pg->size > 1 && w->count > 0 &&
-           w->count * tdist_dtype_size(w->dtype) <= TDIST__FUSED_MAX;
+           w->count * tdist_dtype_size(w->dtype) <= pg->fused_max;
 }
 
 static tdist_status_t run_fused_all_reduce(tdist_pg_t *pg, struct tdist_work *w,
@@ -525,7 +525,7 @@ static tdist_status_t run_fused_all_reduce(tdist_pg_t *pg, struct tdist_work *w,
     for (int p = 0; p < n; p++) {
         if (p == me) continue;
         TDIST_CHECK(tdist__tp_post_recv(pg->tp, &pg->fp_reqs[k], p,
-                                        pg->fused_in + (size_t)p * TDIST__FUSED_MAX, bytes));
+                                        pg->fused_in + (size_t)p * pg->fused_max, bytes));
         pg->fp_reqp[k] = &pg->fp_reqs[k];
         k++;
     }
@@ -533,7 +533,7 @@ static tdist_status_t run_fused_all_reduce(tdist_pg_t *pg, struct tdist_work *w,
     uint8_t *acc = pg->fused_acc;
     memcpy(acc, me == 0 ? mine : pg->fused_in, bytes);
     for (int r = 1; r < n; r++) {
-        const uint8_t *x = r == me ? mine : pg->fused_in + (size_t)r * TDIST__FUSED_MAX;
+        const uint8_t *x = r == me ? mine : pg->fused_in + (size_t)r * pg->fused_max;
         TDIST_CHECK(tdist_reduce(acc, acc, x, w->count, w->dtype, w->redop));
     }
     if (w->redop == TDIST_AVG)

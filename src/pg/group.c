@@ -282,9 +282,10 @@ static tdist_status_t pg_build(tdist_world_t *world, tdist_store_t *store, int r
     pg->fp_reqp = calloc((size_t)(2 * size), sizeof *pg->fp_reqp);
     pg->p2p_send_seq = calloc((size_t)size, sizeof(uint64_t));
     pg->p2p_recv_seq = calloc((size_t)size, sizeof(uint64_t));
-    pg->fused_out = malloc(sizeof(tdist__fp_t) + TDIST__FUSED_MAX);
-    pg->fused_in = malloc((size_t)size * TDIST__FUSED_MAX);
-    pg->fused_acc = malloc(TDIST__FUSED_MAX);
+    pg->fused_max = tdist__fused_max(size);
+    pg->fused_out = malloc(sizeof(tdist__fp_t) + pg->fused_max);
+    pg->fused_in = malloc((size_t)size * pg->fused_max);
+    pg->fused_acc = malloc(pg->fused_max);
     tdist_status_t st = TDIST_OK;
     if (!pg->uid || !pg->name || (bind_addr && !pg->bind_addr) || !pg->fp_mine || !pg->fp_theirs ||
         !pg->fp_reqs || !pg->fp_reqp || !pg->p2p_send_seq || !pg->p2p_recv_seq ||

@@ -72,8 +72,18 @@ typedef struct tdist__fp {
 #define TDIST__FP_MAGIC 0x74647066u /* "tdpf" */
 /* flags: the all_gather is a Join's per-iteration notification */
 #define TDIST__FP_JOIN_NOTIFY 1u
-/* all_reduce payloads up to this many bytes travel with the fingerprint */
-#define TDIST__FUSED_MAX 1024
+/* Over point-to-point transports, all_reduce payloads up to
+ * tdist__fused_max(group size) bytes travel with the fingerprint, one
+ * message to every peer: at most TDIST__FUSED_MAX, and at most
+ * TDIST__FUSED_FANOUT bytes sent by a rank in all (payload x (size - 1)),
+ * so a large group does not trade a few round trips for a flood. */
+#define TDIST__FUSED_MAX 16384
+#define TDIST__FUSED_FANOUT 65536
+static inline size_t tdist__fused_max(int size)
+{
+    size_t f = size > 1 ? TDIST__FUSED_FANOUT / (size_t)(size - 1) : TDIST__FUSED_MAX;
+    return f < TDIST__FUSED_MAX ? f : TDIST__FUSED_MAX;
+}
 
 struct tdist_work {
     pthread_mutex_t mu;
@@ -183,7 +193,8 @@ struct tdist_pg {
     tdist__tp_req_t *fp_reqs;
     tdist__tp_req_t **fp_reqp;
     /* fused small all_reduce (engine.c): fingerprint + payload in one
-     * message; scratch of TDIST__FUSED_MAX bytes per rank */
+     * message; scratch of fused_max = tdist__fused_max(size) bytes per rank */
+    size_t fused_max;
     uint8_t *fused_out, *fused_in, *fused_acc;
     /* shared-memory collectives (every rank on this host, shm transport):
      * NULL otherwise. Valid while tp is. */

@@ -44,7 +44,7 @@ typedef enum mm_case {
     MM_OP,        /* all_reduce vs broadcast */
     MM_DTYPE,
     MM_COUNT,
-    MM_COUNT_PATHS, /* 256 vs 257 f32: the small (fused) path vs the coll path */
+    MM_COUNT_PATHS, /* 4096 vs 4097 f32: the small (fused) path vs the coll path */
     MM_ROOT,
     MM_REDOP,
     MM_BARRIER,   /* barrier vs 1-element all_reduce */
@@ -102,9 +102,10 @@ static void mm_body(int rank, int n, void *arg)
         ASSERT_OK(tdist_all_reduce(pg, buf, buf, odd ? 63 : 64, TDIST_F32, TDIST_SUM, &co, &wk));
         break;
     case MM_COUNT_PATHS: {
-        float *big = calloc(257, sizeof(float));
+        /* 16 KiB = TDIST__FUSED_MAX at 3 ranks; on shm both are staged */
+        float *big = calloc(4097, sizeof(float));
         ASSERT_TRUE(big != NULL);
-        ASSERT_OK(tdist_all_reduce(pg, big, big, odd ? 257 : 256, TDIST_F32, TDIST_SUM, &co, &wk));
+        ASSERT_OK(tdist_all_reduce(pg, big, big, odd ? 4097 : 4096, TDIST_F32, TDIST_SUM, &co, &wk));
         ASSERT_STATUS(tdist_work_wait(wk, 20000), TDIST_ERR_MISMATCH);
         free(big);
         break;
@@ -182,7 +183,7 @@ TEST(pg_mismatch_count, 30)
 }
 TEST(pg_mismatch_count_small_vs_large_path, 30)
 {
-    run_mm(3, MM_COUNT_PATHS, "rank 0 all_reduce(f32, 256, sum) vs rank 2 all_reduce(f32, 257, sum)");
+    run_mm(3, MM_COUNT_PATHS, "rank 0 all_reduce(f32, 4096, sum) vs rank 2 all_reduce(f32, 4097, sum)");
 }
 TEST(pg_mismatch_root, 30)
 {

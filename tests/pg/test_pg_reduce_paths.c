@@ -7,7 +7,8 @@
  * and 5 ranks on 2 CPUs) against the staged path, and the staging chunk
  * boundary (256 KiB); sizes alternate between the paths, so a small
  * all_reduce follows staged ones (the slots are reused); on
- * TCP (the __tcp twins) the fused small all_reduce (1 KiB) against the
+ * TCP (the __tcp twins) the fused small all_reduce (16 KiB at 2, 3 and 5
+ * ranks: TDIST__FUSED_MAX, and 64 KiB / (ranks - 1) after) against the
  * algorithms. Every dtype x valid reduce op, in place and out of place,
  * world sizes 2, 3 and 5, against a reference each rank computes from
  * every rank's seeded input (tests/harness/gen.h: small integers, exact in
@@ -34,7 +35,7 @@ static void expect_eq(const void *got, const void *want, size_t count, tdist_dty
 }
 
 /* Element counts for a dtype of es bytes: around the tiny line (392 B),
- * the fused TCP path (1 KiB), the small path's limits (2 and 8 KiB) and
+ * the fused TCP path (16 KiB), the small path's limits (2 and 8 KiB) and
  * the staging chunk (256 KiB). */
 static size_t counts_for(size_t es, size_t *out)
 {
@@ -44,6 +45,8 @@ static size_t counts_for(size_t es, size_t *out)
     out[n++] = 392 / es;
     out[n++] = 392 / es + 1;
     out[n++] = 1024 / es + 1;
+    out[n++] = (16u << 10) / es;
+    out[n++] = (16u << 10) / es + 1;
     out[n++] = (2u << 10) / es;
     out[n++] = (8u << 10) / es + 1; /* staged, then the next one small again */
     out[n++] = (2u << 10) / es + 1;
@@ -67,7 +70,7 @@ static void paths_body(int rank, int n, void *arg)
     co.premul_factor = PREMUL;
     uint64_t seed = 11;
     for (int dt = 0; dt < TDIST_DTYPE_COUNT; dt++) {
-        size_t es = tdist_dtype_size((tdist_dtype_t)dt), counts[12];
+        size_t es = tdist_dtype_size((tdist_dtype_t)dt), counts[14];
         size_t nc = counts_for(es, counts);
         for (size_t ci = 0; ci < nc; ci++) {
             size_t count = counts[ci], bytes = count * es;
