@@ -288,12 +288,6 @@ static void end_inline(tdist_pg_t *pg)
     pthread_mutex_unlock(&pg->mu);
 }
 
-/* Stack work w is over: free what it owns (nothing, for most calls). */
-static void stack_work_done(struct tdist_work *w)
-{
-    work_free_owned(w);
-}
-
 /* A copy of stack work w on the heap (w's arrays move to it), or NULL. */
 static struct tdist_work *to_heap(struct tdist_work *w)
 {
@@ -367,7 +361,7 @@ tdist_status_t tdist__pg_submit(tdist_pg_t *pg, struct tdist_work *w, tdist_work
         if (w->on_stack) {
             if (st != TDIST_OK) tdist__error(st, "%s", msg ? msg : "out of memory");
             free(msg);
-            stack_work_done(w);
+            work_free_owned(w); /* a stack work: its storage is the caller's */
             return st;
         }
         st = tdist_work_wait(w, -1);
@@ -631,6 +625,16 @@ static inline uint64_t line_hash(const uint8_t *blob)
     return v;
 }
 
+/* out = op over every rank's tiny payload (after the blob's hash), in
+ * rank order, as every rank does: the same bits everywhere. */
+static void reduce_lines(const uint8_t *const *b, int size, void *out, size_t count,
+                         tdist_dtype_t dtype, tdist_redop_t op)
+{
+    const size_t hs = sizeof(uint64_t);
+    tdist__reduce_unchecked(out, b[0] + hs, b[1] + hs, count, dtype, op);
+    for (int r = 2; r < size; r++) tdist__reduce_unchecked(out, out, b[r] + hs, count, dtype, op);
+}
+
 /* The fingerprint hashes in this exchange's blobs differ: word the
  * mismatch from every rank's whole fingerprint (aux parts). */
 static tdist_status_t shm_mismatch(tdist_pg_t *pg, const tdist__coll_ctx_t *c,
@@ -702,9 +706,7 @@ static tdist_status_t run_shm(tdist_pg_t *pg, struct tdist_work *w, int64_t dead
     if (small) {
         tdist__shmc_reduce_small(&c, out, w->count, w->dtype, w->redop);
     } else {
-        tdist__reduce_unchecked(out, b[0] + hs, b[1] + hs, w->count, w->dtype, w->redop);
-        for (int r = 2; r < pg->size; r++)
-            tdist__reduce_unchecked(out, out, b[r] + hs, w->count, w->dtype, w->redop);
+        reduce_lines(b, pg->size, out, w->count, w->dtype, w->redop);
     }
     if (w->redop == TDIST_AVG)
         TDIST_CHECK(tdist_divide(out, w->count, w->dtype, w->avg_div > 0 ? w->avg_div : pg->size));
@@ -755,10 +757,7 @@ bool tdist__pg_tiny_all_reduce(tdist_pg_t *pg, const void *sendbuf, void *recvbu
     for (int r = 0; st == TDIST_OK && pg->check_fp && r < pg->size && same; r++)
         same = line_hash(b[r]) == h;
     if (st == TDIST_OK && same) {
-        /* in rank order, as every rank does: the same bits everywhere */
-        tdist__reduce_unchecked(recvbuf, b[0] + hs, b[1] + hs, count, dtype, op);
-        for (int r = 2; r < pg->size; r++)
-            tdist__reduce_unchecked(recvbuf, recvbuf, b[r] + hs, count, dtype, op);
+        reduce_lines(b, pg->size, recvbuf, count, dtype, op);
         if (op == TDIST_AVG) st = tdist_divide(recvbuf, count, dtype, pg->size);
     }
     char *msg = NULL;
@@ -775,7 +774,7 @@ bool tdist__pg_tiny_all_reduce(tdist_pg_t *pg, const void *sendbuf, void *recvbu
         if (st == TDIST_OK) st = shm_mismatch(pg, &c, w);
         pg->fp_have = 0;
         st = work_failed(pg, w, st, &msg);
-        stack_work_done(w);
+        work_free_owned(w);
     }
     end_inline(pg);
     if (st != TDIST_OK) tdist__error(st, "%s", msg ? msg : "out of memory");

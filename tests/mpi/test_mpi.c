@@ -45,6 +45,16 @@ typedef struct run {
 } run_t;
 
 /* The whole of file path (malloc'd; "(no output)" when it cannot be read). */
+/* "ASAN_OPTIONS='<ours>:detect_leaks=0'" for a child command line: MPI's
+ * own allocations would fail LeakSanitizer at exit. */
+static const char *asan_env(char *buf, size_t n)
+{
+    const char *asan = getenv("ASAN_OPTIONS");
+    snprintf(buf, n, "ASAN_OPTIONS='%s%sdetect_leaks=0'", asan ? asan : "",
+             asan && *asan ? ":" : "");
+    return buf;
+}
+
 static char *slurp(const char *path)
 {
     FILE *f = fopen(path, "r");
@@ -75,16 +85,15 @@ static run_t mpi_run(int np, const char *scenario, int limit_s, const char *env)
     run_t r = {-1, 0, NULL};
     char outp[512], cmd[4096];
     snprintf(outp, sizeof outp, "%s/mpirun_%s_%d.txt", tdist_test_tmpdir(), scenario, np);
-    const char *asan = getenv("ASAN_OPTIONS");
+    char asan[1024];
     snprintf(cmd, sizeof cmd,
              "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
              "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1 "
-             "ASAN_OPTIONS='%s%sdetect_leaks=0' %s "
+             "%s %s "
              "timeout -k 5 %d mpirun -np %d --oversubscribe --bind-to none --mca btl self,vader "
              "-x ASAN_OPTIONS -x UBSAN_OPTIONS -x TDIST_BACKEND -x TDIST_TIMEOUT_MS "
              "%s %s > '%s' 2>&1",
-             asan ? asan : "", asan && *asan ? ":" : "", env ? env : "", limit_s, np, PROG,
-             scenario, outp);
+             asan_env(asan, sizeof asan), env ? env : "", limit_s, np, PROG, scenario, outp);
     double t0 = tdist_test_now_ms();
     int st = system(cmd);
     r.ms = tdist_test_now_ms() - t0;
@@ -213,14 +222,14 @@ TEST(mpi_tdistrun_backend_mpi, 60)
     if (!can_run("mpi_tdistrun_backend_mpi")) return;
     char outp[512], cmd[4096];
     snprintf(outp, sizeof outp, "%s/tdistrun_mpi.txt", tdist_test_tmpdir());
-    const char *asan = getenv("ASAN_OPTIONS");
+    char asan[1024];
     int lim = (int)(45 * tdist_test_timeout_mult());
     snprintf(cmd, sizeof cmd,
              "env -u TDIST_BACKEND OMPI_MCA_btl_vader_single_copy_mechanism=none "
-             "OMPI_MCA_btl=self,vader ASAN_OPTIONS='%s%sdetect_leaks=0' "
+             "OMPI_MCA_btl=self,vader %s "
              "timeout -k 5 %d %s/tools/tdistrun/tdistrun --backend mpi --nproc-per-node 3 "
              "%s envinit > '%s' 2>&1",
-             asan ? asan : "", asan && *asan ? ":" : "", lim, TDIST_BIN_DIR, PROG, outp);
+             asan_env(asan, sizeof asan), lim, TDIST_BIN_DIR, PROG, outp);
     char *buf;
     int st = shell_capture(cmd, outp, &buf);
     if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0 || !strstr(buf, "MPI_PROG OK envinit"))
@@ -238,13 +247,13 @@ TEST(mpi_other_mpis_launcher_is_refused, 30)
     if (!can_run("mpi_other_mpis_launcher_is_refused")) return;
     char outp[512], cmd[4096];
     snprintf(outp, sizeof outp, "%s/other_launcher.txt", tdist_test_tmpdir());
-    const char *asan = getenv("ASAN_OPTIONS");
+    char asan[1024];
     int lim = (int)(20 * tdist_test_timeout_mult());
     snprintf(cmd, sizeof cmd,
              "env -u OMPI_COMM_WORLD_SIZE -u TDIST_BACKEND PMI_SIZE=2 PMI_RANK=0 "
              "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-             "ASAN_OPTIONS='%s%sdetect_leaks=0' timeout -k 5 %d %s matrix > '%s' 2>&1",
-             asan ? asan : "", asan && *asan ? ":" : "", lim, PROG, outp);
+             "%s timeout -k 5 %d %s matrix > '%s' 2>&1",
+             asan_env(asan, sizeof asan), lim, PROG, outp);
     char *buf;
     int st = shell_capture(cmd, outp, &buf);
     ASSERT_TRUE(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 1);
