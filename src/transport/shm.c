@@ -616,8 +616,10 @@ static int verify_peer(shm_tp_t *tp, int p)
  * together (the union of their affinities, read from every header once all
  * are mapped). Waiters then yield at once: a spinning waiter only delays
  * the peer it waits for. Ranks bound one per CPU (tdistrun --bind-to core,
- * mpirun's default) are not oversubscribed, though each sees one CPU. An
- * unknown mask keeps the guess made at create. */
+ * mpirun's default) are not oversubscribed, though each sees one CPU.
+ * Every rank must get the same answer (the shm collectives pick their
+ * small-message path by it), so an unknown mask falls back to the host's
+ * CPU count, not to this rank's own affinity. */
 static bool oversubscribed(const shm_tp_t *tp)
 {
     uint64_t all[CPU_WORDS] = {0};
@@ -625,7 +627,10 @@ static bool oversubscribed(const shm_tp_t *tp)
         const seg_hdr_t *h = p == tp->rank ? tp->hdr : tp->pe[p].hdr;
         uint64_t any = 0;
         for (int i = 0; h && i < CPU_WORDS; i++) any |= h->cpus[i];
-        if (!any) return tp->oversubscribed;
+        if (!any) {
+            long conf = sysconf(_SC_NPROCESSORS_CONF);
+            return tp->size > (conf > 0 ? conf : 1);
+        }
         for (int i = 0; i < CPU_WORDS; i++) all[i] |= h->cpus[i];
     }
     int n = 0;

@@ -185,7 +185,9 @@ tdist_status_t tdist__tp_wait_until(tdist__tp_t *tp, bool (*cond)(void *arg),
 /* Shared memory, after connect: whether the mesh's ranks are more than the
  * CPUs they may run on together (the union of every rank's affinity), so
  * tdist__tp_wait_until yields at once instead of spinning. Ranks bound one
- * per CPU are not oversubscribed. false for TCP. Cheap; no locking. */
+ * per CPU are not oversubscribed. The same on every rank of the mesh
+ * (collectives may choose a protocol by it). false for TCP. Cheap; no
+ * locking. */
 bool tdist__tp_oversubscribed(tdist__tp_t *tp);
 
 /* After writing to this rank's collective area: wake every peer that
