@@ -4,15 +4,21 @@
 Measures torch.distributed.all_reduce (f32, SUM) on the "gloo" backend the
 way tools/tdist-bench measures tdist_all_reduce (see docs/bench-compare.md):
 
-  for each size: a barrier; WARMUP untimed calls; ITERS calls, each timed on
-  its own (time.perf_counter_ns, CLOCK_MONOTONIC on Linux; no barrier between
-  them); each rank takes the median of its ITERS times; the row's time is the
-  maximum over ranks of these medians (an all_reduce MAX).
+  for each size: a barrier; WARMUP warm-up calls; ITERS samples of BATCH
+  consecutive calls each (-k, default 1), timed with time.perf_counter_ns
+  (CLOCK_MONOTONIC on Linux; no barrier between them; a sample is its time /
+  BATCH); each rank takes the median of its ITERS samples; the row's time is
+  the maximum over ranks of these medians (an all_reduce MAX). -k auto picks
+  BATCH per size as tdist-bench does: as many calls as last about 100 us,
+  from the warm-up calls' median (max over ranks).
   algbw = bytes / time; busbw = algbw * 2(n-1)/n (GB/s = 1e9 B/s).
 
 torch's all_reduce is in place only, so before every call (warm-up and timed)
 the input is copied into the output tensor, OUTSIDE the timed region: only the
-all_reduce is timed. Inputs are tdist-bench's (rank r, index i holds
+all_reduce is timed. With BATCH > 1 the copy is made before each sample only
+(the calls of a sample reduce the previous call's result), and one more
+untimed call on a fresh copy gives the result that is checked. Inputs are
+tdist-bench's (rank r, index i holds
 ((i % 1000003) * 7 + r * 3) % 5 + 1); the output is poisoned (-12345) before
 the warm-up; after the timed loop every rank counts the elements that differ
 from the sum computed locally (integer arithmetic); the row shows the worst rank.
@@ -42,6 +48,8 @@ from torch_launch import bounded_int  # noqa: E402
 
 MAX_BYTES = 1 << 30
 MAX_SIZES = 64
+MAX_BATCH = 1000  # as tdist-bench's -k
+AUTO_SAMPLE_US = 100.0  # as tdist-bench's -k auto
 POISON = -12345.0
 
 
@@ -66,6 +74,25 @@ def sizes(a):
     return out
 
 
+def median(v):
+    v = sorted(v)
+    k = len(v)
+    return v[k // 2] if k % 2 else 0.5 * (v[k // 2 - 1] + v[k // 2])
+
+
+def auto_batch(call_us):
+    """-k auto, as tdist-bench: calls per sample for calls of call_us each."""
+    if not call_us > 0:
+        return 1
+    return int(max(1, min(MAX_BATCH, AUTO_SAMPLE_US / call_us)))
+
+
+def batch_arg(s):
+    if s == "auto":
+        return 0
+    return bounded_int(1, MAX_BATCH)(s)
+
+
 def worker(a):
     import datetime
     import torch
@@ -82,7 +109,14 @@ def worker(a):
     if rank == 0:
         print("# gloo_coll all_reduce: %d ranks, dtype f32, redop sum, %d iterations "
               "(+%d warm-up), check on, torch %s" % (n, a.iters, a.warmup, torch.__version__))
-        print("# time: max over ranks of each rank's median; GB/s = 1e9 B/s")
+        if a.batch == 1:
+            print("# time: max over ranks of each rank's median; GB/s = 1e9 B/s")
+        elif a.batch > 1:
+            print("# time: max over ranks of each rank's median sample of %d calls (its "
+                  "time / %d); GB/s = 1e9 B/s" % (a.batch, a.batch))
+        else:
+            print("# time: max over ranks of each rank's median sample (batch time / calls; "
+                  "calls per sample chosen per size, ~%.0f us); GB/s = 1e9 B/s" % AUTO_SAMPLE_US)
         print("# %12s %12s %5s %10s %12s %11s %11s %8s" % (
             "bytes", "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)",
             "wrong"))
@@ -102,15 +136,25 @@ def worker(a):
         dist.barrier()
         for _ in range(a.warmup):
             recv.copy_(send)
-            dist.all_reduce(recv, op=dist.ReduceOp.SUM)
-        for _ in range(a.iters):
-            recv.copy_(send)
             t0 = time.perf_counter_ns()
             dist.all_reduce(recv, op=dist.ReduceOp.SUM)
             times.append((time.perf_counter_ns() - t0) / 1e3)
-        times.sort()
-        k = len(times)
-        med = times[k // 2] if k % 2 else 0.5 * (times[k // 2 - 1] + times[k // 2])
+        batch = a.batch
+        if batch == 0:
+            call = torch.tensor([median(times) if times else 0.0], dtype=torch.float64)
+            dist.all_reduce(call, op=dist.ReduceOp.MAX)
+            batch = auto_batch(call.item())
+        times = []
+        for _ in range(a.iters):
+            recv.copy_(send)
+            t0 = time.perf_counter_ns()
+            for _ in range(batch):
+                dist.all_reduce(recv, op=dist.ReduceOp.SUM)
+            times.append((time.perf_counter_ns() - t0) / 1e3 / batch)
+        med = median(times)
+        if batch > 1:  # the checked result: one call on a fresh copy
+            recv.copy_(send)
+            dist.all_reduce(recv, op=dist.ReduceOp.SUM)
         wrong = int((recv != expected).sum().item())
         agg = torch.tensor([med, float(wrong)], dtype=torch.float64)
         dist.all_reduce(agg, op=dist.ReduceOp.MAX)
@@ -119,6 +163,8 @@ def worker(a):
         algbw = nbytes / (max_med * 1e3) if max_med > 0 else 0.0
         busbw = algbw * 2.0 * (n - 1) / n
         if rank == 0:
+            if a.batch == 0:
+                print("# %d bytes: %d calls per sample" % (nbytes, batch))
             print("  %12d %12d %5s %10s %12.2f %11.3f %11.3f %8d" % (
                 nbytes, count, "f32", "sum", max_med, algbw, busbw, max_wrong))
             sys.stdout.flush()
@@ -148,6 +194,8 @@ def main():
                     help="timed iterations (20)")
     ap.add_argument("-w", dest="warmup", type=bounded_int(0, 1000000), default=5,
                     help="warm-up iterations (5)")
+    ap.add_argument("-k", dest="batch", type=batch_arg, default=1,
+                    help="calls per timed sample, 1..%d or auto (1)" % MAX_BATCH)
     ap.add_argument("--bind", choices=("core", "none"), default="none",
                     help="core: pin rank r to the r-th allowed CPU (default none)")
     ap.add_argument("--timeout", type=bounded_int(1, 86400), default=600,

@@ -5,10 +5,13 @@
  * tools/tdist-bench measures tdist_all_reduce, so the two can be put side
  * by side (see docs/bench-compare.md):
  *
- *   for each size: MPI_Barrier; WARMUP untimed calls; ITERS calls, each
- *   timed on its own with CLOCK_MONOTONIC (no barrier between them); each
- *   rank takes the median of its ITERS times; the row's time is the
- *   maximum over ranks of these medians (an MPI_Allreduce MAX).
+ *   for each size: MPI_Barrier; WARMUP warm-up calls; ITERS samples of
+ *   BATCH consecutive calls each (-k, default 1), timed with
+ *   CLOCK_MONOTONIC (no barrier between them; a sample is its time /
+ *   BATCH); each rank takes the median of its ITERS samples; the row's time
+ *   is the maximum over ranks of these medians (an MPI_Allreduce MAX).
+ *   -k auto picks BATCH per size as tdist-bench does: as many calls as
+ *   last about 100 us, from the warm-up calls' median (max over ranks).
  *   algbw = bytes / time; busbw = algbw * 2(n-1)/n (GB/s = 1e9 B/s).
  *
  * Inputs are tdist-bench's: rank r, index i holds ((i % 1000003) * 7 +
@@ -39,17 +42,21 @@
 #define MAX_BYTES ((size_t)1 << 30)
 #define MAX_SIZES 64
 #define MAX_ITERS 1000000
+#define MAX_BATCH 1000       /* as tdist-bench's -k */
+#define AUTO_SAMPLE_US 100.0 /* as tdist-bench's -k auto */
 #define POISON (-12345.0f)
 
 typedef struct cfg {
     size_t min_bytes, max_bytes, factor;
     int iters, warmup;
+    int batch; /* 0 = auto */
 } cfg_t;
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: mpirun -np N mpi_coll [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP]\n"
-               "  f32 SUM MPI_Allreduce, measured like tdist-bench (defaults 8, 64M, 2, 20, 5)\n");
+    fprintf(f, "usage: mpirun -np N mpi_coll [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP]"
+               " [-k BATCH|auto]\n"
+               "  f32 SUM MPI_Allreduce, measured like tdist-bench (defaults 8, 64M, 2, 20, 5, 1)\n");
 }
 
 /* "64M" -> 67108864 (K/M/G = powers of 1024, optional i and B), as tdist-bench. */
@@ -92,10 +99,11 @@ static int parse_args(int argc, char **argv, cfg_t *c)
     c->factor = 2;
     c->iters = 20;
     c->warmup = 5;
+    c->batch = 1;
     long v;
     int opt;
     opterr = 0;
-    while ((opt = getopt(argc, argv, ":b:e:f:n:w:h")) != -1) {
+    while ((opt = getopt(argc, argv, ":b:e:f:n:w:k:h")) != -1) {
         switch (opt) {
         case 'b':
             if (!parse_size(optarg, &c->min_bytes) || c->min_bytes == 0) goto bad;
@@ -114,6 +122,14 @@ static int parse_args(int argc, char **argv, cfg_t *c)
         case 'w':
             if (!parse_int(optarg, 0, MAX_ITERS, &v)) goto bad;
             c->warmup = (int)v;
+            break;
+        case 'k':
+            if (strcmp(optarg, "auto") == 0)
+                c->batch = 0;
+            else if (parse_int(optarg, 1, MAX_BATCH, &v))
+                c->batch = (int)v;
+            else
+                goto bad;
             break;
         case 'h': usage(stdout); return 1;
         default: goto bad;
@@ -153,6 +169,21 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* Median of v[0..n) (sorts v); n >= 1. */
+static double median_of(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* -k auto, as tdist-bench: calls per sample for calls of call_us each. */
+static int auto_batch(double call_us)
+{
+    if (!(call_us > 0)) return 1;
+    double k = AUTO_SAMPLE_US / call_us;
+    return k < 1 ? 1 : k > MAX_BATCH ? MAX_BATCH : (int)k;
+}
+
 /* One size; 0 ok, -1 failed (message printed). */
 static int bench_size(const cfg_t *c, int rank, int n, size_t bytes, double *times, FILE *out)
 {
@@ -170,20 +201,31 @@ static int bench_size(const cfg_t *c, int rank, int n, size_t bytes, double *tim
         recv[i] = POISON;
     }
     if (MPI_Barrier(MPI_COMM_WORLD) != MPI_SUCCESS) goto fail;
-    for (int i = 0; i < c->warmup; i++)
-        if (MPI_Allreduce(send, recv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD) !=
-            MPI_SUCCESS)
-            goto fail;
-    for (int i = 0; i < c->iters; i++) {
+    int wt = 0; /* warm-up times (for -k auto) go into times[], overwritten below */
+    for (int i = 0; i < c->warmup; i++) {
         double t0 = now_us();
         if (MPI_Allreduce(send, recv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD) !=
             MPI_SUCCESS)
             goto fail;
-        times[i] = now_us() - t0;
+        if (wt < c->iters) times[wt++] = now_us() - t0;
     }
-    qsort(times, (size_t)c->iters, sizeof *times, cmp_double);
-    double med = c->iters % 2 ? times[c->iters / 2]
-                              : 0.5 * (times[c->iters / 2 - 1] + times[c->iters / 2]);
+    int batch = c->batch;
+    if (batch == 0) {
+        double call_us = wt ? median_of(times, wt) : 0, max_us = 0;
+        if (MPI_Allreduce(&call_us, &max_us, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD) !=
+            MPI_SUCCESS)
+            goto fail;
+        batch = auto_batch(max_us);
+    }
+    for (int i = 0; i < c->iters; i++) {
+        double t0 = now_us();
+        for (int j = 0; j < batch; j++)
+            if (MPI_Allreduce(send, recv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD) !=
+                MPI_SUCCESS)
+                goto fail;
+        times[i] = (now_us() - t0) / batch;
+    }
+    double med = median_of(times, c->iters);
     int64_t wrong = 0;
     for (size_t i = 0; i < count; i++) wrong += recv[i] != expected(n, i);
     double max_med = 0;
@@ -195,6 +237,7 @@ static int bench_size(const cfg_t *c, int rank, int n, size_t bytes, double *tim
     double algbw = max_med > 0 ? (double)b / (max_med * 1e3) : 0.0;
     double busbw = algbw * 2.0 * (n - 1) / n;
     if (rank == 0) {
+        if (c->batch == 0) fprintf(out, "# %zu bytes: %d calls per sample\n", b, batch);
         fprintf(out, "  %12zu %12zu %5s %10s %12.2f %11.3f %11.3f %8" PRId64 "\n", b, count, "f32",
                 "sum", max_med, algbw, busbw, max_wrong);
         fflush(out);
@@ -234,7 +277,16 @@ int main(int argc, char **argv)
         printf("# mpi_coll all_reduce: %d ranks, dtype f32, redop sum, %d iterations (+%d "
                "warm-up), check on\n",
                n, c.iters, c.warmup);
-        printf("# time: max over ranks of each rank's median; GB/s = 1e9 B/s\n");
+        if (c.batch == 1)
+            printf("# time: max over ranks of each rank's median; GB/s = 1e9 B/s\n");
+        else if (c.batch > 1)
+            printf("# time: max over ranks of each rank's median sample of %d calls (its "
+                   "time / %d); GB/s = 1e9 B/s\n",
+                   c.batch, c.batch);
+        else
+            printf("# time: max over ranks of each rank's median sample (batch time / calls; "
+                   "calls per sample chosen per size, ~%.0f us); GB/s = 1e9 B/s\n",
+                   AUTO_SAMPLE_US);
         printf("# %12s %12s %5s %10s %12s %11s %11s %8s\n", "bytes", "count", "type", "redop",
                "time(us)", "algbw(GB/s)", "busbw(GB/s)", "wrong");
         fflush(stdout);

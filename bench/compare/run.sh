@@ -7,7 +7,9 @@
 #   bench/compare/run.sh -h         # every option
 #
 # Peers, all f32 SUM all_reduce, all measured the way tools/tdist-bench does
-# (barrier, warm-up, per-call times, max over ranks of each rank's median):
+# (barrier, warm-up, timed samples of BATCH calls each -- by default as many
+# calls as last ~100 us, so a sub-microsecond call is not one clock read
+# long --, max over ranks of each rank's median sample):
 #   tdist : tools/tdist-bench under tools/tdistrun, TDIST_TRANSPORT=shm|tcp
 #   ompi  : bench/compare/mpi_coll.c under mpirun (default transport = vader
 #           shared memory; tcp = --mca btl tcp,self over the loopback)
@@ -23,9 +25,9 @@ HERE="$REPO/bench/compare"
 PY=/usr/bin/python3 # Debian's interpreter: python3-torch lives there
 PACKAGES=(openmpi-bin libopenmpi-dev python3-torch libopenblas0-pthread)
 
-D_MIN=8 D_MAX=64M D_FACTOR=2 D_ITERS=20 D_WARMUP=5 D_RUNS=3
+D_MIN=8 D_MAX=64M D_FACTOR=2 D_ITERS=20 D_WARMUP=5 D_RUNS=3 D_BATCH=auto
 D_RANKS="2 4" D_TRANSPORTS="shm tcp" D_PEERS="tdist ompi gloo" D_TIMEOUT=600
-MIN=$D_MIN MAX=$D_MAX FACTOR=$D_FACTOR ITERS=$D_ITERS WARMUP=$D_WARMUP RUNS=$D_RUNS
+MIN=$D_MIN MAX=$D_MAX FACTOR=$D_FACTOR ITERS=$D_ITERS WARMUP=$D_WARMUP RUNS=$D_RUNS BATCH=$D_BATCH
 RANKS=$D_RANKS TRANSPORTS=$D_TRANSPORTS PEERS=$D_PEERS PEER_TIMEOUT=$D_TIMEOUT OUTDIR="" INSTALL=1 BUILD_TDIST=1 MPI_EXTRA=""
 BUILD="$REPO/build/bench-release"
 BUILD_TRIES=${BUILD_TRIES:-10} # the tree may be mid-edit: retry, 60 s apart
@@ -37,7 +39,10 @@ usage: bench/compare/run.sh [options]
   -b MIN        smallest size in bytes, K/M/G suffixes (default $D_MIN)
   -e MAX        largest size (default $D_MAX); MAX is always the last size
   -f FACTOR     size step, integer >= 2 (default $D_FACTOR: 8 B, 16 B, ... 4 MiB ... 64 MiB)
-  -n ITERS      timed iterations per size (default $D_ITERS)
+  -n ITERS      timed samples per size (default $D_ITERS)
+  -k BATCH      calls per timed sample, every peer: auto (default: per size, as
+                many calls as last ~100 us, from the warm-up's median call) or
+                1..1000 (1: every call timed on its own)
   -w WARMUP     untimed warm-up iterations per size (default $D_WARMUP)
   -r RUNS       runs; the tables quote the median over runs (default $D_RUNS)
   -q            quick smoke test: 1 run, 5 iterations, 1 warm-up (-r/-n/-w still win)
@@ -64,13 +69,14 @@ die() { echo "run.sh: $*" >&2; exit 1; }
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 is_uint() { [[ "$1" =~ ^[0-9]+$ ]]; }
 
-while getopts ":b:e:f:n:w:r:qp:t:P:T:o:m:B:xsh" opt; do
+while getopts ":b:e:f:n:w:k:r:qp:t:P:T:o:m:B:xsh" opt; do
     case "$opt" in
     b) MIN=$OPTARG ;;
     e) MAX=$OPTARG ;;
     f) FACTOR=$OPTARG ;;
     n) ITERS=$OPTARG set_n=1 ;;
     w) WARMUP=$OPTARG set_w=1 ;;
+    k) BATCH=$OPTARG ;;
     r) RUNS=$OPTARG set_r=1 ;;
     q) QUICK=1 ;;
     p) RANKS=$OPTARG ;;
@@ -102,6 +108,8 @@ size_ok "$MAX" || bad "bad -e '$MAX'"
 { is_uint "$FACTOR" && [ "$FACTOR" -ge 2 ]; } || bad "bad -f '$FACTOR'"
 { is_uint "$ITERS" && [ "$ITERS" -ge 1 ] && [ "$ITERS" -le 1000000 ]; } || bad "bad -n '$ITERS'"
 { is_uint "$WARMUP" && [ "$WARMUP" -le 1000000 ]; } || bad "bad -w '$WARMUP'"
+{ [ "$BATCH" = auto ] || { is_uint "$BATCH" && [ "$BATCH" -ge 1 ] && [ "$BATCH" -le 1000 ]; }; } ||
+    bad "bad -k '$BATCH'"
 { is_uint "$RUNS" && [ "$RUNS" -ge 1 ] && [ "$RUNS" -le 100 ]; } || bad "bad -r '$RUNS'"
 { is_uint "$PEER_TIMEOUT" && [ "$PEER_TIMEOUT" -ge 10 ]; } || bad "bad -T '$PEER_TIMEOUT' (>= 10)"
 for np in $RANKS; do
@@ -151,7 +159,7 @@ NCPU=$(nproc 2>/dev/null || echo 1)
 if [ "$(id -u)" = 0 ]; then
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
-SWEEP=(-b "$MIN" -e "$MAX" -f "$FACTOR" -n "$ITERS" -w "$WARMUP")
+SWEEP=(-b "$MIN" -e "$MAX" -f "$FACTOR" -n "$ITERS" -w "$WARMUP" -k "$BATCH")
 
 # run_peer NP TRANSPORT PEER RUN: one invocation, rows appended to $DATA.
 run_peer() {
@@ -195,7 +203,7 @@ run_peer() {
     fi
 }
 
-echo "# all_reduce f32 sum: sizes $MIN..$MAX x$FACTOR, $ITERS iterations (+$WARMUP warm-up)," \
+echo "# all_reduce f32 sum: sizes $MIN..$MAX x$FACTOR, $ITERS samples of $BATCH call(s) (+$WARMUP warm-up)," \
     "$RUNS run(s), ranks: $RANKS, transports: $TRANSPORTS, peers: $PEERS; raw output in $OUTDIR" >&2
 for ((run = 1; run <= RUNS; run++)); do
     for np in $RANKS; do
@@ -324,7 +332,8 @@ for tr in transports:
 print()
 print("# speed-up 'vs X' = X's time / tdist's time = tdist busbw / X's busbw (same bytes,")
 print("# same factor): > 1 means tdist is faster. Times in us: max over ranks of each rank's")
-print("# median over ITERS calls, then the median over runs. busbw = bytes/time * 2(n-1)/n, GB/s.")
+print("# median over ITERS samples (a sample: one batch of calls, its time / its calls; -k),")
+print("# then the median over runs. busbw = bytes/time * 2(n-1)/n, GB/s.")
 if any(wrong.values()):
     print("# '!' marks sizes with wrong elements in at least one run")
 

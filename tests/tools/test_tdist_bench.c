@@ -104,6 +104,48 @@ TEST(tdistrun_bench_collectives_2_ranks, 240)
     }
 }
 
+/* -k: samples of several calls. A fixed batch is named in the header; auto
+ * prints each size's batch and the same rows as without batches, and an
+ * 8-byte call that takes well under the ~100 us a sample aims at must have
+ * been batched (the batch comes from the median of 20 warm-up calls; the
+ * row's time from the timed ones: a loaded machine may make both slow). */
+TEST(tdistrun_bench_batched_samples, 120)
+{
+    static const size_t sizes[] = {8, 512, 32768};
+    const char *fixed[] = {BENCH_RUN, "--nproc-per-node", "2", "--grace-period", "1", BENCH_BIN,
+                           "-o", "all_reduce", "-b", "8", "-e", "32K", "-f", "64", "-n", "3",
+                           "-w", "1", "-k", "4", NULL};
+    run_t r;
+    run(fixed, 60, "batch4", &r);
+    if (r.code != 0) BENCH_FAIL(r, "-k 4: expected exit 0");
+    check_rows(&r, "all_reduce", "sum", 1.0, sizes, 3);
+    ASSERT_CONTAINS(r.out, "median sample of 4 calls");
+    run_free(&r);
+
+    const char *autob[] = {BENCH_RUN, "--nproc-per-node", "2", "--grace-period", "1", BENCH_BIN,
+                           "-o", "all_reduce", "-b", "8", "-e", "32K", "-f", "64", "-n", "3",
+                           "-w", "20", "-k", "auto", NULL};
+    run(autob, 60, "batch_auto", &r);
+    if (r.code != 0) BENCH_FAIL(r, "-k auto: expected exit 0");
+    check_rows(&r, "all_reduce", "sum", 1.0, sizes, 3);
+    for (size_t i = 0; i < 3; i++) {
+        char want[64];
+        snprintf(want, sizeof want, "[rank 0] # %zu bytes: ", sizes[i]);
+        const char *at = strstr(r.out, want);
+        int calls = 0;
+        if (!at || sscanf(at + strlen(want), "%d calls per sample", &calls) != 1 || calls < 1 ||
+            calls > 1000)
+            BENCH_FAIL(r, "no \"%s<1..1000> calls per sample\" line", want);
+        double t = 0;
+        const char *row = strchr(at, '\n');
+        if (!row || sscanf(row + 1, "[rank 0] %*u %*u %*s %*s %lf", &t) != 1)
+            BENCH_FAIL(r, "no row after \"%s\"", want);
+        if (sizes[i] == 8 && t < 20.0 && calls < 2)
+            BENCH_FAIL(r, "8 bytes in %.2f us, yet %d call per sample", t, calls);
+    }
+    run_free(&r);
+}
+
 TEST(tdistrun_bench_detects_wrong_elements, 60)
 {
     /* Rank 1 corrupts the last element of its output after each size. */
@@ -134,6 +176,9 @@ TEST(tdistrun_bench_bad_flags_exit_2, 30)
         {"-c", "2", NULL},
         {"-b", "12Q", NULL},
         {"-w", NULL},
+        {"-k", "0", NULL},
+        {"-k", "1001", NULL},
+        {"-k", "autox", NULL},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         const char *argv[8] = {BENCH_BIN};

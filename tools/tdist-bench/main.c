@@ -6,9 +6,10 @@
  *            -n 20 -w 5 -d f32 -r sum
  *
  * Uses the public API only (include/tdist/tdist.h). For each size: a
- * barrier, WARMUP untimed calls, ITERS individually timed blocking calls
- * (no barrier between them); the reported time is the max over ranks of
- * each rank's median. Every result is checked against values computed
+ * barrier, WARMUP warm-up calls, ITERS timed samples of BATCH consecutive
+ * blocking calls each (-k; no barrier between them; a sample is its time /
+ * BATCH); the reported time is the max over ranks of each rank's median
+ * sample. Every result is checked against values computed
  * locally from the same formula of (rank, index); the wrong-element count
  * is all-reduced (MAX) so rank 0 reports the worst rank.
  */
@@ -27,6 +28,8 @@
 #define BENCH_MAX_BYTES ((size_t)1 << 30) /* largest buffer we agree to allocate */
 #define BENCH_MAX_SIZES 64                /* at most this many rows */
 #define BENCH_MAX_ITERS 1000000
+#define BENCH_MAX_BATCH 1000    /* calls per timed sample, -k */
+#define AUTO_SAMPLE_US 100.0    /* -k auto: a sample lasts about this long */
 #define EXIT_USAGE 2
 
 typedef enum op {
@@ -65,6 +68,7 @@ typedef struct cfg {
     size_t min_bytes, max_bytes;
     size_t factor;
     int iters, warmup;
+    int batch; /* calls per timed sample; 0 = auto */
     tdist_dtype_t dtype;
     int dtype_idx;
     tdist_redop_t redop;
@@ -84,13 +88,18 @@ static void usage(FILE *f)
             "             the last size\n"
             "  -n ITERS   timed iterations per size, >= 1 (default 20)\n"
             "  -w WARMUP  untimed warm-up iterations per size, >= 0 (default 5)\n"
+            "  -k BATCH   calls per timed sample, 1..%d or auto (default 1: every call\n"
+            "             timed on its own); a sample is the batch's time / BATCH. auto:\n"
+            "             per size, as many calls as last about %.0f us, from the warm-up\n"
+            "             calls' median (max over ranks; 1 without warm-up)\n"
             "  -d DTYPE   f32 (default) f64 f16 bf16 i8 u8 i32 i64\n"
             "  -r REDOP   sum (default) prod min max avg band bor bxor premul_sum\n"
             "  -c 0|1     check every result (default 1)\n"
             "  -h         this help\n"
             "Bytes are the per-rank buffer size as in nccl-tests (for all_gather, gather:\n"
             "the receive buffer; reduce_scatter, scatter, all_to_all: the send buffer).\n"
-            "Rank 0 prints one row per size and RESULT lines; exit 1 if any element is wrong.\n");
+            "Rank 0 prints one row per size and RESULT lines; exit 1 if any element is wrong.\n",
+            BENCH_MAX_BATCH, AUTO_SAMPLE_US);
 }
 
 /* "64M" -> 67108864. K/M/G are powers of 1024; an optional trailing B/iB. */
@@ -143,13 +152,14 @@ static int parse_args(int argc, char **argv, cfg_t *c)
     c->factor = 2;
     c->iters = 20;
     c->warmup = 5;
+    c->batch = 1;
     c->dtype_idx = 0;
     c->redop_idx = 0;
     c->check = true;
     int opt;
     long v;
     opterr = 0;
-    while ((opt = getopt(argc, argv, ":o:b:e:f:n:w:d:r:c:h")) != -1) {
+    while ((opt = getopt(argc, argv, ":o:b:e:f:n:w:k:d:r:c:h")) != -1) {
         switch (opt) {
         case 'o': {
             int i = lookup(optarg, op_names, OP_COUNT_);
@@ -194,6 +204,17 @@ static int parse_args(int argc, char **argv, cfg_t *c)
                 goto bad;
             }
             c->warmup = (int)v;
+            break;
+        case 'k':
+            if (strcmp(optarg, "auto") == 0) {
+                c->batch = 0;
+            } else if (parse_int(optarg, 1, BENCH_MAX_BATCH, &v)) {
+                c->batch = (int)v;
+            } else {
+                fprintf(stderr, "tdist-bench: bad -k batch '%s' (1..%d or auto)\n", optarg,
+                        BENCH_MAX_BATCH);
+                goto bad;
+            }
             break;
         case 'd':
             c->dtype_idx = lookup(optarg, dtype_names, N_DTYPES);
@@ -537,7 +558,24 @@ typedef struct row {
     size_t bytes, count;
     double time_us, algbw, busbw;
     int64_t wrong;
+    int batch; /* calls per timed sample */
 } row_t;
+
+/* Median of v[0..n) (sorts v); n >= 1. */
+static double median_of(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* -k auto: calls per sample for calls of call_us each (every rank passes
+ * the same call_us, so every rank makes the same number of calls). */
+static int auto_batch(double call_us)
+{
+    if (!(call_us > 0)) return 1;
+    double k = AUTO_SAMPLE_US / call_us;
+    return k < 1 ? 1 : k > BENCH_MAX_BATCH ? BENCH_MAX_BATCH : (int)k;
+}
 
 static void fail_coll(int rank, const char *what)
 {
@@ -559,23 +597,39 @@ static int bench_size(const cfg_t *c, tdist_pg_t *pg, size_t bytes, double *time
         fail_coll(rank, "barrier");
         goto out;
     }
+    /* warm-up calls are timed only for -k auto; their times go into
+     * times[] (at most ITERS of them), which the timed loop overwrites */
+    int wt = 0;
     for (int i = 0; i < c->warmup; i++) {
-        if (one_call(c, pg, &r) != TDIST_OK) {
-            fail_coll(rank, op_names[c->op]);
-            goto out;
-        }
-    }
-    for (int i = 0; i < c->iters; i++) {
         double t0 = now_us();
         if (one_call(c, pg, &r) != TDIST_OK) {
             fail_coll(rank, op_names[c->op]);
             goto out;
         }
-        times[i] = now_us() - t0;
+        if (wt < c->iters) times[wt++] = now_us() - t0;
     }
-    qsort(times, (size_t)c->iters, sizeof *times, cmp_double);
-    double med = c->iters % 2 ? times[c->iters / 2]
-                              : 0.5 * (times[c->iters / 2 - 1] + times[c->iters / 2]);
+    int batch = c->batch;
+    if (batch == 0) {
+        double call_us = wt ? median_of(times, wt) : 0, max_us = 0;
+        if (tdist_all_reduce(pg, &call_us, &max_us, 1, TDIST_F64, TDIST_MAX, NULL, NULL) !=
+            TDIST_OK) {
+            fail_coll(rank, "all_reduce of the warm-up time");
+            goto out;
+        }
+        batch = auto_batch(max_us);
+    }
+    for (int i = 0; i < c->iters; i++) {
+        double t0 = now_us();
+        for (int j = 0; j < batch; j++) {
+            if (one_call(c, pg, &r) != TDIST_OK) {
+                fail_coll(rank, op_names[c->op]);
+                goto out;
+            }
+        }
+        times[i] = (now_us() - t0) / batch;
+    }
+    double med = median_of(times, c->iters);
+    row->batch = batch;
     /* Testing hook: TDIST_BENCH_INJECT_ERROR=R corrupts one output element
      * on rank R after the timed loop, so the check can be seen to fail. */
     const char *inject = getenv("TDIST_BENCH_INJECT_ERROR");
@@ -640,7 +694,16 @@ int main(int argc, char **argv)
                "check %s\n",
                op_names[c.op], n, dtype_names[c.dtype_idx], redop, c.iters, c.warmup,
                c.check ? "on" : "off");
-        printf("# time: max over ranks of each rank's median; GB/s = 1e9 B/s\n");
+        if (c.batch == 1)
+            printf("# time: max over ranks of each rank's median; GB/s = 1e9 B/s\n");
+        else if (c.batch > 1)
+            printf("# time: max over ranks of each rank's median sample of %d calls (its "
+                   "time / %d); GB/s = 1e9 B/s\n",
+                   c.batch, c.batch);
+        else
+            printf("# time: max over ranks of each rank's median sample (batch time / calls; "
+                   "calls per sample chosen per size, ~%.0f us); GB/s = 1e9 B/s\n",
+                   AUTO_SAMPLE_US);
         printf("# %12s %12s %5s %10s %12s %11s %11s %8s\n", "bytes", "count", "type", "redop",
                "time(us)", "algbw(GB/s)", "busbw(GB/s)", "wrong");
         fflush(stdout);
@@ -659,6 +722,7 @@ int main(int argc, char **argv)
                 snprintf(wrong, sizeof wrong, "%" PRId64, row->wrong);
             else
                 snprintf(wrong, sizeof wrong, "-");
+            if (c.batch == 0) printf("# %zu bytes: %d calls per sample\n", row->bytes, row->batch);
             printf("  %12zu %12zu %5s %10s %12.2f %11.3f %11.3f %8s\n", row->bytes, row->count,
                    dtype_names[c.dtype_idx], redop, row->time_us, row->algbw, row->busbw, wrong);
             fflush(stdout);
