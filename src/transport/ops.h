@@ -79,7 +79,7 @@ void tdist__tp_req_enqueue(tdist__tp_req_t *req, int peer, void *buf, size_t len
 void *tdist__shm_area(tdist__tp_t *tp, int r, size_t *bytes);
 tdist_status_t tdist__shm_wait_until(tdist__tp_t *tp, bool (*cond)(void *arg),
                                      bool (*needs)(void *arg, int peer), void *arg,
-                                     int64_t deadline_ms, bool spin);
+                                     int64_t deadline_ms, unsigned flags);
 void tdist__shm_notify(tdist__tp_t *tp);
 bool tdist__shm_oversubscribed(tdist__tp_t *tp);
 

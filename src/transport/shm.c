@@ -41,7 +41,7 @@
 #include "transport/ops.h"
 
 #define SEG_MAGIC 0x6d68737470647474ull /* "ttdptshm" */
-#define SEG_VERSION 3
+#define SEG_VERSION 4
 #define HDR_BYTES 512
 #define CPU_WORDS 16 /* affinity masks in headers: CPUs 0..1023 */
 #define SLOT_HDR_BYTES 256
@@ -54,6 +54,7 @@
 #define SPIN_ROUNDS 64           /* pause rounds before yielding */
 #define COLL_SPIN_NS 20000ull    /* collective waits: spin this long when every rank has a CPU */
 #define YIELD_NS 1000000ull      /* then sched_yield for up to 1 ms */
+#define ELSEWHERE_SPIN_NS 3000ull /* oversubscribed: spin this long while the awaited ranks run elsewhere */
 #define SLEEP_MAX_MS 4           /* one futex sleep, at most */
 #define LIVENESS_NS 2000000ull   /* check peers' pids at least this often while waiting */
 #define SETUP_SLEEP_MS 1
@@ -72,6 +73,9 @@ typedef struct seg_hdr {
     /* the owner's CPU affinity (bit c of word c / 64: it may run on CPU c);
      * all zero when it may run on a CPU >= 64 * CPU_WORDS */
     _Alignas(64) uint64_t cpus[CPU_WORDS];
+    /* the CPU the owner ran on when it last posted or waited (-1: not
+     * known yet); oversubscribed waits read it, see needed_here() */
+    _Alignas(64) atomic_int cpu;
 } seg_hdr_t;
 
 /* One ring's control lines, followed by ring_bytes of data. */
@@ -124,6 +128,7 @@ typedef struct shm_tp {
     int *pfd_peer;
     bool connected;
     bool oversubscribed; /* more ranks than the CPUs they may run on, together */
+    int cpu;             /* what hdr->cpu says (this process's copy) */
     uint64_t last_check_ns;
     atomic_bool aborted;
     tdist_status_t err;
@@ -403,6 +408,8 @@ tdist_status_t tdist__shm_listen(tdist__tp_kind_t kind, int rank, int size,
     tp->hdr->ring_bytes = ring;
     tp->hdr->coll_bytes = coll;
     put_affinity(tp->hdr, have_cpus ? &cpus : NULL);
+    tp->cpu = -1;
+    atomic_store(&tp->hdr->cpu, -1);
     atomic_thread_fence(memory_order_release);
     __atomic_store_n(&tp->hdr->magic, SEG_MAGIC, __ATOMIC_RELEASE);
     snprintf(tp->addr, sizeof tp->addr, "shm:%s:%d", tp->name, (int)getpid());
@@ -1025,9 +1032,57 @@ void *tdist__shm_area(tdist__tp_t *t, int r, size_t *bytes)
     return c->seg + coll_offset(tp->size, c->hdr->ring_bytes);
 }
 
+/* Oversubscribed meshes: where this rank runs, for needed_here() on the
+ * peers. sched_getcpu reads the rseq area (glibc >= 2.35), and the shared
+ * line is written only when the CPU changed. */
+static int note_cpu(shm_tp_t *tp)
+{
+    int c = sched_getcpu();
+    if (c != tp->cpu) {
+        tp->cpu = c;
+        atomic_store_explicit(&tp->hdr->cpu, c, memory_order_relaxed);
+    }
+    return c;
+}
+
+/* Whether a rank this wait still needs may need this rank's CPU: it last
+ * ran here, or nobody knows where (no needs callback, a CPU not known).
+ * When every needed rank last ran on another CPU, it is running there or
+ * queued behind ranks there: yielding this CPU would only hand it to a
+ * rank that waits too (with 4 ranks on 2 CPUs, one wasted switch per call
+ * when the two CPUs' turns fall out of step). */
+static bool needed_here(shm_tp_t *tp, int me, bool (*needs)(void *arg, int peer), void *arg)
+{
+    if (!needs || me < 0) return true;
+    for (int p = 0; p < tp->size; p++) {
+        if (p == tp->rank || !needs(arg, p)) continue;
+        int c = tp->pe[p].hdr ? atomic_load_explicit(&tp->pe[p].hdr->cpu, memory_order_relaxed)
+                              : -1;
+        if (c < 0 || c == me) return true;
+    }
+    return false;
+}
+
+/* Spin on cond for up to ns; true once it holds. */
+static bool spin_for(bool (*cond)(void *arg), void *arg, uint64_t ns)
+{
+    for (uint64_t end = 0;;) {
+        for (int i = 0; i < SPIN_ROUNDS; i++) {
+            cpu_relax();
+            if (cond(arg)) return true;
+        }
+        uint64_t now = tdist__now_ns();
+        if (!end)
+            end = now + ns;
+        else if (now >= end)
+            return false;
+    }
+}
+
 void tdist__shm_notify(tdist__tp_t *t)
 {
     shm_tp_t *tp = TP(t);
+    if (tp->oversubscribed) note_cpu(tp);
     atomic_thread_fence(memory_order_seq_cst);
     for (int p = 0; p < tp->size; p++) {
         if (p == tp->rank || !tp->pe[p].hdr) continue;
@@ -1054,7 +1109,7 @@ static tdist_status_t check_lost(shm_tp_t *tp, bool (*needs)(void *arg, int peer
 
 tdist_status_t tdist__shm_wait_until(tdist__tp_t *t, bool (*cond)(void *arg),
                                      bool (*needs)(void *arg, int peer), void *arg,
-                                     int64_t deadline_ms, bool spin)
+                                     int64_t deadline_ms, unsigned flags)
 {
     shm_tp_t *tp = TP(t);
     if (tp->err != TDIST_OK) return sticky(tp);
@@ -1063,21 +1118,14 @@ tdist_status_t tdist__shm_wait_until(tdist__tp_t *t, bool (*cond)(void *arg),
      * (sched_yield would return at once anyway, adding a syscall to the
      * latency). More ranks than CPUs: yield at once, the peer we wait for
      * may need this CPU. */
-    if (spin && !tp->oversubscribed) {
-        /* the clock (~20 ns) is read only after the first round: a peer a
-         * few hundred ns behind arrives within it */
-        for (uint64_t spin_end = 0;;) {
-            for (int i = 0; i < SPIN_ROUNDS; i++) {
-                cpu_relax();
-                if (cond(arg)) return TDIST_OK;
-            }
-            uint64_t now = tdist__now_ns();
-            if (!spin_end)
-                spin_end = now + COLL_SPIN_NS;
-            else if (now >= spin_end)
-                break;
-        }
-    }
+    /* the clock (~20 ns) is read only after the first round: a peer a few
+     * hundred ns behind arrives within it */
+    if ((flags & TDIST__WAIT_SPIN) && !tp->oversubscribed && spin_for(cond, arg, COLL_SPIN_NS))
+        return TDIST_OK;
+    /* not from a background thread: its spinning would take the CPU from
+     * the caller's own computation */
+    bool elsewhere = (flags & TDIST__WAIT_SPIN) && (flags & TDIST__WAIT_SELF_MADE) &&
+                     tp->oversubscribed;
     uint64_t start = tdist__now_ns();
     uint64_t end = deadline_ms == INT64_MAX ? UINT64_MAX
                    : deadline_ms <= 0        ? 0
@@ -1088,6 +1136,9 @@ tdist_status_t tdist__shm_wait_until(tdist__tp_t *t, bool (*cond)(void *arg),
         if (now - tp->last_check_ns >= LIVENESS_NS) TDIST_CHECK(check_lost(tp, needs, arg));
         if (now >= end) return TDIST_ERR_TIMEOUT;
         if (now - start < YIELD_NS) {
+            if (elsewhere && !needed_here(tp, note_cpu(tp), needs, arg) &&
+                spin_for(cond, arg, ELSEWHERE_SPIN_NS))
+                return TDIST_OK;
             sched_yield();
         } else {
             atomic_store(&tp->hdr->sleeping, 1);

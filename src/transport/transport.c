@@ -120,12 +120,12 @@ void *tdist__tp_shm_area(tdist__tp_t *tp, int r, size_t *bytes)
 
 tdist_status_t tdist__tp_wait_until(tdist__tp_t *tp, bool (*cond)(void *arg),
                                     bool (*needs)(void *arg, int peer), void *arg,
-                                    int64_t deadline_ms, bool spin)
+                                    int64_t deadline_ms, unsigned flags)
 {
     if (!is_shm(tp) || !cond)
         return tdist__error(TDIST_ERR_NOT_SUPPORTED, "tdist__tp_wait_until: needs a shared-memory "
                             "transport and a condition");
-    return tdist__shm_wait_until(tp, cond, needs, arg, deadline_ms, spin);
+    return tdist__shm_wait_until(tp, cond, needs, arg, deadline_ms, flags);
 }
 
 bool tdist__tp_oversubscribed(tdist__tp_t *tp) { return is_shm(tp) && tdist__shm_oversubscribed(tp); }

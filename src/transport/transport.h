@@ -164,10 +164,21 @@ tdist_status_t tdist__tp_sendrecv(tdist__tp_t *tp, int to, const void *sbuf, siz
  * (may be NULL) gets its size. Cheap; no locking. */
 void *tdist__tp_shm_area(tdist__tp_t *tp, int r, size_t *bytes);
 
-/* Wait until cond(arg) is true: with spin (and a CPU per rank), spin up
- * to ~20 us — the caller's own thread, waiting on a blocking call; without
- * it (a background thread, whose CPU the caller's computation needs) go
- * straight on — then sched_yield for up to ~1 ms, then sleep on this rank's doorbell a few ms at a time (a
+/* tdist__tp_wait_until's flags. */
+#define TDIST__WAIT_SPIN 1u /* the caller's own thread waits on a blocking call */
+/* Every rank the condition waits for makes its move on its own, needing no
+ * other rank's progress first (an exchange whose lines every rank posts
+ * before it waits). */
+#define TDIST__WAIT_SELF_MADE 2u
+
+/* Wait until cond(arg) is true: with TDIST__WAIT_SPIN (and a CPU per
+ * rank), spin up to ~20 us — the caller's own thread, waiting on a
+ * blocking call; without it (a background thread, whose CPU the caller's
+ * computation needs) go straight on — then sched_yield for up to ~1 ms.
+ * When ranks share CPUs (tdist__tp_oversubscribed) and the wait is
+ * TDIST__WAIT_SPIN | TDIST__WAIT_SELF_MADE, a rank whose awaited ranks (needs) all last ran
+ * on other CPUs spins up to ~10 us instead of yielding: they do not need
+ * its CPU. Then sleep on this rank's doorbell a few ms at a time (a
  * tdist__tp_notify from any peer wakes it), checking peers' liveness every
  * ~2 ms and the abort flag always. A peer that exited or closed its
  * transport fails the wait only if needs(arg, peer) says the condition
@@ -180,7 +191,7 @@ void *tdist__tp_shm_area(tdist__tp_t *tp, int r, size_t *bytes);
  * it); abort gives TDIST_ERR_ABORTED. TDIST_ERR_NOT_SUPPORTED for TCP. */
 tdist_status_t tdist__tp_wait_until(tdist__tp_t *tp, bool (*cond)(void *arg),
                                     bool (*needs)(void *arg, int peer), void *arg,
-                                    int64_t deadline_ms, bool spin);
+                                    int64_t deadline_ms, unsigned flags);
 
 /* Shared memory, after connect: whether the mesh's ranks are more than the
  * CPUs they may run on together (the union of every rank's affinity), so
