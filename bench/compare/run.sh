@@ -178,7 +178,13 @@ run_peer() {
         ;;
     ompi)
         [ "$np" -gt "$NCPU" ] && mpiopts+=(--oversubscribe)
-        mpiopts+=(--bind-to "$bind")
+        # more ranks than CPUs: Open MPI refuses to bind two to a core
+        # unless told it may (tdistrun and gloo_coll place rank r on CPU r % CPUs)
+        if [ "$bind" = core ] && [ "$np" -gt "$NCPU" ]; then
+            mpiopts+=(--bind-to core:overload-allowed)
+        else
+            mpiopts+=(--bind-to "$bind")
+        fi
         [ "$tr" = tcp ] && mpiopts+=(--mca btl "tcp,self" --mca btl_tcp_if_include lo)
         # shellcheck disable=SC2086 # MPI_EXTRA is a list of words on purpose
         timeout -k 15 "$PEER_TIMEOUT" mpirun -np "$np" "${mpiopts[@]}" $MPI_EXTRA \
