@@ -165,7 +165,7 @@ def worker(a):
         if rank == 0:
             if a.batch == 0:
                 print("# %d bytes: %d calls per sample" % (nbytes, batch))
-            print("  %12d %12d %5s %10s %12.2f %11.3f %11.3f %8d" % (
+            print("  %12d %12d %5s %10s %12.3f %11.3f %11.3f %8d" % (
                 nbytes, count, "f32", "sum", max_med, algbw, busbw, max_wrong))
             sys.stdout.flush()
         if max_wrong:

@@ -238,7 +238,7 @@ static int bench_size(const cfg_t *c, int rank, int n, size_t bytes, double *tim
     double busbw = algbw * 2.0 * (n - 1) / n;
     if (rank == 0) {
         if (c->batch == 0) fprintf(out, "# %zu bytes: %d calls per sample\n", b, batch);
-        fprintf(out, "  %12zu %12zu %5s %10s %12.2f %11.3f %11.3f %8" PRId64 "\n", b, count, "f32",
+        fprintf(out, "  %12zu %12zu %5s %10s %12.3f %11.3f %11.3f %8" PRId64 "\n", b, count, "f32",
                 "sum", max_med, algbw, busbw, max_wrong);
         fflush(out);
     }

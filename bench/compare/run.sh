@@ -310,7 +310,7 @@ for tr in transports:
             for p in peers:
                 t = med(np, tr, p, b)
                 mark = "!" if wrong.get((np, peer_tr(p, tr), p, b), 0) else " "
-                row += " | %10s %7s%s" % (fmt(t, "%.2f", 10), fmt(busbw(np, b, t), "%.3f", 7), mark)
+                row += " | %10s %7s%s" % (fmt(t, "%.3f" if t < 10 else "%.2f", 10), fmt(busbw(np, b, t), "%.3f", 7), mark)
             for p in peers:
                 if p != "tdist" and "tdist" in peers:
                     r = ratio(med(np, tr, p, b), med(np, tr, "tdist", b))
@@ -331,7 +331,7 @@ for tr in transports:
                 if t is None:
                     continue
                 if small:
-                    results.append(("%s_%s_us" % (stem, p), "%.2f" % t, "us"))
+                    results.append(("%s_%s_us" % (stem, p), ("%.3f" if t < 10 else "%.2f") % t, "us"))
                 else:
                     results.append(("%s_%s_busbw" % (stem, p), "%.3f" % busbw(np, b, t), "GB/s"))
 

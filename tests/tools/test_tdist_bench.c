@@ -54,13 +54,13 @@ static void check_rows(const run_t *r, const char *op, const char *redop,
                     BENCH_FAIL(*r, "%s: row %d type %s redop %s", op, row, type, rop);
                 /* algbw = bytes / time, busbw = algbw x the nccl-tests
                  * factor (2 ranks: 1 or 1/2). Both are printed with 3
-                 * decimals and the time with 2, so the tolerance is the
+                 * decimals and the time with 3, so the tolerance is the
                  * printing's: half a unit of the bandwidth's last digit
-                 * plus what rounding the time by 0.005 us can move. */
+                 * plus what rounding the time by 0.0005 us can move. */
                 double want_alg = (double)bytes / (t * 1e3);
                 double want_bus = want_alg * bus_factor;
-                double tol_alg = 0.0006 + want_alg * (0.0051 / t);
-                double tol_bus = 0.0006 + want_bus * (0.0051 / t);
+                double tol_alg = 0.0006 + want_alg * (0.00051 / t);
+                double tol_bus = 0.0006 + want_bus * (0.00051 / t);
                 if (!(t > 0.0) || fabs(algbw - want_alg) > tol_alg ||
                     fabs(busbw - want_bus) > tol_bus)
                     BENCH_FAIL(*r, "%s: row %d time %f algbw %f (want %f) busbw %f (want %f)", op,

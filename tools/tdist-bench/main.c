@@ -723,7 +723,7 @@ int main(int argc, char **argv)
             else
                 snprintf(wrong, sizeof wrong, "-");
             if (c.batch == 0) printf("# %zu bytes: %d calls per sample\n", row->bytes, row->batch);
-            printf("  %12zu %12zu %5s %10s %12.2f %11.3f %11.3f %8s\n", row->bytes, row->count,
+            printf("  %12zu %12zu %5s %10s %12.3f %11.3f %11.3f %8s\n", row->bytes, row->count,
                    dtype_names[c.dtype_idx], redop, row->time_us, row->algbw, row->busbw, wrong);
             fflush(stdout);
         }
@@ -746,10 +746,10 @@ int main(int argc, char **argv)
         int64_t total_wrong = 0;
         for (int i = 0; i < nrows; i++) total_wrong += rows[i].wrong;
         size_label(lo->bytes, label, sizeof label);
-        printf("RESULT %s_time_%s %.2f us\n", name, label, lo->time_us);
+        printf("RESULT %s_time_%s %.3f us\n", name, label, lo->time_us);
         if (c.op != OP_BARRIER) {
             size_label(hi->bytes, label, sizeof label);
-            if (nrows > 1) printf("RESULT %s_time_%s %.2f us\n", name, label, hi->time_us);
+            if (nrows > 1) printf("RESULT %s_time_%s %.3f us\n", name, label, hi->time_us);
             printf("RESULT %s_busbw_%s %.3f GB/s\n", name, label, hi->busbw);
         }
         if (c.check) printf("RESULT %s_wrong_elements %" PRId64 " elements\n", name, total_wrong);
