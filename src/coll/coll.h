@@ -51,6 +51,10 @@ typedef struct tdist__coll_ctx {
     tdist__coll_scratch_t *scratch; /* kept between calls, or NULL (malloc each time) */
     int rank, size;      /* this rank and the group size */
     int64_t deadline_ms; /* absolute (tdist__now_ms clock); INT64_MAX: none */
+    /* deadline_ms is a timeout instead (ms, < 0: none), counted from when a
+     * shm wait stops spinning: for a collective that is a single wait, so
+     * that peers already there cost no clock read (the tiny all_reduce) */
+    bool lazy_deadline;
 } tdist__coll_ctx_t;
 
 /* Algorithms the selector may pick. When the caller passes TDIST__AR_AUTO,

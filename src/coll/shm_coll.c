@@ -210,7 +210,9 @@ static tdist_status_t wait_for(const tdist__coll_ctx_t *c, what_t what, uint64_t
     const tdist__shmc_t *s = c->shm;
     waitfor_t w = {s, what, v, only};
     /* every rank posts its exchange line first thing in a collective */
-    unsigned flags = (c->spin ? TDIST__WAIT_SPIN : 0u) | (what == W_LINE ? TDIST__WAIT_SELF_MADE : 0u);
+    unsigned flags = (c->spin ? TDIST__WAIT_SPIN : 0u) |
+                     (what == W_LINE ? TDIST__WAIT_SELF_MADE : 0u) |
+                     (c->lazy_deadline ? TDIST__WAIT_TIMEOUT : 0u);
     tdist_status_t st = tdist__tp_wait_until(s->tp, reached, needs_rank, &w, c->deadline_ms, flags);
     if (st != TDIST_ERR_TIMEOUT) return st;
     char list[256] = "";

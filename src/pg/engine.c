@@ -749,8 +749,11 @@ bool tdist__pg_tiny_all_reduce(tdist_pg_t *pg, const void *sendbuf, void *recvbu
     memcpy(blob, &h, hs);
     memcpy(blob + hs, sendbuf, bytes);
     tdist__shmc_post(&c, hs + bytes, fps);
-    /* the deadline is taken while the peers' lines are on their way */
-    c.deadline_ms = tdist__deadline_ms(timeout_ms >= 0 ? timeout_ms : pg->timeout_ms);
+    /* one wait: its timeout starts when it stops spinning, so peers that
+     * are already there cost no clock read */
+    int64_t tmo = timeout_ms >= 0 ? timeout_ms : pg->timeout_ms;
+    c.deadline_ms = tmo;
+    c.lazy_deadline = true;
     const uint8_t **b = pg->shm_blobs;
     tdist_status_t st = tdist__shmc_gather(&c, b, NULL);
     bool same = true;
@@ -771,6 +774,8 @@ bool tdist__pg_tiny_all_reduce(tdist_pg_t *pg, const void *sendbuf, void *recvbu
         w->nranks = pg->size;
         w->seq = seq;
         w->timeout_ms = timeout_ms;
+        c.deadline_ms = tdist__deadline_ms(tmo); /* shm_mismatch may wait again */
+        c.lazy_deadline = false;
         if (st == TDIST_OK) st = shm_mismatch(pg, &c, w);
         pg->fp_have = 0;
         st = work_failed(pg, w, st, &msg);

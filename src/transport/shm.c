@@ -1127,9 +1127,15 @@ tdist_status_t tdist__shm_wait_until(tdist__tp_t *t, bool (*cond)(void *arg),
     bool elsewhere = (flags & TDIST__WAIT_SPIN) && (flags & TDIST__WAIT_SELF_MADE) &&
                      tp->oversubscribed;
     uint64_t start = tdist__now_ns();
-    uint64_t end = deadline_ms == INT64_MAX ? UINT64_MAX
-                   : deadline_ms <= 0        ? 0
-                                             : (uint64_t)deadline_ms * 1000000ull;
+    uint64_t end;
+    if (flags & TDIST__WAIT_TIMEOUT)
+        end = deadline_ms < 0 || (uint64_t)deadline_ms > (UINT64_MAX - start) / 1000000ull
+                  ? UINT64_MAX
+                  : start + (uint64_t)deadline_ms * 1000000ull;
+    else
+        end = deadline_ms == INT64_MAX ? UINT64_MAX
+              : deadline_ms <= 0        ? 0
+                                        : (uint64_t)deadline_ms * 1000000ull;
     for (unsigned i = 0;; i++) {
         if (atomic_load_explicit(&tp->aborted, memory_order_relaxed)) return fail_aborted(tp);
         uint64_t now = tdist__now_ns();

@@ -170,15 +170,18 @@ void *tdist__tp_shm_area(tdist__tp_t *tp, int r, size_t *bytes);
  * other rank's progress first (an exchange whose lines every rank posts
  * before it waits). */
 #define TDIST__WAIT_SELF_MADE 2u
+/* deadline_ms is a timeout (ms; < 0: none), counted from when the wait
+ * stops spinning. */
+#define TDIST__WAIT_TIMEOUT 4u
 
 /* Wait until cond(arg) is true: with TDIST__WAIT_SPIN (and a CPU per
  * rank), spin up to ~20 us — the caller's own thread, waiting on a
  * blocking call; without it (a background thread, whose CPU the caller's
  * computation needs) go straight on — then sched_yield for up to ~1 ms.
  * When ranks share CPUs (tdist__tp_oversubscribed) and the wait is
- * TDIST__WAIT_SPIN | TDIST__WAIT_SELF_MADE, a rank whose awaited ranks (needs) all last ran
- * on other CPUs spins up to ~10 us instead of yielding: they do not need
- * its CPU. Then sleep on this rank's doorbell a few ms at a time (a
+ * TDIST__WAIT_SPIN | TDIST__WAIT_SELF_MADE, a rank whose awaited ranks
+ * (needs) all last ran on other CPUs spins up to ~3 us instead of
+ * yielding: they do not need its CPU. Then sleep on this rank's doorbell a few ms at a time (a
  * tdist__tp_notify from any peer wakes it), checking peers' liveness every
  * ~2 ms and the abort flag always. A peer that exited or closed its
  * transport fails the wait only if needs(arg, peer) says the condition
