@@ -59,39 +59,6 @@ static uint64_t hash_counts(const size_t *c, size_t n)
     return h;
 }
 
-static bool has_root(tdist__op_t op)
-{
-    return op == TDIST__OP_BROADCAST || op == TDIST__OP_REDUCE || op == TDIST__OP_GATHER ||
-           op == TDIST__OP_SCATTER || op == TDIST__OP_BROADCAST_COALESCED;
-}
-
-static bool has_redop(tdist__op_t op)
-{
-    return op == TDIST__OP_ALL_REDUCE || op == TDIST__OP_REDUCE ||
-           op == TDIST__OP_REDUCE_SCATTER || op == TDIST__OP_ALL_REDUCE_COALESCED;
-}
-
-static bool has_dtype(tdist__op_t op)
-{
-    return op != TDIST__OP_BARRIER && op != TDIST__OP_MONITORED_BARRIER;
-}
-
-void tdist__fp_init(tdist__fp_t *fp, tdist__op_t op, uint64_t uid_hash, uint64_t seq,
-                    tdist_dtype_t dtype, int root, tdist_redop_t redop, size_t count,
-                    uint32_t flags)
-{
-    memset(fp, 0, sizeof *fp);
-    fp->flags = flags;
-    fp->magic = TDIST__FP_MAGIC;
-    fp->op = (uint32_t)op;
-    fp->uid_hash = uid_hash;
-    fp->seq = seq;
-    fp->dtype = has_dtype(op) ? (int32_t)dtype : -1;
-    fp->root = has_root(op) ? root : -1;
-    fp->redop = has_redop(op) ? (int32_t)redop : -1;
-    fp->count = count;
-}
-
 void tdist__fp_common(const struct tdist_work *w, uint64_t uid_hash, tdist__fp_t *fp)
 {
     if (w->fp_override) { /* a shadow collective says exactly what it answers */

@@ -248,10 +248,28 @@ void tdist__fp_fill(tdist_pg_t *pg, const struct tdist_work *w);
 /* The common part of w's fingerprint (per-peer fields zero). */
 void tdist__fp_common(const struct tdist_work *w, uint64_t uid_hash, tdist__fp_t *fp);
 /* The common part of a fingerprint from its fields (fields the op does not
- * have become -1, as in tdist__fp_common; count as given). */
-void tdist__fp_init(tdist__fp_t *fp, tdist__op_t op, uint64_t uid_hash, uint64_t seq,
-                    tdist_dtype_t dtype, int root, tdist_redop_t redop, size_t count,
-                    uint32_t flags);
+ * have become -1, as in tdist__fp_common; count as given). Inline: with a
+ * constant op (the tiny all_reduce's fast path) it folds to a few stores. */
+static inline void tdist__fp_init(tdist__fp_t *fp, tdist__op_t op, uint64_t uid_hash,
+                                  uint64_t seq, tdist_dtype_t dtype, int root,
+                                  tdist_redop_t redop, size_t count, uint32_t flags)
+{
+    bool has_root = op == TDIST__OP_BROADCAST || op == TDIST__OP_REDUCE ||
+                    op == TDIST__OP_GATHER || op == TDIST__OP_SCATTER ||
+                    op == TDIST__OP_BROADCAST_COALESCED;
+    bool has_redop = op == TDIST__OP_ALL_REDUCE || op == TDIST__OP_REDUCE ||
+                     op == TDIST__OP_REDUCE_SCATTER || op == TDIST__OP_ALL_REDUCE_COALESCED;
+    bool has_dtype = op != TDIST__OP_BARRIER && op != TDIST__OP_MONITORED_BARRIER;
+    *fp = (tdist__fp_t){.magic = TDIST__FP_MAGIC,
+                        .op = (uint32_t)op,
+                        .uid_hash = uid_hash,
+                        .seq = seq,
+                        .count = count,
+                        .dtype = has_dtype ? (int32_t)dtype : -1,
+                        .root = has_root ? root : -1,
+                        .redop = has_redop ? (int32_t)redop : -1,
+                        .flags = flags};
+}
 /* Exchange fingerprints with every peer and compare them; TDIST_OK or
  * TDIST_ERR_MISMATCH (message identical on every rank) or the
  * transport's error. */
