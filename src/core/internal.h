@@ -126,4 +126,15 @@ char *tdist__asprintf(const char *fmt, ...) TDIST_PRINTF(1, 2);
 void tdist__reduce_unchecked(void *dst, const void *a, const void *b, size_t count,
                              tdist_dtype_t dtype, tdist_redop_t op);
 
+/* One round of a spin-wait: tells the CPU (and a hypervisor) that this
+ * thread only polls. */
+static inline void tdist__cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 #endif /* TDIST_CORE_INTERNAL_H */

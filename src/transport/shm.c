@@ -139,15 +139,6 @@ typedef struct shm_tp {
 
 /* ------------------------------------------------------------- helpers */
 
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
 /* This process's affinity into h->cpus (all zero: unknown, or a CPU beyond
  * the mask's reach). */
 static void put_affinity(seg_hdr_t *h, const cpu_set_t *cpus)
@@ -877,7 +868,7 @@ tdist_status_t tdist__shm_progress(tdist__tp_t *t, int timeout_ms)
     uint64_t end = timeout_ms < 0 ? UINT64_MAX : start + (uint64_t)timeout_ms * 1000000ull;
     /* 1: spin briefly with a pause instruction. */
     for (int i = 0; i < SPIN_ROUNDS; i++) {
-        cpu_relax();
+        tdist__cpu_relax();
         if (sweep(tp) || tp->err != TDIST_OK) goto out;
         if (atomic_load_explicit(&tp->aborted, memory_order_relaxed)) goto out;
     }
@@ -1068,7 +1059,7 @@ static bool spin_for(bool (*cond)(void *arg), void *arg, uint64_t ns)
 {
     for (uint64_t end = 0;;) {
         for (int i = 0; i < SPIN_ROUNDS; i++) {
-            cpu_relax();
+            tdist__cpu_relax();
             if (cond(arg)) return true;
         }
         uint64_t now = tdist__now_ns();
