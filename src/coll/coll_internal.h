@@ -79,13 +79,16 @@ tdist_status_t tdist__coll_all_reduce_direct(const tdist__coll_ctx_t *c, const v
                                              void *recvbuf, size_t count, tdist_dtype_t dtype,
                                              tdist_redop_t op, double premul);
 
-/* reduce_scatter.c: ring reduce-scatter of buf in place over uneven
- * blocks (counts/displs, size entries): on return block `rank` of buf
+/* reduce_scatter.c: ring reduce-scatter over uneven blocks (counts/
+ * displs, size entries) of this rank's input src into buf (src == buf:
+ * in place; otherwise src is only read): on return block `rank` of buf
  * holds the reduction of every rank's block `rank` (not finished: AVG is
- * not divided). Other blocks hold partial sums. */
-tdist_status_t tdist__coll_reduce_scatter_ring_inplace(const tdist__coll_ctx_t *c, void *buf,
-                                                       const size_t *counts, const size_t *displs,
-                                                       tdist_dtype_t dtype, tdist_redop_t op);
+ * not divided); the blocks it received on the way hold partial sums, the
+ * others are untouched. */
+tdist_status_t tdist__coll_reduce_scatter_ring(const tdist__coll_ctx_t *c, const void *src,
+                                               void *buf, const size_t *counts,
+                                               const size_t *displs, tdist_dtype_t dtype,
+                                               tdist_redop_t op);
 
 /* all_gatherv.c: ring all-gather in place: block r of buf (counts/displs)
  * is filled from rank r. */

@@ -39,7 +39,7 @@ tdist_status_t tdist__coll_reduce_rsg(const tdist__coll_ctx_t *c, const void *se
     tdist__coll_split(count, n, counts, displs);
     st = tdist__coll_load(work, sendbuf, count, dtype, op, premul);
     if (st == TDIST_OK)
-        st = tdist__coll_reduce_scatter_ring_inplace(c, work, counts, displs, dtype, op);
+        st = tdist__coll_reduce_scatter_ring(c, work, work, counts, displs, dtype, op);
     if (st == TDIST_OK) st = tdist__coll_finish(c, work + displs[r] * es, counts[r], dtype, op);
     if (st != TDIST_OK) goto out;
     if (r != root) {

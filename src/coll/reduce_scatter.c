@@ -16,9 +16,10 @@
 
 #define TDIST__COLL_RS_SEG (128u * 1024u)
 
-tdist_status_t tdist__coll_reduce_scatter_ring_inplace(const tdist__coll_ctx_t *c, void *buf,
-                                                       const size_t *counts, const size_t *displs,
-                                                       tdist_dtype_t dtype, tdist_redop_t op)
+tdist_status_t tdist__coll_reduce_scatter_ring(const tdist__coll_ctx_t *c, const void *src,
+                                               void *buf, const size_t *counts,
+                                               const size_t *displs, tdist_dtype_t dtype,
+                                               tdist_redop_t op)
 {
     int n = c->size, r = c->rank;
     if (n == 1) return TDIST_OK;
@@ -27,6 +28,7 @@ tdist_status_t tdist__coll_reduce_scatter_ring_inplace(const tdist__coll_ctx_t *
     if (maxc == 0) return TDIST_OK;
     size_t segc = TDIST__COLL_RS_SEG / es; /* elements per segment */
     size_t maxseg = (maxc + segc - 1) / segc;
+    const uint8_t *own = src; /* this rank's contributions, read once each */
     uint8_t *b = buf, *tmp = NULL;
     tdist__tp_req_t *reqs = NULL, **rp = NULL;
     size_t nreq = 0;
@@ -50,7 +52,11 @@ tdist_status_t tdist__coll_reduce_scatter_ring_inplace(const tdist__coll_ctx_t *
         }
         for (size_t i = 0; i < ssegs; i++) {
             size_t off = i * segc, len = counts[sb] - off < segc ? counts[sb] - off : segc;
-            st = tdist__tp_post_send(c->tp, &reqs[nreq], to, b + (displs[sb] + off) * es, len * es);
+            /* step 0 sends an own block; later ones, the block reduced
+             * in the step before */
+            const uint8_t *from_buf = s == 0 ? own : b;
+            st = tdist__tp_post_send(c->tp, &reqs[nreq], to, from_buf + (displs[sb] + off) * es,
+                                     len * es);
             if (st != TDIST_OK) goto fail;
             rp[nreq] = &reqs[nreq];
             nreq++;
@@ -59,8 +65,8 @@ tdist_status_t tdist__coll_reduce_scatter_ring_inplace(const tdist__coll_ctx_t *
             size_t off = i * segc, len = counts[rb] - off < segc ? counts[rb] - off : segc;
             st = tdist__coll_wait(c, &rp[i], 1);
             if (st != TDIST_OK) goto fail;
-            uint8_t *mine = b + (displs[rb] + off) * es;
-            st = tdist_reduce(mine, tmp + off * es, mine, len, dtype, op);
+            size_t at = (displs[rb] + off) * es;
+            st = tdist_reduce(b + at, tmp + off * es, own + at, len, dtype, op);
             if (st != TDIST_OK) goto fail;
         }
         st = tdist__coll_wait(c, rp, nreq);
@@ -102,7 +108,7 @@ tdist_status_t tdist__coll_reduce_scatter(const tdist__coll_ctx_t *c, const void
     }
     st = tdist__coll_load(work, sendbuf, total, dtype, op, premul);
     if (st == TDIST_OK)
-        st = tdist__coll_reduce_scatter_ring_inplace(c, work, counts, displs, dtype, op);
+        st = tdist__coll_reduce_scatter_ring(c, work, work, counts, displs, dtype, op);
     uint8_t *mine = work + displs[r] * es;
     if (st == TDIST_OK) st = tdist__coll_finish(c, mine, recvcount, dtype, op);
     if (st == TDIST_OK) tdist__coll_copy(recvbuf, mine, recvcount * es);
