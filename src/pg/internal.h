@@ -247,6 +247,13 @@ uint64_t tdist__fnv1a(uint64_t h, const void *data, size_t len);
 void tdist__fp_fill(tdist_pg_t *pg, const struct tdist_work *w);
 /* The common part of w's fingerprint (per-peer fields zero). */
 void tdist__fp_common(const struct tdist_work *w, uint64_t uid_hash, tdist__fp_t *fp);
+/* Whether op has a root rank (its fingerprint and a Join's shadow carry it). */
+static inline bool tdist__op_has_root(tdist__op_t op)
+{
+    return op == TDIST__OP_BROADCAST || op == TDIST__OP_REDUCE || op == TDIST__OP_GATHER ||
+           op == TDIST__OP_SCATTER || op == TDIST__OP_BROADCAST_COALESCED;
+}
+
 /* The common part of a fingerprint from its fields (fields the op does not
  * have become -1, as in tdist__fp_common; count as given). Inline: with a
  * constant op (the tiny all_reduce's fast path) it folds to a few stores. */
@@ -254,9 +261,7 @@ static inline void tdist__fp_init(tdist__fp_t *fp, tdist__op_t op, uint64_t uid_
                                   uint64_t seq, tdist_dtype_t dtype, int root,
                                   tdist_redop_t redop, size_t count, uint32_t flags)
 {
-    bool has_root = op == TDIST__OP_BROADCAST || op == TDIST__OP_REDUCE ||
-                    op == TDIST__OP_GATHER || op == TDIST__OP_SCATTER ||
-                    op == TDIST__OP_BROADCAST_COALESCED;
+    bool has_root = tdist__op_has_root(op);
     bool has_redop = op == TDIST__OP_ALL_REDUCE || op == TDIST__OP_REDUCE ||
                      op == TDIST__OP_REDUCE_SCATTER || op == TDIST__OP_ALL_REDUCE_COALESCED;
     bool has_dtype = op != TDIST__OP_BARRIER && op != TDIST__OP_MONITORED_BARRIER;

@@ -75,12 +75,6 @@ tdist_status_t tdist__pg_join_gather(tdist_pg_t *pg, const int64_t *word, int64_
     return tdist__pg_submit(pg, w, NULL);
 }
 
-static bool has_root(tdist__op_t op)
-{
-    return op == TDIST__OP_BROADCAST || op == TDIST__OP_BROADCAST_COALESCED ||
-           op == TDIST__OP_SCATTER || op == TDIST__OP_REDUCE || op == TDIST__OP_GATHER;
-}
-
 static tdist_status_t refuse(const tdist_pg_t *pg, const struct tdist_work *w, const char *why)
 {
     char d[200];
@@ -130,7 +124,7 @@ tdist_status_t tdist__pg_join_check(tdist_pg_t *pg, struct tdist_work *w)
                  w->root);
         return refuse(pg, w, why);
     }
-    if (has_root(w->op) && out[w->root]) {
+    if (tdist__op_has_root(w->op) && out[w->root]) {
         snprintf(why, sizeof why,
                  "root rank %d has run out of inputs (joined): a %s rooted at a joined rank "
                  "cannot be shadowed; root it at an active rank (the lowest is %d)",
