@@ -22,7 +22,14 @@ tdist_status_t tdist__coll_all_reduce_rd(const tdist__coll_ctx_t *c, const void 
     int n = c->size, r = c->rank;
     size_t bytes = tdist__coll_bytes(count, dtype);
     if (bytes == 0) return TDIST_OK;
-    TDIST_CHECK(tdist__coll_load(recvbuf, sendbuf, count, dtype, op, premul));
+    /* cur: this rank's partial so far, read where it is: the input until
+     * the first combine writes recvbuf (no copy of the input first, except
+     * that PREMUL_SUM scales a copy) */
+    const void *cur = sendbuf;
+    if (op == TDIST_PREMUL_SUM) {
+        TDIST_CHECK(tdist__coll_load(recvbuf, sendbuf, count, dtype, op, premul));
+        cur = recvbuf;
+    }
     void *tmp = NULL;
     TDIST_CHECK(tdist__coll_scratch_get(c, bytes, "all_reduce recursive doubling", &tmp));
     tdist_status_t st = TDIST_OK;
@@ -31,11 +38,12 @@ tdist_status_t tdist__coll_all_reduce_rd(const tdist__coll_ctx_t *c, const void 
     int rem = n - p, vr;
     if (r < 2 * rem) {
         if (r % 2 == 0) {
-            st = tdist__coll_send(c, r + 1, recvbuf, bytes);
+            st = tdist__coll_send(c, r + 1, cur, bytes);
             vr = -1;
         } else {
             st = tdist__coll_recv(c, r - 1, tmp, bytes);
-            if (st == TDIST_OK) st = tdist_reduce(recvbuf, tmp, recvbuf, count, dtype, op);
+            if (st == TDIST_OK) st = tdist_reduce(recvbuf, tmp, cur, count, dtype, op);
+            cur = recvbuf;
             vr = r / 2;
         }
     } else {
@@ -46,13 +54,14 @@ tdist_status_t tdist__coll_all_reduce_rd(const tdist__coll_ctx_t *c, const void 
         for (int mask = 1; mask < p; mask <<= 1) {
             int vp = vr ^ mask;
             int partner = vp < rem ? vp * 2 + 1 : vp + rem;
-            st = tdist__coll_sendrecv(c, partner, recvbuf, bytes, partner, tmp, bytes);
+            st = tdist__coll_sendrecv(c, partner, cur, bytes, partner, tmp, bytes);
             if (st != TDIST_OK) goto out;
             if (partner < r)
-                st = tdist_reduce(recvbuf, tmp, recvbuf, count, dtype, op);
+                st = tdist_reduce(recvbuf, tmp, cur, count, dtype, op);
             else
-                st = tdist_reduce(recvbuf, recvbuf, tmp, count, dtype, op);
+                st = tdist_reduce(recvbuf, cur, tmp, count, dtype, op);
             if (st != TDIST_OK) goto out;
+            cur = recvbuf;
         }
         st = tdist__coll_finish(c, recvbuf, count, dtype, op);
         if (st != TDIST_OK) goto out;
