@@ -23,13 +23,9 @@ tdist_status_t tdist__coll_all_reduce_rd(const tdist__coll_ctx_t *c, const void 
     size_t bytes = tdist__coll_bytes(count, dtype);
     if (bytes == 0) return TDIST_OK;
     /* cur: this rank's partial so far, read where it is: the input until
-     * the first combine writes recvbuf (no copy of the input first, except
-     * that PREMUL_SUM scales a copy) */
-    const void *cur = sendbuf;
-    if (op == TDIST_PREMUL_SUM) {
-        TDIST_CHECK(tdist__coll_load(recvbuf, sendbuf, count, dtype, op, premul));
-        cur = recvbuf;
-    }
+     * the first combine writes recvbuf */
+    const void *cur = NULL;
+    TDIST_CHECK(tdist__coll_input(recvbuf, sendbuf, count, dtype, op, premul, &cur));
     void *tmp = NULL;
     TDIST_CHECK(tdist__coll_scratch_get(c, bytes, "all_reduce recursive doubling", &tmp));
     tdist_status_t st = TDIST_OK;

@@ -142,6 +142,16 @@ tdist_status_t tdist__coll_load(void *buf, const void *sendbuf, size_t count, td
     return TDIST_OK;
 }
 
+tdist_status_t tdist__coll_input(void *buf, const void *sendbuf, size_t count,
+                                 tdist_dtype_t dtype, tdist_redop_t op, double premul,
+                                 const void **src)
+{
+    *src = sendbuf;
+    if (op != TDIST_PREMUL_SUM) return TDIST_OK;
+    *src = buf;
+    return tdist__coll_load(buf, sendbuf, count, dtype, op, premul);
+}
+
 tdist_status_t tdist__coll_finish(const tdist__coll_ctx_t *c, void *buf, size_t count,
                                   tdist_dtype_t dtype, tdist_redop_t op)
 {

@@ -53,6 +53,13 @@ tdist_status_t tdist__coll_sendrecv(const tdist__coll_ctx_t *c, int to, const vo
 tdist_status_t tdist__coll_send(const tdist__coll_ctx_t *c, int to, const void *buf, size_t len);
 tdist_status_t tdist__coll_recv(const tdist__coll_ctx_t *c, int from, void *buf, size_t len);
 
+/* This rank's input as an algorithm that reads it in place sees it:
+ * *src = sendbuf itself, except for PREMUL_SUM, whose input is first
+ * scaled into buf (count elements; *src = buf). */
+tdist_status_t tdist__coll_input(void *buf, const void *sendbuf, size_t count,
+                                 tdist_dtype_t dtype, tdist_redop_t op, double premul,
+                                 const void **src);
+
 /* Copy sendbuf into buf (unless the same) and, for PREMUL_SUM, scale buf. */
 tdist_status_t tdist__coll_load(void *buf, const void *sendbuf, size_t count, tdist_dtype_t dtype,
                                 tdist_redop_t op, double premul);

@@ -1,11 +1,12 @@
 /*
  * coll/reduce_rsg.c — reduce for large messages: a ring reduce-scatter
  * (reduce_scatter.c) over size nearly equal blocks of the input, into
- * scratch (the root: its recvbuf), leaves block r reduced on rank r; each rank finishes its block (AVG)
- * and sends it straight into place in the root's recvbuf (the root posts
- * every receive at once). Every rank sends ~2 (size-1)/size of the data
- * instead of the tree's log2(size) full vectors through the root, and the
- * reduction work is spread over all ranks.
+ * scratch (the root: its recvbuf), leaves block r reduced on rank r; each
+ * rank finishes its block (AVG) and sends it straight into place in the
+ * root's recvbuf (the root posts every receive at once). Every rank sends
+ * ~2 (size-1)/size of the data instead of the tree's log2(size) full
+ * vectors through the root, and the reduction work is spread over all
+ * ranks.
  */
 #include <stdlib.h>
 
@@ -37,12 +38,8 @@ tdist_status_t tdist__coll_reduce_rsg(const tdist__coll_ctx_t *c, const void *se
     reqs = (tdist__tp_req_t *)(displs + n);
     rp = (tdist__tp_req_t **)(reqs + n);
     tdist__coll_split(count, n, counts, displs);
-    /* the ring reads the input where it is; only PREMUL_SUM scales a copy */
-    const void *src = sendbuf;
-    if (op == TDIST_PREMUL_SUM) {
-        st = tdist__coll_load(work, sendbuf, count, dtype, op, premul);
-        src = work;
-    }
+    const void *src = NULL; /* the ring reads the input where it is */
+    st = tdist__coll_input(work, sendbuf, count, dtype, op, premul, &src);
     if (st == TDIST_OK)
         st = tdist__coll_reduce_scatter_ring(c, src, work, counts, displs, dtype, op);
     if (st == TDIST_OK) st = tdist__coll_finish(c, work + displs[r] * es, counts[r], dtype, op);

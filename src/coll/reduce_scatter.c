@@ -106,12 +106,8 @@ tdist_status_t tdist__coll_reduce_scatter(const tdist__coll_ctx_t *c, const void
         counts[i] = recvcount;
         displs[i] = (size_t)i * recvcount;
     }
-    /* the ring reads the input where it is; only PREMUL_SUM scales a copy */
-    const void *src = sendbuf;
-    if (op == TDIST_PREMUL_SUM) {
-        st = tdist__coll_load(work, sendbuf, total, dtype, op, premul);
-        src = work;
-    }
+    const void *src = NULL; /* the ring reads the input where it is */
+    st = tdist__coll_input(work, sendbuf, total, dtype, op, premul, &src);
     if (st == TDIST_OK)
         st = tdist__coll_reduce_scatter_ring(c, src, work, counts, displs, dtype, op);
     uint8_t *mine = work + displs[r] * es;

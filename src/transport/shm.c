@@ -1108,7 +1108,8 @@ tdist_status_t tdist__shm_wait_until(tdist__tp_t *t, bool (*cond)(void *arg),
     /* Every rank has a CPU: the peers are running, spin a little while
      * (sched_yield would return at once anyway, adding a syscall to the
      * latency). More ranks than CPUs: yield at once, the peer we wait for
-     * may need this CPU. */
+     * may need this CPU — unless, for an exchange, every awaited rank last
+     * ran on another CPU (needed_here). */
     /* the clock (~20 ns) is read only after the first round: a peer a few
      * hundred ns behind arrives within it */
     if ((flags & TDIST__WAIT_SPIN) && !tp->oversubscribed && spin_for(cond, arg, COLL_SPIN_NS))
