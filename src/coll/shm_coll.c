@@ -43,6 +43,13 @@
  * the ranks' small differences in pace no longer turn every chunk into a
  * barrier (2 bound ranks, 4 MiB: 437 -> 395 us; docs/pg.md).
  *
+ * Far CPUs: from 1 MiB on, an all_reduce first times a few back-to-back
+ * line exchanges (the probe). When a cache line takes long to cross
+ * between the ranks' CPUs, a rank writes what the peers will read (the
+ * slices it stages, its reduced slice) with streaming stores: to memory,
+ * past its own cache, so a reader fetches them from memory instead of
+ * pulling dirty lines out of a far cache one at a time. See pick_stream.
+ *
  * A small all_reduce (up to CHUNK bytes) can instead go in one shot: each
  * rank copies its whole input into the slot of its next exchange
  * (sequence % SLOTS), once every peer has copied out every staged chunk
@@ -64,6 +71,10 @@
 
 #include "coll/coll_internal.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #define CTL_BYTES 256
 #define LINE_BYTES 512
 #define QUICK_ROUNDS 64 /* gather's own poll of the lines, in pause rounds */
@@ -72,6 +83,12 @@
 #define TDIST_SHMC_CHUNK (256u * 1024u)
 #endif
 #define CHUNK TDIST_SHMC_CHUNK /* bytes of one staging slot */
+#define PROBE_MIN (1u << 20)  /* bytes: a staged all_reduce this big probes */
+#define PROBE_ROUNDS 5        /* line exchanges of a probe (the first is not timed) */
+#define PROBE_POLLS 1024      /* pause rounds a probe exchange polls before it waits */
+#ifndef TDIST_SHMC_FAR_NS
+#define TDIST_SHMC_FAR_NS 150 /* an exchange slower than this: a far pair of CPUs */
+#endif
 #ifndef TDIST_SHMC_SLOTS
 #define TDIST_SHMC_SLOTS 4
 #endif
@@ -96,9 +113,13 @@ _Static_assert(sizeof(line_t) == LINE_BYTES, "line");
 _Static_assert(TDIST__SHMC_BLOB_MAX + TDIST__SHMC_AUX_MAX == LINE_BYTES - 16, "blob");
 _Static_assert(CTL_BYTES + 2 * LINE_BYTES <= STAGE_OFF, "layout");
 
+typedef enum { STREAM_AUTO, STREAM_ON, STREAM_OFF } stream_mode_t;
+
 struct tdist__shmc {
     tdist__tp_t *tp;
     int rank, size;
+    stream_mode_t stream_mode; /* TDIST_SHM_STREAM */
+    bool stream;               /* the last probe found the CPUs far apart */
     uint8_t **area;     /* size entries: every rank's area, mapped here */
     uint64_t line_seq;  /* exchanges done */
     uint64_t chunks;    /* staged chunks done (global chunk index) */
@@ -119,8 +140,25 @@ static inline uint8_t *slot_of(const tdist__shmc_t *s, int r, uint64_t g)
     return s->area[r] + STAGE_OFF + (size_t)(g % SLOTS) * CHUNK;
 }
 
+static tdist_status_t stream_mode(int rank, stream_mode_t *out)
+{
+    const char *e = getenv("TDIST_SHM_STREAM");
+    *out = STREAM_AUTO;
+    if (!e || !*e || strcmp(e, "auto") == 0) return TDIST_OK;
+    if (strcmp(e, "on") == 0)
+        *out = STREAM_ON;
+    else if (strcmp(e, "off") == 0)
+        *out = STREAM_OFF;
+    else
+        return tdist__error(TDIST_ERR_INVALID_ARG, "rank %d: TDIST_SHM_STREAM=\"%s\": expected "
+                            "auto, on or off", rank, e);
+    return TDIST_OK;
+}
+
 tdist_status_t tdist__shmc_create(tdist__tp_t *tp, int rank, int size, tdist__shmc_t **out)
 {
+    stream_mode_t mode;
+    TDIST_CHECK(stream_mode(rank, &mode));
     tdist__shmc_t *s = calloc(1, sizeof *s);
     uint8_t **area = calloc((size_t)(unsigned)size, sizeof *area);
     uint8_t *scratch = size > 2 ? malloc(CHUNK) : NULL;
@@ -146,6 +184,7 @@ tdist_status_t tdist__shmc_create(tdist__tp_t *tp, int rank, int size, tdist__sh
     s->tp = tp;
     s->rank = rank;
     s->size = size;
+    s->stream_mode = mode;
     s->area = area;
     s->scratch = scratch;
     /* Counters start where this rank's own area says (zero when new). */
@@ -335,6 +374,18 @@ static bool lines_posted(const tdist__shmc_t *s, uint64_t seq, int *from)
     return *from == s->size;
 }
 
+/* Wait until every peer has posted exchange seq: first by polling the
+ * lines for up to polls pause rounds (no callback, no clock), then through
+ * the general wait. */
+static tdist_status_t await_lines(const tdist__coll_ctx_t *c, uint64_t seq, int polls)
+{
+    const tdist__shmc_t *s = c->shm;
+    int q = 0;
+    for (int i = 0; i < polls && !lines_posted(s, seq, &q); i++) tdist__cpu_relax();
+    if (polls > 0 && q == s->size) return TDIST_OK;
+    return wait_for(c, W_LINE, seq, -1);
+}
+
 tdist_status_t tdist__shmc_gather(const tdist__coll_ctx_t *c, const uint8_t **blobs, size_t *lens)
 {
     tdist__shmc_t *s = c->shm;
@@ -343,11 +394,8 @@ tdist_status_t tdist__shmc_gather(const tdist__coll_ctx_t *c, const uint8_t **bl
      * poll their lines here first, without the general wait's callback
      * and clock (~10 ns a call off an 8-byte all_reduce), unless ranks
      * share CPUs (the one awaited may need this one). */
-    int q = 0;
     bool quick = c->spin && !tdist__tp_oversubscribed(s->tp);
-    for (int i = 0; quick && i < QUICK_ROUNDS && !lines_posted(s, seq, &q); i++)
-        tdist__cpu_relax();
-    if (!quick || q < s->size) TDIST_CHECK(wait_for(c, W_LINE, seq, -1));
+    TDIST_CHECK(await_lines(c, seq, quick ? QUICK_ROUNDS : 0));
     for (int r = 0; r < s->size; r++) {
         size_t l = 0;
         blobs[r] = tdist__shmc_peek(c, r, &l);
@@ -372,7 +420,109 @@ static void slice_of(size_t e, int n, int q, size_t es, size_t *lo, size_t *hi)
     *hi = l + per < e ? l + per : e;
 }
 
+/* ------------------------------------------------- streaming the staging */
+
+/* Copy n bytes into a staging slot with streaming (non-temporal) stores
+ * when the CPU has them and dst is 16-byte aligned (every slice is): the
+ * data goes to memory instead of staying dirty in this CPU's cache, where
+ * a reader on a far CPU would have to pull it line by line. The caller
+ * fences (stream_fence) before it publishes. */
+static void stream_copy(void *dst, const void *src, size_t n)
+{
+#if defined(__SSE2__)
+    uint8_t *d = dst;
+    const uint8_t *x = src;
+    if ((uintptr_t)d % 16 == 0) {
+        size_t i = 0;
+        for (; i + 64 <= n; i += 64) {
+            __m128i a0 = _mm_loadu_si128((const __m128i *)(const void *)(x + i));
+            __m128i a1 = _mm_loadu_si128((const __m128i *)(const void *)(x + i + 16));
+            __m128i a2 = _mm_loadu_si128((const __m128i *)(const void *)(x + i + 32));
+            __m128i a3 = _mm_loadu_si128((const __m128i *)(const void *)(x + i + 48));
+            _mm_stream_si128((__m128i *)(void *)(d + i), a0);
+            _mm_stream_si128((__m128i *)(void *)(d + i + 16), a1);
+            _mm_stream_si128((__m128i *)(void *)(d + i + 32), a2);
+            _mm_stream_si128((__m128i *)(void *)(d + i + 48), a3);
+        }
+        if (i < n) memcpy(d + i, x + i, n - i);
+        return;
+    }
+#endif
+    memcpy(dst, src, n);
+}
+
+/* Streaming stores are weakly ordered: without this fence a peer could
+ * see the counter before the data. */
+static void stream_fence(void)
+{
+#if defined(__SSE2__)
+    _mm_sfence();
+#endif
+}
+
+/* Time PROBE_ROUNDS line exchanges back to back. Ranks leave one
+ * exchange a little apart, so a single exchange may look faster than a
+ * round trip: *ns = the mean of the timed ones (after the first, which
+ * absorbs the ranks' different arrival times) without the slowest (an
+ * interrupt), or 0 when one needed more than a short poll (a peer was
+ * descheduled: no figure). Every rank of the group calls it at the same
+ * point (it takes line exchanges), so the caller's condition must be one
+ * all ranks share. */
+static tdist_status_t probe(const tdist__coll_ctx_t *c, uint64_t *ns)
+{
+    tdist__shmc_t *s = c->shm;
+    uint64_t t = tdist__now_ns(), sum = 0, worst = 0;
+    bool timed = true;
+    for (int i = 0; i < PROBE_ROUNDS; i++) {
+        tdist__shmc_post(c, 0, 0);
+        int q = 0;
+        for (int k = 0; timed && k < PROBE_POLLS && !lines_posted(s, s->line_seq, &q); k++)
+            tdist__cpu_relax();
+        if (q < s->size) { /* no figure this time: the rest just exchange */
+            timed = false;
+            TDIST_CHECK(wait_for(c, W_LINE, s->line_seq, -1));
+        }
+        uint64_t now = tdist__now_ns(), d = now - t;
+        t = now;
+        if (i == 0) continue;
+        sum += d;
+        if (d > worst) worst = d;
+    }
+    *ns = timed ? (sum - worst) / (PROBE_ROUNDS - 2) : 0;
+    return TDIST_OK;
+}
+
+/* Whether this rank writes its staged and reduced slices with streaming
+ * stores (TDIST_SHM_STREAM: auto, on, off). They pay when the ranks'
+ * CPUs are far apart, and cost 10-30% when they are near, where a reader
+ * gets the lines from a shared cache. On the 2-vCPU test VM the
+ * hypervisor flips between a near placement (probe ~75 ns, 8-byte
+ * all_reduce floor ~80 ns) and a far one (probe ~220 ns, floor ~430 ns);
+ * far, 2 ranks took 4 MiB in 2.1-2.3 ms without streaming and 1.06-1.10
+ * ms with it, 64 MiB 33-34 ms and 20-21 ms; near, the probe costs
+ * nothing measurable (docs/pg.md).
+ * Each rank decides for its own stores alone, so ranks need not agree;
+ * only whether to probe must be the same everywhere (the size, and the
+ * group's oversubscription, which every rank computes alike; not the
+ * environment). With ranks sharing CPUs a reader often runs on the
+ * writer's own CPU and a probe would time context switches: no probe, no
+ * streaming (unless on). A call below 1 MiB keeps the last verdict. */
+static tdist_status_t pick_stream(const tdist__coll_ctx_t *c, size_t bytes, bool *stream)
+{
+    tdist__shmc_t *s = c->shm;
+    if (bytes >= PROBE_MIN && !tdist__tp_oversubscribed(s->tp)) {
+        uint64_t ns = 0;
+        TDIST_CHECK(probe(c, &ns));
+        if (ns) s->stream = ns > TDIST_SHMC_FAR_NS;
+    } else if (bytes >= PROBE_MIN) {
+        s->stream = false;
+    }
+    *stream = s->stream_mode == STREAM_ON || (s->stream_mode == STREAM_AUTO && s->stream);
+    return TDIST_OK;
+}
+
 typedef struct red_job {
+    bool stream; /* stage with streaming stores */
     const uint8_t *sb;
     uint8_t *rb; /* NULL: no output on this rank */
     size_t count, cap, es;
@@ -437,8 +587,13 @@ static tdist_status_t stage_chunk(const tdist__coll_ctx_t *c, const red_job_t *j
         if (q == s->rank && !pm) continue;
         size_t lo, hi;
         slice_of(e, s->size, q, j->es, &lo, &hi);
-        if (hi > lo) memcpy(slot + lo * j->es, src + lo * j->es, (hi - lo) * j->es);
+        if (hi <= lo) continue;
+        if (j->stream && !pm)
+            stream_copy(slot + lo * j->es, src + lo * j->es, (hi - lo) * j->es);
+        else
+            memcpy(slot + lo * j->es, src + lo * j->es, (hi - lo) * j->es);
     }
+    if (j->stream && !pm) stream_fence();
     if (pm && e) TDIST_CHECK(tdist_scale(slot, e, j->dtype, j->premul));
     publish(c, &ctl_of(s, s->rank)->in, g + 1);
     return TDIST_OK;
@@ -471,15 +626,30 @@ static tdist_status_t reduce_chunk(const tdist__coll_ctx_t *c, const red_job_t *
          * scratch and copy. */
         const uint8_t *own = pm ? dst : j->sb + off * j->es + b;
         uint8_t *acc = pm && s->rank >= 2 ? s->scratch : dst;
-        const uint8_t *a = s->rank == 0 ? own : slot_of(s, 0, g) + b;
-        const uint8_t *bb = s->rank == 1 ? own : slot_of(s, 1, g) + b;
-        TDIST_CHECK(tdist_reduce(acc, a, bb, m, j->dtype, j->op));
-        for (int q = 2; q < s->size; q++) {
-            const uint8_t *x = q == s->rank ? own : slot_of(s, q, g) + b;
-            TDIST_CHECK(tdist_reduce(acc, acc, x, m, j->dtype, j->op));
+        /* streaming: reduce a block at a time in a buffer that stays in
+         * L1, then stream it into the slot */
+        _Alignas(64) uint8_t blk[4096];
+        bool st = j->stream && !pm;
+        size_t step = st ? sizeof blk / j->es : m;
+        for (size_t i = 0; i < m; i += step) {
+            size_t n = TDIST_MIN(step, m - i), at = i * j->es;
+            uint8_t *to = st ? blk : acc + at;
+            const uint8_t *a = (s->rank == 0 ? own : slot_of(s, 0, g) + b) + at;
+            const uint8_t *bb = (s->rank == 1 ? own : slot_of(s, 1, g) + b) + at;
+            TDIST_CHECK(tdist_reduce(to, a, bb, n, j->dtype, j->op));
+            for (int q = 2; q < s->size; q++) {
+                const uint8_t *x = (q == s->rank ? own : slot_of(s, q, g) + b) + at;
+                TDIST_CHECK(tdist_reduce(to, to, x, n, j->dtype, j->op));
+            }
+            if (st && j->op == TDIST_AVG) TDIST_CHECK(tdist_divide(blk, n, j->dtype, s->size));
+            if (st) stream_copy(dst + at, blk, n * j->es);
         }
-        if (acc != dst) memcpy(dst, acc, m * j->es);
-        if (j->op == TDIST_AVG) TDIST_CHECK(tdist_divide(dst, m, j->dtype, s->size));
+        if (st) {
+            stream_fence();
+        } else {
+            if (acc != dst) memcpy(dst, acc, m * j->es);
+            if (j->op == TDIST_AVG) TDIST_CHECK(tdist_divide(dst, m, j->dtype, s->size));
+        }
     }
     publish(c, &ctl_of(s, s->rank)->red, g + 1);
     return TDIST_OK;
@@ -515,6 +685,7 @@ tdist_status_t tdist__shmc_all_reduce(const tdist__coll_ctx_t *c, const void *se
                    .premul = premul, .g0 = s->chunks};
     j.cap = CHUNK / j.es;
     size_t nk = (count + j.cap - 1) / j.cap;
+    TDIST_CHECK(pick_stream(c, count * j.es, &j.stream));
     tdist_status_t st = stage_chunk(c, &j, 0);
     for (size_t k = 0; k < nk && st == TDIST_OK; k++) {
         st = reduce_chunk(c, &j, k);

@@ -467,6 +467,43 @@ static void env_body(int rank, int n, void *arg)
 
 TEST(coll_algo_env, 30) { tdist_test_run_ranks(3, env_body, NULL); }
 
+/* ------------------------------------------- streaming staging stores */
+
+/* TDIST_SHM_STREAM: each rank decides for its own staging stores alone,
+ * so a group where one rank streams (on), one does not (off) and one
+ * probes (auto; from 1 MiB on every call probes) must give every rank the
+ * exact result: several chunks, a probed size, 2- to 8-byte elements,
+ * out of place, in place and unaligned. Always on shared memory. A bad
+ * value fails the collective state's creation, naming the variable. */
+static void stream_body(int rank, int n, void *arg)
+{
+    (void)arg;
+    static const char *const modes[] = {"on", "off", "auto"};
+    static const tdist_dtype_t dts[] = {TDIST_F32, TDIST_F64, TDIST_BF16};
+    static const tdist_redop_t ops[] = {TDIST_SUM, TDIST_AVG, TDIST_MAX};
+    static const size_t counts[] = {70001, 300007}; /* 2+ chunks; >= 1 MiB in f32 */
+    setenv("TDIST_TRANSPORT", "shm", 1);
+    setenv("TDIST_SHM_STREAM", modes[rank % 3], 1);
+    coll_rank_t t;
+    mesh_up(&t, rank, n);
+    ASSERT_TRUE(t.ctx.shm != NULL);
+    uint64_t seed = 77;
+    for (size_t ci = 0; ci < 2; ci++)
+        for (size_t di = 0; di < 3; di++)
+            for (size_t oi = 0; oi < 3; oi++)
+                run_reductions(&t, dts[di], ops[oi], counts[ci], seed++, (ci + di + oi) % 3, false);
+    setenv("TDIST_SHM_STREAM", "sometimes", 1);
+    tdist__shmc_t *bad = NULL;
+    ASSERT_STATUS(tdist__shmc_create(t.m.tp, rank, n, &bad), TDIST_ERR_INVALID_ARG);
+    ASSERT_TRUE(bad == NULL);
+    ASSERT_TRUE(strstr(tdist_last_error(), "TDIST_SHM_STREAM") != NULL);
+    unsetenv("TDIST_SHM_STREAM");
+    ASSERT_OK(tdist__coll_barrier(&t.ctx));
+    mesh_close(&t);
+}
+
+TEST(coll_shm_streaming_stores, 60) { tdist_test_run_ranks(3, stream_body, NULL); }
+
 /* ------------------------------------------------------- dead peer */
 
 typedef struct kill_arg {
