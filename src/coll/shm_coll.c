@@ -376,14 +376,16 @@ static bool lines_posted(const tdist__shmc_t *s, uint64_t seq, int *from)
 
 /* Wait until every peer has posted exchange seq: first by polling the
  * lines for up to polls pause rounds (no callback, no clock), then through
- * the general wait. */
-static tdist_status_t await_lines(const tdist__coll_ctx_t *c, uint64_t seq, int polls)
+ * the general wait. *polled (if not NULL): whether the poll was enough. */
+static tdist_status_t await_lines(const tdist__coll_ctx_t *c, uint64_t seq, int polls,
+                                  bool *polled)
 {
     const tdist__shmc_t *s = c->shm;
     int q = 0;
     for (int i = 0; i < polls && !lines_posted(s, seq, &q); i++) tdist__cpu_relax();
-    if (polls > 0 && q == s->size) return TDIST_OK;
-    return wait_for(c, W_LINE, seq, -1);
+    bool done = polls > 0 && q == s->size;
+    if (polled) *polled = done;
+    return done ? TDIST_OK : wait_for(c, W_LINE, seq, -1);
 }
 
 tdist_status_t tdist__shmc_gather(const tdist__coll_ctx_t *c, const uint8_t **blobs, size_t *lens)
@@ -395,7 +397,7 @@ tdist_status_t tdist__shmc_gather(const tdist__coll_ctx_t *c, const uint8_t **bl
      * and clock (~10 ns a call off an 8-byte all_reduce), unless ranks
      * share CPUs (the one awaited may need this one). */
     bool quick = c->spin && !tdist__tp_oversubscribed(s->tp);
-    TDIST_CHECK(await_lines(c, seq, quick ? QUICK_ROUNDS : 0));
+    TDIST_CHECK(await_lines(c, seq, quick ? QUICK_ROUNDS : 0, NULL));
     for (int r = 0; r < s->size; r++) {
         size_t l = 0;
         blobs[r] = tdist__shmc_peek(c, r, &l);
@@ -475,13 +477,9 @@ static tdist_status_t probe(const tdist__coll_ctx_t *c, uint64_t *ns)
     bool timed = true;
     for (int i = 0; i < PROBE_ROUNDS; i++) {
         tdist__shmc_post(c, 0, 0);
-        int q = 0;
-        for (int k = 0; timed && k < PROBE_POLLS && !lines_posted(s, s->line_seq, &q); k++)
-            tdist__cpu_relax();
-        if (q < s->size) { /* no figure this time: the rest just exchange */
-            timed = false;
-            TDIST_CHECK(wait_for(c, W_LINE, s->line_seq, -1));
-        }
+        bool polled = false; /* if not, no figure this time: the rest just exchange */
+        TDIST_CHECK(await_lines(c, s->line_seq, timed ? PROBE_POLLS : 0, &polled));
+        timed = timed && polled;
         uint64_t now = tdist__now_ns(), d = now - t;
         t = now;
         if (i == 0) continue;
