@@ -43,10 +43,11 @@
  * the ranks' small differences in pace no longer turn every chunk into a
  * barrier (2 bound ranks, 4 MiB: 437 -> 395 us; docs/pg.md).
  *
- * Far CPUs: from 1 MiB on, an all_reduce first times a few back-to-back
- * line exchanges (the probe). When a cache line takes long to cross
- * between the ranks' CPUs, a rank writes what the peers will read (the
- * slices it stages, its reduced slice) with streaming stores: to memory,
+ * Far CPUs: from 1 MiB on, an all_reduce or broadcast first times a few
+ * back-to-back line exchanges (the probe). When a cache line takes long
+ * to cross between the ranks' CPUs, a rank writes what the peers will
+ * read (the slices it stages, its reduced slice; a broadcast root's
+ * chunks) with streaming stores: to memory,
  * past its own cache, so a reader fetches them from memory instead of
  * pulling dirty lines out of a far cache one at a time. See pick_stream.
  *
@@ -728,6 +729,8 @@ tdist_status_t tdist__shmc_broadcast(const tdist__coll_ctx_t *c, void *buf, size
     size_t bytes = tdist__coll_bytes(count, dtype);
     if (bytes == 0) return TDIST_OK;
     size_t nk = (bytes + CHUNK - 1) / CHUNK;
+    bool stream = false; /* the root's stores; every rank takes part in the probe */
+    TDIST_CHECK(pick_stream(c, bytes, &stream));
     uint64_t g0 = s->chunks;
     ctl_t *me = ctl_of(s, s->rank);
     uint8_t *b = buf;
@@ -738,7 +741,12 @@ tdist_status_t tdist__shmc_broadcast(const tdist__coll_ctx_t *c, void *buf, size
         if (s->rank == root) {
             if (g >= SLOTS - 1) st = wait_for(c, W_OUT, g - (SLOTS - 1), -1);
             if (st != TDIST_OK) break;
-            memcpy(slot_of(s, root, g), b + off, len);
+            if (stream) {
+                stream_copy(slot_of(s, root, g), b + off, len);
+                stream_fence();
+            } else {
+                memcpy(slot_of(s, root, g), b + off, len);
+            }
             atomic_store_explicit(&me->red, g + 1, memory_order_relaxed);
             atomic_store_explicit(&me->out, g + 1, memory_order_relaxed);
             publish(c, &me->in, g + 1);

@@ -472,8 +472,9 @@ TEST(coll_algo_env, 30) { tdist_test_run_ranks(3, env_body, NULL); }
 /* TDIST_SHM_STREAM: each rank decides for its own staging stores alone,
  * so a group where one rank streams (on), one does not (off) and one
  * probes (auto; from 1 MiB on every call probes) must give every rank the
- * exact result: several chunks, a probed size, 2- to 8-byte elements,
- * out of place, in place and unaligned. Always on shared memory. A bad
+ * exact result: all_reduce, reduce and reduce_scatter on several chunks,
+ * a probed size, 2- to 8-byte elements, out of place, in place and
+ * unaligned; broadcast from every root. Always on shared memory. A bad
  * value fails the collective state's creation, naming the variable. */
 static void stream_body(int rank, int n, void *arg)
 {
@@ -492,6 +493,21 @@ static void stream_body(int rank, int n, void *arg)
         for (size_t di = 0; di < 3; di++)
             for (size_t oi = 0; oi < 3; oi++)
                 run_reductions(&t, dts[di], ops[oi], counts[ci], seed++, (ci + di + oi) % 3, false);
+    /* broadcast: the root's stores stream; every root, 2+ chunks, probed,
+     * the root's buffer unaligned */
+    size_t bytes = (1u << 20) + 4099;
+    uint8_t *bb = malloc(bytes + 1);
+    ASSERT_TRUE(bb != NULL);
+    for (int root = 0; root < n; root++) {
+        uint8_t *p = bb + (root == 1 ? 1 : 0);
+        for (size_t i = 0; i < bytes; i++)
+            p[i] = rank == root ? (uint8_t)(tgen_mix(i + (uint64_t)root) & 0xff) : 0;
+        ASSERT_OK(tdist__coll_broadcast(&t.ctx, p, bytes, TDIST_U8, root));
+        for (size_t i = 0; i < bytes; i++)
+            if (p[i] != (uint8_t)(tgen_mix(i + (uint64_t)root) & 0xff))
+                FAIL("broadcast from %d: byte %zu differs", root, i);
+    }
+    free(bb);
     setenv("TDIST_SHM_STREAM", "sometimes", 1);
     tdist__shmc_t *bad = NULL;
     ASSERT_STATUS(tdist__shmc_create(t.m.tp, rank, n, &bad), TDIST_ERR_INVALID_ARG);
