@@ -90,6 +90,10 @@
 #ifndef TDIST_SHMC_FAR_NS
 #define TDIST_SHMC_FAR_NS 150 /* an exchange slower than this: a far pair of CPUs */
 #endif
+#define XFER_MIN (16u * 1024u) /* bytes of a staged slice timed (ranks sharing CPUs) */
+#ifndef TDIST_SHMC_FAR_NS_PER_KIB
+#define TDIST_SHMC_FAR_NS_PER_KIB 40 /* touching dirty lines staged on another CPU slower than this: far */
+#endif
 #ifndef TDIST_SHMC_SLOTS
 #define TDIST_SHMC_SLOTS 4
 #endif
@@ -503,9 +507,11 @@ static tdist_status_t probe(const tdist__coll_ctx_t *c, uint64_t *ns)
  * Each rank decides for its own stores alone, so ranks need not agree;
  * only whether to probe must be the same everywhere (the size, and the
  * group's oversubscription, which every rank computes alike; not the
- * environment). With ranks sharing CPUs a reader often runs on the
- * writer's own CPU and a probe would time context switches: no probe, no
- * streaming (unless on). A call below 1 MiB keeps the last verdict. */
+ * environment). A call below 1 MiB keeps the last verdict.
+ * With ranks sharing CPUs the probe would time context switches, so
+ * there the all_reduce measures in its first chunk instead (time_reads),
+ * and streams only the staged slices whose reader runs on another CPU
+ * (a reduced slice is read by every rank, some on this CPU). */
 static tdist_status_t pick_stream(const tdist__coll_ctx_t *c, size_t bytes, bool *stream)
 {
     tdist__shmc_t *s = c->shm;
@@ -513,15 +519,15 @@ static tdist_status_t pick_stream(const tdist__coll_ctx_t *c, size_t bytes, bool
         uint64_t ns = 0;
         TDIST_CHECK(probe(c, &ns));
         if (ns) s->stream = ns > TDIST_SHMC_FAR_NS;
-    } else if (bytes >= PROBE_MIN) {
-        s->stream = false;
     }
     *stream = s->stream_mode == STREAM_ON || (s->stream_mode == STREAM_AUTO && s->stream);
     return TDIST_OK;
 }
 
 typedef struct red_job {
-    bool stream; /* stage with streaming stores */
+    bool stream;  /* stage with streaming stores */
+    bool oversub; /* ranks share CPUs: stream only slices read on another CPU */
+    bool measure; /* oversub, auto: chunk 0 is staged plainly and its reads timed */
     const uint8_t *sb;
     uint8_t *rb; /* NULL: no output on this rank */
     size_t count, cap, es;
@@ -581,24 +587,59 @@ static tdist_status_t stage_chunk(const tdist__coll_ctx_t *c, const red_job_t *j
     size_t off = k * j->cap, e = TDIST_MIN(j->cap, j->count - off);
     uint8_t *slot = slot_of(s, s->rank, g);
     const uint8_t *src = j->sb + off * j->es;
-    bool pm = j->op == TDIST_PREMUL_SUM && !premul_fused(j);
+    bool pm = j->op == TDIST_PREMUL_SUM && !premul_fused(j), fence = false;
+    int here = j->stream && j->oversub ? tdist__tp_cpu_of(s->tp, s->rank) : -1;
     for (int q = 0; q < s->size; q++) {
         if (q == s->rank && !pm) continue;
         size_t lo, hi;
         slice_of(e, s->size, q, j->es, &lo, &hi);
         if (hi <= lo) continue;
-        if (j->stream && !pm)
+        /* slice q has one reader, rank q: when it shares this CPU, the
+         * slice is best left in the cache */
+        bool st = j->stream && !pm &&
+                  (!j->oversub || here < 0 || tdist__tp_cpu_of(s->tp, q) != here);
+        if (st)
             stream_copy(slot + lo * j->es, src + lo * j->es, (hi - lo) * j->es);
         else
             memcpy(slot + lo * j->es, src + lo * j->es, (hi - lo) * j->es);
+        fence = fence || st;
     }
-    if (j->stream && !pm) stream_fence();
+    if (fence) stream_fence();
     if (pm && e) TDIST_CHECK(tdist_scale(slot, e, j->dtype, j->premul));
     publish(c, &ctl_of(s, s->rank)->in, g + 1);
     return TDIST_OK;
 }
 
-static tdist_status_t reduce_chunk(const tdist__coll_ctx_t *c, const red_job_t *j, size_t k)
+/* Ranks sharing CPUs (the exchange probe would time context switches):
+ * time the first XFER_MIN bytes of what each rank on another CPU staged
+ * for this rank in the call's first chunk (staged plainly: the lines
+ * are dirty in the writer's cache) with one load per cache line, the
+ * lines the reduce reads next anyway. The slowest-looking CPU pair is the
+ * placement; the verdict picks streaming from the next chunk on, for this
+ * rank's own stores (the pair costs the same both ways). */
+static void time_reads(const tdist__coll_ctx_t *c, red_job_t *j, uint64_t g, size_t b, size_t n)
+{
+    tdist__shmc_t *s = c->shm;
+    int here = tdist__tp_cpu_of(s->tp, s->rank);
+    uint64_t best = UINT64_MAX;
+    size_t len = TDIST_MIN(n, (size_t)XFER_MIN);
+    if (here < 0 || len < XFER_MIN) return;
+    for (int q = 0; q < s->size; q++) {
+        int there = q == s->rank ? here : tdist__tp_cpu_of(s->tp, q);
+        if (there < 0 || there == here) continue;
+        const volatile uint64_t *p = (const volatile uint64_t *)(const void *)(slot_of(s, q, g) + b);
+        uint64_t t0 = tdist__now_ns(), sum = 0;
+        for (size_t i = 0; i < len / 8; i += 8) sum += p[i];
+        uint64_t dt = tdist__now_ns() - t0;
+        (void)sum;
+        if (dt < best) best = dt;
+    }
+    if (best == UINT64_MAX) return;
+    s->stream = best * 1024 > TDIST_SHMC_FAR_NS_PER_KIB * len;
+    j->stream = s->stream;
+}
+
+static tdist_status_t reduce_chunk(const tdist__coll_ctx_t *c, red_job_t *j, size_t k)
 {
     tdist__shmc_t *s = c->shm;
     uint64_t g = j->g0 + k;
@@ -606,6 +647,7 @@ static tdist_status_t reduce_chunk(const tdist__coll_ctx_t *c, const red_job_t *
     size_t lo, hi;
     slice_of(e, s->size, s->rank, j->es, &lo, &hi);
     TDIST_CHECK(wait_for(c, W_IN, g + 1, -1));
+    if (k == 0 && j->measure && hi > lo) time_reads(c, j, g, lo * j->es, (hi - lo) * j->es);
     if (hi > lo && premul_fused(j)) {
         size_t b = lo * j->es, m = hi - lo;
         uint8_t *dst = slot_of(s, s->rank, g) + b;
@@ -628,7 +670,7 @@ static tdist_status_t reduce_chunk(const tdist__coll_ctx_t *c, const red_job_t *
         /* streaming: reduce a block at a time in a buffer that stays in
          * L1, then stream it into the slot */
         _Alignas(64) uint8_t blk[4096];
-        bool st = j->stream && !pm;
+        bool st = j->stream && !pm && !j->oversub; /* read by every rank: not when they share CPUs */
         size_t step = st ? sizeof blk / j->es : m;
         for (size_t i = 0; i < m; i += step) {
             size_t n = TDIST_MIN(step, m - i), at = i * j->es;
@@ -684,7 +726,10 @@ tdist_status_t tdist__shmc_all_reduce(const tdist__coll_ctx_t *c, const void *se
                    .premul = premul, .g0 = s->chunks};
     j.cap = CHUNK / j.es;
     size_t nk = (count + j.cap - 1) / j.cap;
+    j.oversub = tdist__tp_oversubscribed(s->tp);
     TDIST_CHECK(pick_stream(c, count * j.es, &j.stream));
+    j.measure = j.oversub && s->stream_mode == STREAM_AUTO;
+    if (j.measure) j.stream = false;
     tdist_status_t st = stage_chunk(c, &j, 0);
     for (size_t k = 0; k < nk && st == TDIST_OK; k++) {
         st = reduce_chunk(c, &j, k);
@@ -731,6 +776,8 @@ tdist_status_t tdist__shmc_broadcast(const tdist__coll_ctx_t *c, void *buf, size
     size_t nk = (bytes + CHUNK - 1) / CHUNK;
     bool stream = false; /* the root's stores; every rank takes part in the probe */
     TDIST_CHECK(pick_stream(c, bytes, &stream));
+    /* ranks sharing CPUs: some readers run on the root's own CPU */
+    if (tdist__tp_oversubscribed(s->tp) && s->stream_mode != STREAM_ON) stream = false;
     uint64_t g0 = s->chunks;
     ctl_t *me = ctl_of(s, s->rank);
     uint8_t *b = buf;

@@ -82,5 +82,6 @@ tdist_status_t tdist__shm_wait_until(tdist__tp_t *tp, bool (*cond)(void *arg),
                                      int64_t deadline_ms, unsigned flags);
 void tdist__shm_notify(tdist__tp_t *tp);
 bool tdist__shm_oversubscribed(tdist__tp_t *tp);
+int tdist__shm_cpu_of(tdist__tp_t *tp, int r);
 
 #endif /* TDIST_TRANSPORT_OPS_H */

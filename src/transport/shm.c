@@ -1155,6 +1155,15 @@ tdist_status_t tdist__shm_wait_until(tdist__tp_t *t, bool (*cond)(void *arg),
 
 bool tdist__shm_oversubscribed(tdist__tp_t *t) { return TP(t)->oversubscribed; }
 
+int tdist__shm_cpu_of(tdist__tp_t *t, int r)
+{
+    shm_tp_t *tp = TP(t);
+    if (!tp->oversubscribed || r < 0 || r >= tp->size) return -1;
+    if (r == tp->rank) return note_cpu(tp);
+    const seg_hdr_t *h = tp->pe[r].hdr;
+    return h ? atomic_load_explicit(&h->cpu, memory_order_relaxed) : -1;
+}
+
 /* Any thread, also a signal handler: atomics and one futex wake (both
  * async-signal-safe). The segment is unlinked by connect's failure path
  * (an abort during set-up fails it) or by destroy, not here: shm_unlink is

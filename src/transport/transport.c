@@ -130,6 +130,8 @@ tdist_status_t tdist__tp_wait_until(tdist__tp_t *tp, bool (*cond)(void *arg),
 
 bool tdist__tp_oversubscribed(tdist__tp_t *tp) { return is_shm(tp) && tdist__shm_oversubscribed(tp); }
 
+int tdist__tp_cpu_of(tdist__tp_t *tp, int r) { return is_shm(tp) ? tdist__shm_cpu_of(tp, r) : -1; }
+
 void tdist__tp_notify(tdist__tp_t *tp)
 {
     if (is_shm(tp)) tdist__shm_notify(tp);

@@ -204,6 +204,13 @@ tdist_status_t tdist__tp_wait_until(tdist__tp_t *tp, bool (*cond)(void *arg),
  * locking. */
 bool tdist__tp_oversubscribed(tdist__tp_t *tp);
 
+/* Shared memory, oversubscribed meshes: the CPU rank r last ran on, as r
+ * recorded it when it last waited or notified (r == this rank: the CPU it
+ * runs on now), or -1 when unknown (not recorded yet, not oversubscribed,
+ * TCP). The answer may be stale by the time it is used: a hint, never a
+ * guarantee. Cheap; no locking; any thread. */
+int tdist__tp_cpu_of(tdist__tp_t *tp, int r);
+
 /* After writing to this rank's collective area: wake every peer that
  * sleeps in tdist__tp_wait_until (no syscall when none sleeps). */
 void tdist__tp_notify(tdist__tp_t *tp);
