@@ -677,6 +677,13 @@ tdist_status_t tdist__shm_connect(tdist__tp_t *t, const char *const *addrs, int6
         for (int p = 0; p < tp->size && tp->err == TDIST_OK; p++) {
             if (p == tp->rank) continue;
             peer_t *c = &tp->pe[p];
+            /* Set-up with p is done once each has mapped the other (its
+             * hello in this rank's segment). A peer that got there first
+             * may already have closed again (a group created and destroyed
+             * at once): that is no set-up failure, the mapped segments
+             * stay valid, and later calls see the closed peer. */
+            bool done = (c->seg || map_peer(tp, p) > 0) && (c->verified || verify_peer(tp, p) > 0);
+            if (tp->err != TDIST_OK || done) continue;
             if (c->dead || c->closed) {
                 shm_unlink(c->name); /* it cannot unlink it any more */
                 fail(tp, TDIST_ERR_CONNECTION,
@@ -684,11 +691,7 @@ tdist_status_t tdist__shm_connect(tdist__tp_t *t, const char *const *addrs, int6
                      c->pid, c->dead ? "exited" : "closed its transport");
                 break;
             }
-            if (!c->seg && map_peer(tp, p) <= 0) {
-                missing++;
-                continue;
-            }
-            if (!c->verified && verify_peer(tp, p) <= 0) missing++;
+            missing++;
         }
         if (tp->err != TDIST_OK) break;
         if (atomic_load(&tp->hdr->mapped) >= (unsigned)(tp->size - 1)) unlink_own(tp);
