@@ -347,7 +347,7 @@ if any(wrong.values()):
 targets = [("shm", 2, 64 << 20, 2.0), ("shm", 4, 64 << 20, 2.0),
            ("shm", 2, 4 << 20, 1.3), ("shm", 4, 4 << 20, 1.8),
            ("shm", 2, 8, 2.0), ("shm", 4, 8, 2.0), ("tcp", 2, 64 << 20, 1.2)]
-met = total = 0
+met = total = met_runs = 0
 if "tdist" in peers and "ompi" in peers:
     print("# issue 3 targets (speed-up over Open MPI, same run):")
     for tr, np, b, want in targets:
@@ -359,9 +359,14 @@ if "tdist" in peers and "ompi" in peers:
             continue
         total += 1
         met += r >= want
-        print("#   %s %dr %-7s >= %.1fx: %.2fx %-6s (per run: %s)" % (
-            tr, np, pretty(b), want, r, "met" if r >= want else "MISSED",
-            " ".join(run_ratios(np, tr, "ompi", b))))
+        # the table's ratio is of median times; the median of the per-run
+        # ratios can differ when the peers' runs land in different states
+        per = run_ratios(np, tr, "ompi", b)
+        rm = statistics.median(float(x) for x in per) if per else None
+        met_runs += rm is not None and rm >= want
+        print("#   %s %dr %-7s >= %.1fx: %.2fx %-6s (per run: %s; their median %s)" % (
+            tr, np, pretty(b), want, r, "met" if r >= want else "MISSED", " ".join(per),
+            "%.2fx" % rm if rm is not None else "-"))
 for f in failed:
     print("# FAILED: %s, %s ranks, %s, run %s: exit status %s" % (f[2], f[0], f[1], f[3], f[4]))
 print()
@@ -369,6 +374,7 @@ for name, value, unit in results:
     print("RESULT %s %s %s" % (name, value, unit))
 if total:
     print("RESULT issue3_targets_met %d count" % met)
+    print("RESULT issue3_targets_met_by_run_median %d count" % met_runs)
     print("RESULT issue3_targets_measured %d count" % total)
 print("RESULT compare_wrong_elements %d elements" % sum(wrong.values()))
 print("RESULT compare_failed_invocations %d count" % len(failed))
