@@ -90,7 +90,7 @@
 #ifndef TDIST_SHMC_FAR_NS
 #define TDIST_SHMC_FAR_NS 150 /* an exchange slower than this: a far pair of CPUs */
 #endif
-#define XFER_MIN (16u * 1024u) /* bytes of a staged slice timed (ranks sharing CPUs) */
+#define TIMED_BYTES (16u * 1024u) /* of a staged slice, read timed (ranks sharing CPUs) */
 #ifndef TDIST_SHMC_FAR_NS_PER_KIB
 #define TDIST_SHMC_FAR_NS_PER_KIB 40 /* touching dirty lines staged on another CPU slower than this: far */
 #endif
@@ -124,7 +124,7 @@ struct tdist__shmc {
     tdist__tp_t *tp;
     int rank, size;
     stream_mode_t stream_mode; /* TDIST_SHM_STREAM */
-    bool stream;               /* the last probe found the CPUs far apart */
+    bool stream; /* the last probe found the CPUs far apart (never set when ranks share CPUs) */
     uint8_t **area;     /* size entries: every rank's area, mapped here */
     uint64_t line_seq;  /* exchanges done */
     uint64_t chunks;    /* staged chunks done (global chunk index) */
@@ -508,10 +508,11 @@ static tdist_status_t probe(const tdist__coll_ctx_t *c, uint64_t *ns)
  * only whether to probe must be the same everywhere (the size, and the
  * group's oversubscription, which every rank computes alike; not the
  * environment). A call below 1 MiB keeps the last verdict.
- * With ranks sharing CPUs the probe would time context switches, so
- * there the all_reduce measures in its first chunk instead (time_reads),
- * and streams only the staged slices whose reader runs on another CPU
- * (a reduced slice is read by every rank, some on this CPU). */
+ * With ranks sharing CPUs the probe would time context switches: there
+ * is no verdict here (auto says no), the all_reduce measures in its first
+ * chunk instead (time_reads) and streams only the staged slices whose
+ * reader runs on another CPU (a reduced slice is read by every rank, some
+ * on this CPU), and a broadcast streams only when on. */
 static tdist_status_t pick_stream(const tdist__coll_ctx_t *c, size_t bytes, bool *stream)
 {
     tdist__shmc_t *s = c->shm;
@@ -611,21 +612,21 @@ static tdist_status_t stage_chunk(const tdist__coll_ctx_t *c, const red_job_t *j
 }
 
 /* Ranks sharing CPUs (the exchange probe would time context switches):
- * time the first XFER_MIN bytes of what each rank on another CPU staged
- * for this rank in the call's first chunk (staged plainly: the lines
- * are dirty in the writer's cache) with one load per cache line, the
- * lines the reduce reads next anyway. The slowest-looking CPU pair is the
- * placement; the verdict picks streaming from the next chunk on, for this
- * rank's own stores (the pair costs the same both ways). */
+ * time the first TIMED_BYTES of what each rank on another CPU staged for
+ * this rank in the call's first chunk (staged plainly: the lines are
+ * dirty in the writer's cache) with one load per cache line, the lines
+ * the reduce reads next anyway. The fastest read decides (an interrupted
+ * one only looks slower); the verdict picks streaming for this rank's own
+ * stores from the next chunk on (the CPU pair costs the same both ways). */
 static void time_reads(const tdist__coll_ctx_t *c, red_job_t *j, uint64_t g, size_t b, size_t n)
 {
-    tdist__shmc_t *s = c->shm;
+    const tdist__shmc_t *s = c->shm;
     int here = tdist__tp_cpu_of(s->tp, s->rank);
     uint64_t best = UINT64_MAX;
-    size_t len = TDIST_MIN(n, (size_t)XFER_MIN);
-    if (here < 0 || len < XFER_MIN) return;
+    size_t len = TIMED_BYTES;
+    if (here < 0 || n < len) return;
     for (int q = 0; q < s->size; q++) {
-        int there = q == s->rank ? here : tdist__tp_cpu_of(s->tp, q);
+        int there = q == s->rank ? -1 : tdist__tp_cpu_of(s->tp, q);
         if (there < 0 || there == here) continue;
         const volatile uint64_t *p = (const volatile uint64_t *)(const void *)(slot_of(s, q, g) + b);
         uint64_t t0 = tdist__now_ns(), sum = 0;
@@ -634,9 +635,7 @@ static void time_reads(const tdist__coll_ctx_t *c, red_job_t *j, uint64_t g, siz
         (void)sum;
         if (dt < best) best = dt;
     }
-    if (best == UINT64_MAX) return;
-    s->stream = best * 1024 > TDIST_SHMC_FAR_NS_PER_KIB * len;
-    j->stream = s->stream;
+    if (best != UINT64_MAX) j->stream = best * 1024 > TDIST_SHMC_FAR_NS_PER_KIB * len;
 }
 
 static tdist_status_t reduce_chunk(const tdist__coll_ctx_t *c, red_job_t *j, size_t k)
@@ -728,8 +727,7 @@ tdist_status_t tdist__shmc_all_reduce(const tdist__coll_ctx_t *c, const void *se
     size_t nk = (count + j.cap - 1) / j.cap;
     j.oversub = tdist__tp_oversubscribed(s->tp);
     TDIST_CHECK(pick_stream(c, count * j.es, &j.stream));
-    j.measure = j.oversub && s->stream_mode == STREAM_AUTO;
-    if (j.measure) j.stream = false;
+    j.measure = j.oversub && s->stream_mode == STREAM_AUTO; /* pick_stream said no */
     tdist_status_t st = stage_chunk(c, &j, 0);
     for (size_t k = 0; k < nk && st == TDIST_OK; k++) {
         st = reduce_chunk(c, &j, k);
@@ -775,9 +773,7 @@ tdist_status_t tdist__shmc_broadcast(const tdist__coll_ctx_t *c, void *buf, size
     if (bytes == 0) return TDIST_OK;
     size_t nk = (bytes + CHUNK - 1) / CHUNK;
     bool stream = false; /* the root's stores; every rank takes part in the probe */
-    TDIST_CHECK(pick_stream(c, bytes, &stream));
-    /* ranks sharing CPUs: some readers run on the root's own CPU */
-    if (tdist__tp_oversubscribed(s->tp) && s->stream_mode != STREAM_ON) stream = false;
+    TDIST_CHECK(pick_stream(c, bytes, &stream)); /* sharing CPUs: only when on */
     uint64_t g0 = s->chunks;
     ctl_t *me = ctl_of(s, s->rank);
     uint8_t *b = buf;

@@ -1045,13 +1045,18 @@ static int note_cpu(shm_tp_t *tp)
  * queued behind ranks there: yielding this CPU would only hand it to a
  * rank that waits too (with 4 ranks on 2 CPUs, one wasted switch per call
  * when the two CPUs' turns fall out of step). */
+static int peer_cpu(const shm_tp_t *tp, int p)
+{
+    const seg_hdr_t *h = tp->pe[p].hdr;
+    return h ? atomic_load_explicit(&h->cpu, memory_order_relaxed) : -1;
+}
+
 static bool needed_here(shm_tp_t *tp, int me, bool (*needs)(void *arg, int peer), void *arg)
 {
     if (!needs || me < 0) return true;
     for (int p = 0; p < tp->size; p++) {
         if (p == tp->rank || !needs(arg, p)) continue;
-        int c = tp->pe[p].hdr ? atomic_load_explicit(&tp->pe[p].hdr->cpu, memory_order_relaxed)
-                              : -1;
+        int c = peer_cpu(tp, p);
         if (c < 0 || c == me) return true;
     }
     return false;
@@ -1162,9 +1167,7 @@ int tdist__shm_cpu_of(tdist__tp_t *t, int r)
 {
     shm_tp_t *tp = TP(t);
     if (!tp->oversubscribed || r < 0 || r >= tp->size) return -1;
-    if (r == tp->rank) return note_cpu(tp);
-    const seg_hdr_t *h = tp->pe[r].hdr;
-    return h ? atomic_load_explicit(&h->cpu, memory_order_relaxed) : -1;
+    return r == tp->rank ? note_cpu(tp) : peer_cpu(tp, r);
 }
 
 /* Any thread, also a signal handler: atomics and one futex wake (both
