@@ -202,6 +202,11 @@ struct tdist_pg {
     tdist__shmc_t *shm;
     bool ar_forced;          /* TDIST_ALGO_ALLREDUCE names an algorithm */
     const uint8_t **shm_blobs; /* size entries: exchange scratch */
+    /* the blocking tiny all_reduce's last fingerprint (seq aside) and its
+     * hash with seq 0: the next call of the same shape only adds seq's
+     * term (engine.c, fp_hash). Caller's thread, under busy. */
+    tdist__fp_t tiny_fp;
+    uint64_t tiny_h0;
 
     /* Join (rule 4). The mode and the borrowed mask are set by join/ on the
      * training thread (tdist__pg_join_set, under mu) and read at submit. */

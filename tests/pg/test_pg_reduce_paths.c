@@ -55,16 +55,22 @@ static size_t counts_for(size_t es, size_t *out)
     return n;
 }
 
+/* The world and its group, with a 30 s timeout (scaled for sanitizers). */
+static void open_world(tdist_world_t **w, tdist_pg_t **pg)
+{
+    ASSERT_OK(tdist_init("env://", NULL, w));
+    tdist_pg_opts_t o;
+    tdist_pg_opts_init(&o);
+    o.timeout_ms = (int64_t)(30000 * tdist_test_timeout_mult());
+    ASSERT_OK(tdist_pg_create_world(*w, &o, pg));
+}
+
 static void paths_body(int rank, int n, void *arg)
 {
     (void)arg;
     tdist_world_t *w;
     tdist_pg_t *pg;
-    ASSERT_OK(tdist_init("env://", NULL, &w));
-    tdist_pg_opts_t o;
-    tdist_pg_opts_init(&o);
-    o.timeout_ms = (int64_t)(30000 * tdist_test_timeout_mult());
-    ASSERT_OK(tdist_pg_create_world(w, &o, &pg));
+    open_world(&w, &pg);
     tdist_coll_opts_t co;
     tdist_coll_opts_init(&co);
     co.premul_factor = PREMUL;
@@ -115,3 +121,60 @@ static void paths_body(int rank, int n, void *arg)
 TEST(pg_reduce_paths_2_ranks, 90) { tdist_test_run_ranks(2, paths_body, NULL); }
 TEST(pg_reduce_paths_3_ranks, 90) { tdist_test_run_ranks(3, paths_body, NULL); }
 TEST(pg_reduce_paths_5_ranks, 120) { tdist_test_run_ranks(5, paths_body, NULL); }
+
+/* The blocking tiny all_reduce on shared memory runs without a work and
+ * reuses its last fingerprint's hash while the shape (count, dtype, op)
+ * stays; a call with a work (or a callback) runs the general path, which
+ * hashes the whole fingerprint. Here every call has one rank on each
+ * path, through a sequence of shapes that returns to earlier ones: the
+ * two hashes must agree (or every call fails with a mismatch) and the
+ * results must be right. Then, with the cache warm for f32 x 2 SUM, one
+ * rank changes only the reduce op: that must still be a mismatch. */
+typedef struct tiny_shape {
+    tdist_dtype_t dt;
+    tdist_redop_t op;
+    size_t count;
+} tiny_shape_t;
+
+static void tiny_paths_body(int rank, int n, void *arg)
+{
+    (void)arg;
+    static const tiny_shape_t shapes[] = {
+        {TDIST_F32, TDIST_SUM, 2}, {TDIST_F32, TDIST_SUM, 2}, {TDIST_F32, TDIST_SUM, 3},
+        {TDIST_F64, TDIST_MAX, 2}, {TDIST_F32, TDIST_SUM, 2}, {TDIST_I32, TDIST_BXOR, 2},
+        {TDIST_F32, TDIST_AVG, 2}, {TDIST_BF16, TDIST_SUM, 7}, {TDIST_F32, TDIST_SUM, 2},
+        {TDIST_F32, TDIST_MIN, 2}, {TDIST_I64, TDIST_SUM, 49}, {TDIST_F32, TDIST_SUM, 2},
+    };
+    tdist_world_t *w;
+    tdist_pg_t *pg;
+    open_world(&w, &pg);
+    uint8_t want[512], in[512], out[512];
+    uint64_t seed = 101;
+    const size_t ns = sizeof shapes / sizeof shapes[0];
+    for (size_t i = 0; i < 3 * ns; i++, seed++) {
+        const tiny_shape_t *s = &shapes[i % ns];
+        tgen_reference(want, s->count, s->dt, s->op, n, seed, 1.0);
+        tgen_fill(in, s->count, s->dt, s->op, rank, seed);
+        memset(out, 0x5a, sizeof out);
+        if ((i + (size_t)rank) % 2 == 0) { /* blocking, no work: the fast path */
+            ASSERT_OK(tdist_all_reduce(pg, in, out, s->count, s->dt, s->op, NULL, NULL));
+        } else { /* with a work: the general path */
+            tdist_work_t *wk = NULL;
+            ASSERT_OK(tdist_all_reduce(pg, in, out, s->count, s->dt, s->op, NULL, &wk));
+            ASSERT_OK(tdist_work_wait(wk, -1));
+            tdist_work_free(wk);
+        }
+        expect_eq(out, want, s->count, s->dt, "all_reduce (fast and general path)", s->op, 0);
+    }
+    /* warm: f32 x 2 SUM on the fast path everywhere, then rank 0 says MAX */
+    for (int i = 0; i < 3; i++)
+        ASSERT_OK(tdist_all_reduce(pg, in, out, 2, TDIST_F32, TDIST_SUM, NULL, NULL));
+    tdist_redop_t op = rank == 0 ? TDIST_MAX : TDIST_SUM;
+    ASSERT_STATUS(tdist_all_reduce(pg, in, out, 2, TDIST_F32, op, NULL, NULL), TDIST_ERR_MISMATCH);
+    ASSERT_CONTAINS(tdist_last_error(), "max");
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
+}
+
+TEST(pg_tiny_fast_and_general_paths_agree_2_ranks, 60) { tdist_test_run_ranks(2, tiny_paths_body, NULL); }
+TEST(pg_tiny_fast_and_general_paths_agree_3_ranks, 60) { tdist_test_run_ranks(3, tiny_paths_body, NULL); }
