@@ -125,6 +125,7 @@ struct tdist__shmc {
     int rank, size;
     stream_mode_t stream_mode; /* TDIST_SHM_STREAM */
     bool stream; /* the last probe found the CPUs far apart (never set when ranks share CPUs) */
+    bool oversub; /* more ranks than CPUs (the transport's verdict, fixed once connected) */
     uint8_t **area;     /* size entries: every rank's area, mapped here */
     uint64_t line_seq;  /* exchanges done */
     uint64_t chunks;    /* staged chunks done (global chunk index) */
@@ -190,6 +191,7 @@ tdist_status_t tdist__shmc_create(tdist__tp_t *tp, int rank, int size, tdist__sh
     s->rank = rank;
     s->size = size;
     s->stream_mode = mode;
+    s->oversub = tdist__tp_oversubscribed(tp);
     s->area = area;
     s->scratch = scratch;
     /* Counters start where this rank's own area says (zero when new). */
@@ -401,7 +403,7 @@ tdist_status_t tdist__shmc_gather(const tdist__coll_ctx_t *c, const uint8_t **bl
      * poll their lines here first, without the general wait's callback
      * and clock (~10 ns a call off an 8-byte all_reduce), unless ranks
      * share CPUs (the one awaited may need this one). */
-    bool quick = c->spin && !tdist__tp_oversubscribed(s->tp);
+    bool quick = c->spin && !s->oversub;
     TDIST_CHECK(await_lines(c, seq, quick ? QUICK_ROUNDS : 0, NULL));
     for (int r = 0; r < s->size; r++) {
         size_t l = 0;
@@ -516,7 +518,7 @@ static tdist_status_t probe(const tdist__coll_ctx_t *c, uint64_t *ns)
 static tdist_status_t pick_stream(const tdist__coll_ctx_t *c, size_t bytes, bool *stream)
 {
     tdist__shmc_t *s = c->shm;
-    if (bytes >= PROBE_MIN && !tdist__tp_oversubscribed(s->tp)) {
+    if (bytes >= PROBE_MIN && !s->oversub) {
         uint64_t ns = 0;
         TDIST_CHECK(probe(c, &ns));
         if (ns) s->stream = ns > TDIST_SHMC_FAR_NS;
@@ -725,7 +727,7 @@ tdist_status_t tdist__shmc_all_reduce(const tdist__coll_ctx_t *c, const void *se
                    .premul = premul, .g0 = s->chunks};
     j.cap = CHUNK / j.es;
     size_t nk = (count + j.cap - 1) / j.cap;
-    j.oversub = tdist__tp_oversubscribed(s->tp);
+    j.oversub = s->oversub;
     TDIST_CHECK(pick_stream(c, count * j.es, &j.stream));
     j.measure = j.oversub && s->stream_mode == STREAM_AUTO; /* pick_stream said no */
     tdist_status_t st = stage_chunk(c, &j, 0);

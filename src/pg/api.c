@@ -54,8 +54,11 @@ static tdist_status_t chk_dtype(const char *fn, const tdist_pg_t *pg, tdist_dtyp
 static tdist_status_t chk_size(const char *fn, const tdist_pg_t *pg, size_t count, size_t mult,
                                tdist_dtype_t dt, const char *what)
 {
-    size_t es = tdist_dtype_size(dt);
-    if (mult && count > SIZE_MAX / mult / es)
+    size_t es = tdist_dtype_size(dt), bytes;
+    /* count * mult * es overflows: the same test as count > SIZE_MAX /
+     * mult / es, without two divisions on every collective's path */
+    if (mult && (__builtin_mul_overflow(count, mult, &bytes) ||
+                 __builtin_mul_overflow(bytes, es, &bytes)))
         return arg_err(fn, pg, "%s: %zu x %zu elements of %s overflow size_t", what, count, mult,
                        tdist_dtype_name(dt));
     return TDIST_OK;

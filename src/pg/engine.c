@@ -793,8 +793,10 @@ bool tdist__pg_tiny_all_reduce(tdist_pg_t *pg, const void *sendbuf, void *recvbu
         work_free_owned(w);
     }
     end_inline(pg);
-    if (st != TDIST_OK) tdist__error(st, "%s", msg ? msg : "out of memory");
-    free(msg);
+    if (st != TDIST_OK) {
+        tdist__error(st, "%s", msg ? msg : "out of memory");
+        free(msg);
+    }
     *out = st;
     return true;
 }
