@@ -598,14 +598,13 @@ static const uint64_t fp_mult[] = {
 
 static uint64_t fp_hash(const tdist__fp_t *fp)
 {
-    const uint64_t *m = fp_mult;
     _Static_assert(sizeof(tdist__fp_t) == sizeof fp_mult, "one constant per fingerprint word");
     /* from the fields, not the bytes: a word load spanning two 4-byte
      * stores just made would stall on store forwarding */
     const uint64_t w[] = {
         fp->magic | (uint64_t)fp->op << 32,
         fp->uid_hash,
-        fp->seq,
+        fp->seq, /* w[FP_SEQ_WORD]: the tiny fast path adds its term alone */
         fp->count,
         fp->vec_hash,
         fp->aux,
@@ -616,7 +615,7 @@ static uint64_t fp_hash(const tdist__fp_t *fp)
     };
     _Static_assert(sizeof w == sizeof fp_mult, "every field");
     uint64_t h = 0;
-    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) h += w[i] * m[i];
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) h += w[i] * fp_mult[i];
     return h;
 }
 
