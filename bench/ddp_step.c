@@ -95,7 +95,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "nn/nn.h"
+#include <tdist/nn.h>
 #include "tdist/tdist.h"
 
 #define CLASSES 10

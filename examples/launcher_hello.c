@@ -13,12 +13,14 @@
  * "hello/checked", which the other ranks wait for before they leave.
  * Exit status 0 on success; 1 with tdist_last_error() printed on any failure.
  */
+#define _POSIX_C_SOURCE 200809L
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "tdist/tdist.h"
+#include <tdist/tdist.h>
 
 static int fail(const char *what, tdist_status_t st)
 {

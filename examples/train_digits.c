@@ -29,6 +29,8 @@
  * accuracy and whether every rank ends with identical parameters:
  *   final test_accuracy=0.97 params_identical=yes
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -36,8 +38,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "nn.h"
-#include "tdist/tdist.h"
+#include <tdist/nn.h>
+#include <tdist/tdist.h>
 
 #define IMG 64
 #define CLASSES 10

@@ -19,14 +19,21 @@ ensure_packages "${TDIST_BUILD_PACKAGES[@]}" clang libclang-rt-14-dev python3-sk
 
 build="${TDIST_BUILD_DIR:-$here/build/test}"
 jobs="${TDIST_TEST_JOBS:-2}"
+# Warnings are errors here (TDIST_WERROR), never in a user's own build.
 cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTDIST_SANITIZE=ON \
-      -DTDIST_BUILD_FUZZ=ON >/dev/null
+      -DTDIST_WERROR=ON -DTDIST_WITH_NN=ON -DTDIST_BUILD_TESTS=ON -DTDIST_BUILD_FUZZ=ON >/dev/null
 cmake --build "$build" --parallel "$(nproc)"
 # The optimised build must compile warning-free too (-O3 finds warnings
 # -O0 does not): the main job and the benchmarks use it.
-cmake -S "$here" -B "$build-release" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+cmake -S "$here" -B "$build-release" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTDIST_WERROR=ON \
       -DTDIST_BUILD_TESTS=OFF >/dev/null
 cmake --build "$build-release" --parallel "$(nproc)"
+# And the configuration a machine without MPI or OpenBLAS gets (a fresh
+# machine running the demo has no MPI): the library, the tools and what
+# examples need no nn/, every warning an error. Compiled, not tested.
+cmake -S "$here" -B "$build-minimal" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTDIST_WERROR=ON \
+      -DTDIST_WITH_MPI=OFF -DTDIST_WITH_NN=OFF -DTDIST_BUILD_TESTS=OFF >/dev/null
+cmake --build "$build-minimal" --parallel "$(nproc)"
 # Leak checks on; the runner kills each test at its own deadline.
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"

@@ -25,7 +25,7 @@
 #include <string.h>
 
 #include "harness.h"
-#include "nn.h"
+#include <tdist/nn.h>
 #include "tdist/ddp.h"
 #include "tdist/optim.h"
 

@@ -262,3 +262,41 @@ TEST(mpi_other_mpis_launcher_is_refused, 30)
     ASSERT_TRUE(strstr(buf, "MPI_PROG OK") == NULL);
     free(buf);
 }
+
+/* The MPI backend is a module loaded on demand: when it cannot be found,
+ * asking for it fails with a message that says where the loader looked and
+ * what to install, and the native backend keeps working. Needs no MPI. */
+static void missing_module_body(int rank, int n, void *arg)
+{
+    (void)n;
+    (void)arg;
+    setenv("TDIST_MPI_MODULE", "/nonexistent/tdist/libtdist_mpi.so", 1);
+    tdist_world_t *w = NULL;
+    ASSERT_OK(tdist_init("env://", NULL, &w));
+    tdist_pg_opts_t o;
+    tdist_pg_opts_init(&o);
+    o.backend = "mpi";
+    tdist_pg_t *pg = NULL;
+    ASSERT_STATUS(tdist_pg_create_world(w, &o, &pg), TDIST_ERR_NOT_SUPPORTED);
+    ASSERT_TRUE(pg == NULL);
+    if (rank == 0) printf("%s\n", tdist_last_error());
+    ASSERT_CONTAINS(tdist_last_error(), "tdist_pg_create_world(opts.backend=\"mpi\")");
+    ASSERT_CONTAINS(tdist_last_error(), "libtdist_mpi.so could not be loaded");
+    ASSERT_CONTAINS(tdist_last_error(), "/nonexistent/tdist/libtdist_mpi.so");
+    ASSERT_CONTAINS(tdist_last_error(), "libopenmpi");
+    /* the same answer the second time, without a new search */
+    ASSERT_STATUS(tdist_pg_create_world(w, &o, &pg), TDIST_ERR_NOT_SUPPORTED);
+    ASSERT_CONTAINS(tdist_last_error(), "could not be loaded");
+    /* an mpi:// world needs the module too */
+    tdist_world_t *w2 = NULL;
+    ASSERT_STATUS(tdist_init("mpi://", NULL, &w2), TDIST_ERR_NOT_SUPPORTED);
+    ASSERT_CONTAINS(tdist_last_error(), "tdist_init(\"mpi://\")");
+    ASSERT_CONTAINS(tdist_last_error(), "libtdist_mpi.so");
+    o.backend = NULL;
+    ASSERT_OK(tdist_pg_create_world(w, &o, &pg));
+    ASSERT_OK(tdist_barrier(pg, NULL, NULL));
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
+}
+
+TEST(mpi_module_missing_is_a_clear_error, 30) { tdist_test_run_ranks(2, missing_module_body, NULL); }

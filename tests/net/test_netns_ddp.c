@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "netns.h"
-#include "nn.h"
+#include <tdist/nn.h>
 #include "tdist/ddp.h"
 #include "tdist/optim.h"
 

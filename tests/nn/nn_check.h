@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "harness.h"
-#include "nn/nn.h"
+#include <tdist/nn.h>
 
 static inline uint64_t t_rand_u64(uint64_t *s)
 {

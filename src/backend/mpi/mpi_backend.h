@@ -1,6 +1,7 @@
 /*
  * backend/mpi/mpi_backend.h — the MPI backend's table (docs/mpi.md).
- * Built only when CMake found MPI (TDIST_HAVE_MPI).
+ * Part of the MPI module (backend/module.h), built only when CMake found
+ * MPI.
  */
 #ifndef TDIST_BACKEND_MPI_H
 #define TDIST_BACKEND_MPI_H

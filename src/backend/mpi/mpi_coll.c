@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "backend/mpi/mpi_internal.h"
+#include "backend/mpi/host.h" /* last: calls into the library go through its table */
 
 #define MB_TAG 77 /* monitored_barrier's messages on the coll communicator */
 #define CHUNK ((size_t)1 << 30)

@@ -25,6 +25,7 @@
 
 #include "backend/mpi/mpi_internal.h"
 #include "tdist/init.h"
+#include "backend/mpi/host.h" /* last: calls into the library go through its table */
 
 #define P2P_MAGIC 0x74646d32u /* "tdm2" */
 #define TAG_HDR 1

@@ -55,6 +55,12 @@ void tdist__mpi_backoff(const tdist__mpib_t *b, int64_t waited_us);
 /* Microseconds, monotonic. */
 int64_t tdist__mpi_now_us(void);
 
+/* mpi_world.c: tdist_init for a world mpirun started, and its leaving
+ * (init/mpi_world.h says what they do). */
+tdist_status_t tdist__mpim_world_init(const char *url, const tdist_init_opts_t *opts,
+                                      tdist_world_t **out);
+void tdist__mpim_world_leave(tdist_world_t *w);
+
 /* mpi_coll.c: the table's run op. */
 tdist_status_t tdist__mpi_run(tdist_pg_t *pg, struct tdist_work *w, int64_t timeout_ms,
                               int64_t deadline_ms);

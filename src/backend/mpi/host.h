@@ -1,0 +1,55 @@
+/*
+ * backend/mpi/host.h — inside the MPI module, every call into the library
+ * goes through the host table the loader handed over (backend/module.h):
+ * each name below becomes the table's member of that name. Include it
+ * last in a module source, after every header that declares those
+ * functions (a declaration after it would be rewritten too).
+ */
+#ifndef TDIST_BACKEND_MPI_HOST_H
+#define TDIST_BACKEND_MPI_HOST_H
+
+#include "backend/module.h"
+
+/* The table given to the module's entry (backend/mpi/mpi_module.c). */
+extern const tdist__host_t *tdist__host;
+
+#define tdist__error (tdist__host->tdist__error)
+#define tdist__error_errno (tdist__host->tdist__error_errno)
+#define tdist__error_context (tdist__host->tdist__error_context)
+#define tdist__log (tdist__host->tdist__log)
+#define tdist__asprintf (tdist__host->tdist__asprintf)
+#define tdist__strdup (tdist__host->tdist__strdup)
+#define tdist__now_ms (tdist__host->tdist__now_ms)
+#define tdist__deadline_ms (tdist__host->tdist__deadline_ms)
+#define tdist__default_timeout_ms (tdist__host->tdist__default_timeout_ms)
+#define tdist__sleep_ms (tdist__host->tdist__sleep_ms)
+#define tdist__env_int (tdist__host->tdist__env_int)
+#define tdist_last_error (tdist__host->tdist_last_error)
+#define tdist_clear_error (tdist__host->tdist_clear_error)
+#define tdist_log_level (tdist__host->tdist_log_level)
+#define tdist_dtype_name (tdist__host->tdist_dtype_name)
+#define tdist_dtype_size (tdist__host->tdist_dtype_size)
+#define tdist_redop_name (tdist__host->tdist_redop_name)
+#define tdist_reduce (tdist__host->tdist_reduce)
+#define tdist_scale (tdist__host->tdist_scale)
+#define tdist_divide (tdist__host->tdist_divide)
+#define tdist_init (tdist__host->tdist_init)
+#define tdist_init_opts_init (tdist__host->tdist_init_opts_init)
+#define tdist_world_rank (tdist__host->tdist_world_rank)
+#define tdist_world_size (tdist__host->tdist_world_size)
+#define tdist_world_store (tdist__host->tdist_world_store)
+#define tdist__iface_select (tdist__host->tdist__iface_select)
+#define tdist__pg_start_engine (tdist__host->tdist__pg_start_engine)
+#define tdist__pg_join_check (tdist__host->tdist__pg_join_check)
+#define tdist__work_finish (tdist__host->tdist__work_finish)
+#define tdist__work_release (tdist__host->tdist__work_release)
+#define tdist_work_wait (tdist__host->tdist_work_wait)
+#define tdist__work_describe (tdist__host->tdist__work_describe)
+#define tdist__op_name (tdist__host->tdist__op_name)
+#define tdist__fp_fill (tdist__host->tdist__fp_fill)
+#define tdist__fp_compare (tdist__host->tdist__fp_compare)
+#define tdist__fp_common_equal (tdist__host->tdist__fp_common_equal)
+#define tdist__fp_describe (tdist__host->tdist__fp_describe)
+#define tdist__fnv1a (tdist__host->tdist__fnv1a)
+
+#endif /* TDIST_BACKEND_MPI_HOST_H */
