@@ -1,7 +1,7 @@
 /*
  * bench/ddp_step.c — training-step time of an MLP with tdist DDP against the
- * same step in one process (issue 4's benchmark; bench/compare/ddp.sh runs
- * it next to PyTorch DDP on Gloo and prints the table).
+ * same step in one process (bench/compare/ddp.sh runs it next to PyTorch DDP
+ * on Gloo and prints the table; docs/bench-ddp.md).
  *
  *   tdistrun --nproc-per-node 1 bench_ddp_step --mode local [options]
  *   tdistrun --nproc-per-node 2 bench_ddp_step --mode ddp   [options]
@@ -35,7 +35,7 @@
  *                     rank has the same number of steps (even inputs), so
  *                     this measures what the Join costs: one all_gather of
  *                     one int64 per rank in every forward_begin
- *                     (issue 5's benchmark, bench/compare/join.sh)
+ *                     (bench/compare/join.sh, docs/bench-join.md)
  *   --join-disabled   the same with tdist_join_opts.enable = false (must cost
  *                     nothing)
  *   --join-empty-rank R  --join, and rank R has no inputs at all: it calls

@@ -2,7 +2,7 @@
  * bench/latency_floor.c — the least an 8-byte all_reduce over shared memory
  * can cost on this machine, with no library at all: the floor that
  * tdist-bench's and Open MPI's 8-byte figures (bench/compare/run.sh) are
- * measured against (issue 3's latency targets).
+ * measured against (their latency targets: docs/bench-compare.md).
  *
  *   bench_latency_floor [ITERS] [RUNS]      (defaults 1000000 and 5)
  *

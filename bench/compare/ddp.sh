@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/compare/ddp.sh — DDP training-step time: tdist DDP against the same
 # step in one process, and PyTorch DDP (Gloo) against PyTorch in one
-# process, on the same MLPs in the same run (issue 4's benchmark).
+# process, on the same MLPs in the same run (docs/bench-ddp.md).
 #
 #   bench/compare/ddp.sh            # 3 runs, models 3M and 25M, 2 ranks
 #   bench/compare/ddp.sh -q         # smoke test: 1 run, 8 timed steps + 2 warm-up
@@ -277,12 +277,12 @@ for m in models:
 if "3M" in models and "tdist" in peers:
     r = div(med("tdist", "ddp", "3M", np_), med("tdist", "local", "3M", 1))
     if r is not None:
-        print("# issue 4 target, tdist DDP/1p <= 1.15x for the 3M model: %.2fx %s" % (
+        print("# target, tdist DDP/1p <= 1.15x for the 3M model: %.2fx %s" % (
             r, "met" if r <= 1.15 else "MISSED"))
 if "3M" in models and "torch" in peers:
     r = div(med("torch", "ddp", "3M", np_), med("torch", "local", "3M", 1))
     if r is not None:
-        print("# issue 4 reference, PyTorch DDP/1p 1.7x-2.9x for the 3M model: %.2fx" % r)
+        print("# reference, PyTorch DDP/1p 1.7x-2.9x for the 3M model: %.2fx" % r)
 for f in failed:
     print("# FAILED: %s %s, %s processes, %s, run %s: exit status %s" % (
         f[1], f[2], f[4], f[3], f[0], f[5]))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/compare/join.sh — what Join costs (issue 5's benchmark), for tdist and,
+# bench/compare/join.sh — what Join costs (docs/bench-join.md), for tdist and,
 # beside it, PyTorch's own Join:
 #
 #   (1) the DDP step with the loop inside a Join and even inputs, against the

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/compare/mpi_backend.sh — tdist's MPI backend against plain Open MPI:
 # f32 SUM all_reduce from 4 MiB up, the same sizes, the same mpirun flags,
-# interleaved in one run (issue 6 target: overhead <= 5% at 4 MiB and up).
+# interleaved in one run (target: overhead <= 5% at 4 MiB and up).
 #
 #   bench/compare/mpi_backend.sh            # 5 runs, 20 iterations, 4 MiB .. 64 MiB, 2 ranks
 #   bench/compare/mpi_backend.sh -p "2 4" -r 3

@@ -5,10 +5,24 @@
  *
  *   env://                              MASTER_ADDR, MASTER_PORT, RANK,
  *                                       WORLD_SIZE (LOCAL_RANK,
- *                                       LOCAL_WORLD_SIZE optional)
+ *                                       LOCAL_WORLD_SIZE optional), or a
+ *                                       Slurm job step's variables (below)
  *   tcp://HOST:PORT?rank=R&world_size=N rank 0 hosts the store on HOST:PORT
  *   file:///path/to/file?rank=R&world_size=N
  *                                       a file every rank can reach
+ *   mpi://                              a world from mpirun (docs/mpi.md)
+ *
+ * env:// under Slurm: when RANK and WORLD_SIZE are both unset and
+ * SLURM_PROCID is set (a task started by srun), the rank is SLURM_PROCID,
+ * the world size SLURM_NTASKS, the local checks SLURM_LOCALID and this
+ * node's entry (SLURM_NODEID) of SLURM_STEP_TASKS_PER_NODE /
+ * SLURM_TASKS_PER_NODE (else SLURM_NTASKS_PER_NODE), and the store is on
+ * the first host of SLURM_STEP_NODELIST / SLURM_JOB_NODELIST (Slurm's
+ * compressed syntax: node[01-04,07],gpu3 -> node01) at port
+ * 10000 + SLURM_JOB_ID % 50000. MASTER_ADDR, MASTER_PORT, LOCAL_RANK and
+ * LOCAL_WORLD_SIZE, when set, win. With neither the torchrun nor the
+ * Slurm variables, tdist_init fails with a message naming the launchers
+ * to start the program with (tdistrun, srun, mpirun). See docs/init.md.
  *
  * Rank and world size may also come from the options (they win over the
  * URL and the environment). For env:// and tcp://, rank 0 starts the TCP
@@ -47,8 +61,13 @@
  *                            interface that reaches the store). See
  *                            docs/multihost.md
  *   TDIST_TIMEOUT_MS, TDIST_STORE_TOKEN   defaults of the options below
- * LOCAL_RANK / LOCAL_WORLD_SIZE, when set, must agree with the local rank
- * and size the rendezvous derives from host names (TDIST_ERR_MISMATCH).
+ *   TDIST_LINE_BUFFERED=1    read once when the library is loaded, not
+ *                            by tdist_init: stdout is made line-buffered
+ *                            before main (tdistrun sets it in its workers;
+ *                            docs/getting-started.md#output)
+ * LOCAL_RANK / LOCAL_WORLD_SIZE (under Slurm, their Slurm counterparts),
+ * when set, must agree with the local rank and size the rendezvous derives
+ * from host names (TDIST_ERR_MISMATCH).
  *
  * file:// keeps its keys in the file. When every rank has left (the last
  * tdist_world_destroy), the last one removes the rendezvous keys; the keys
@@ -74,8 +93,8 @@ typedef struct tdist_world tdist_world_t;
 
 /* Options for tdist_init(). Fill with tdist_init_opts_init(). */
 typedef struct tdist_init_opts {
-    int rank;            /* -1: from the URL, else (env:// only) RANK */
-    int world_size;      /* -1: from the URL, else (env:// only) WORLD_SIZE */
+    int rank;            /* -1: from the URL, else (env:// only) RANK or SLURM_PROCID */
+    int world_size;      /* -1: from the URL, else (env:// only) WORLD_SIZE or SLURM_NTASKS */
     /* Rendezvous deadline in ms (> 0), counted from the call: connecting
      * to the store and waiting for every rank. Default
      * TDIST_INIT_DEFAULT_TIMEOUT_MS or TDIST_TIMEOUT_MS from the
@@ -115,10 +134,9 @@ TDIST_API tdist_status_t tdist_init(const char *url, const tdist_init_opts_t *op
 
 /* This process's rank, the world size, its rank among the ranks on the
  * same host (hosts are told apart by host name, or TDIST_HOSTNAME if set,
- * and by network namespace;
- * LOCAL_RANK / LOCAL_WORLD_SIZE, if set, must agree) and the number of
- * ranks on that host; -1 if w is NULL. Thread-safe; never
- * block. */
+ * and by network namespace; LOCAL_RANK / LOCAL_WORLD_SIZE or their
+ * Slurm counterparts, if set, must agree) and the number of ranks on that
+ * host; -1 if w is NULL. Thread-safe; never block. */
 TDIST_API int tdist_world_rank(const tdist_world_t *w);
 TDIST_API int tdist_world_size(const tdist_world_t *w);
 TDIST_API int tdist_world_local_rank(const tdist_world_t *w);

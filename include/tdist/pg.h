@@ -5,7 +5,7 @@
  * own progress engine. The world group comes from a tdist_world_t (init.h);
  * subgroups from tdist_pg_new_group() and tdist_pg_split().
  *
- * The rules every collective keeps (ARCHITECTURE.md):
+ * The rules every collective keeps (docs/design.md):
  *  1. One order. A group runs its collectives one at a time, in the order
  *     they were issued, on its engine thread; each carries the group's
  *     sequence number (1, 2, 3, ...).
@@ -74,9 +74,14 @@ typedef struct tdist_pg_opts {
      * name INVALID_ARG. A subgroup keeps its parent's transport unless its
      * opts name one. */
     const char *transport;
-    /* Address this rank's channels listen on. NULL: 127.0.0.1 when every
-     * rank of the world is on this host, else creation fails with
-     * TDIST_ERR_NOT_SUPPORTED (interface selection is issue 6).
+    /* Address this rank's channels listen on (and tell the other ranks).
+     * NULL: 127.0.0.1 when every rank of the world is on this host; when
+     * the world spans hosts, the address of the interface
+     * TDIST_SOCKET_IFNAME names, else of the one that routes to the store
+     * (MASTER_ADDR, the tcp:// host; for file:// the first interface that
+     * is up), chosen once per world (docs/multihost.md). No interface
+     * matching TDIST_SOCKET_IFNAME, or no route to the store, fails the
+     * creation with an error that names it.
      * Subgroups created with NULL opts inherit the parent's timeout and
      * bind address. Copied. */
     const char *bind_addr;

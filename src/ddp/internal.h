@@ -1,6 +1,6 @@
 /*
  * ddp/internal.h — the reducer's state, shared by the files of src/ddp/,
- * and the entry points the Join layer (issue 5) builds on.
+ * and the entry points the Join layer (src/join/) builds on.
  *
  * Files: ddp.c (create/destroy, cross-rank shape check, broadcasts,
  * options, stats), reducer.c (the iteration: grad_ready, bucket launch,
@@ -150,7 +150,7 @@ tdist_status_t tdist__ddp_sync_module(tdist_ddp_t *ddp, int root, const char *op
 /* Broadcast the buffers from root (blocking). */
 tdist_status_t tdist__ddp_sync_buffers(tdist_ddp_t *ddp, int root, const char *op);
 
-/* ------------------------------------------------------ for Join (issue 5) */
+/* -------------------------------------------------------------- for Join */
 
 /* The hook forward_begin calls first (NULL to remove). */
 void tdist__ddp_set_forward_hook(tdist_ddp_t *ddp, tdist__ddp_forward_hook_fn fn, void *arg);

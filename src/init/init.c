@@ -8,6 +8,19 @@
  * "tdist/g<gen>/rdzv/", the world's store (tdist_world_store) under
  * "tdist/g<gen>/user/". A restarted worker set therefore never sees the
  * keys of a previous attempt, even on the launcher's long-lived store.
+ *
+ * Where env:// finds the job (read_env_url): the torchrun variables
+ * (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; tdistrun sets them). When
+ * RANK and WORLD_SIZE are both unset and SLURM_PROCID is set, the process
+ * is a task of a Slurm job step (srun): rank, world size and the local
+ * checks come from SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID and the
+ * tasks-per-node list, and the store is on the first host of the step's
+ * node list at port 10000 + SLURM_JOB_ID % 50000, unless MASTER_ADDR /
+ * MASTER_PORT say otherwise. With neither, the error says which launcher
+ * to use.
+ *
+ * TDIST_LINE_BUFFERED=1 makes stdout line-buffered when the library is
+ * loaded (line_buffer_stdout below).
  */
 #include <fcntl.h>
 #include <inttypes.h>
@@ -26,6 +39,13 @@
 #define MAX_WORLD_SIZE (1 << 20)
 #define MAX_URL 4096
 #define HOST_MAX 256
+/* env:// under Slurm without MASTER_PORT: the store's port is
+ * SLURM_PORT_BASE + SLURM_JOB_ID % SLURM_PORT_SPAN (10000..59999). */
+#define SLURM_PORT_BASE 10000
+#define SLURM_PORT_SPAN 50000
+/* Before the program's own constructors (priorities up to 100 belong to the
+ * C implementation), so their output is line-buffered too. */
+#define LINE_BUFFER_CTOR_PRIORITY 101
 
 typedef enum url_kind { URL_ENV, URL_TCP, URL_FILE } url_kind_t;
 
@@ -38,8 +58,11 @@ typedef struct init_cfg {
     char *path;             /* file:// path (owned) */
     int64_t rank;           /* -1 unset */
     int64_t world_size;     /* -1 unset */
-    int64_t local_rank;     /* LOCAL_RANK or -1 */
-    int64_t local_size;     /* LOCAL_WORLD_SIZE or -1 */
+    int64_t local_rank;     /* LOCAL_RANK (or SLURM_LOCALID) or -1 */
+    int64_t local_size;     /* LOCAL_WORLD_SIZE (or Slurm's tasks on this node) or -1 */
+    char local_rank_src[64]; /* where local_rank came from, for messages */
+    char local_size_src[64]; /* where local_size came from, for messages */
+    bool slurm;             /* env:// found a Slurm job step (SLURM_PROCID) */
     int64_t generation;     /* TDIST_RESTART_COUNT */
     bool launcher_store;    /* TDIST_LAUNCHER_STORE=1 */
     int env_listen_fd;      /* TDIST_STORE_LISTEN_FD or -1 */
@@ -211,6 +234,205 @@ static tdist_status_t parse_url(const char *url, init_cfg_t *c)
     return parse_query(query, c);
 }
 
+/* ------------------------------------------------------------ stdout */
+
+/* Under a launcher stdout is a pipe, which the C library fills in blocks of
+ * 4 KiB: a worker's lines would reach the launcher late, a block at a time,
+ * and be lost when the worker dies. tdistrun sets TDIST_LINE_BUFFERED=1 in
+ * its workers; then stdout is line-buffered from before main (and before
+ * the program's own constructors). Every program that calls tdist_init
+ * links this file, from libtdist.so or libtdist.a. Any other value, or
+ * none, leaves stdout as the C library set it up. */
+__attribute__((constructor(LINE_BUFFER_CTOR_PRIORITY))) static void line_buffer_stdout(void)
+{
+    const char *v = getenv("TDIST_LINE_BUFFERED");
+    if (v && strcmp(v, "1") == 0) setvbuf(stdout, NULL, _IOLBF, 0);
+}
+
+/* ------------------------------------------------------------ Slurm */
+
+static bool is_digit(char ch) { return ch >= '0' && ch <= '9'; }
+
+static tdist_status_t bad_host_list(const char *var, const char *list, size_t at, const char *why)
+{
+    return tdist__error(TDIST_ERR_INVALID_ARG,
+                        "tdist_init(env://): %s=\"%.300s\" is not a Slurm host list (such as "
+                        "node[01-04,07],gpu3): %s at byte %zu; set MASTER_ADDR to name the "
+                        "store's host yourself",
+                        var, list, why, at);
+}
+
+/* Compare two runs of decimal digits as numbers (any length). */
+static int digits_cmp(const char *a, size_t alen, const char *b, size_t blen)
+{
+    while (alen > 1 && *a == '0') a++, alen--;
+    while (blen > 1 && *b == '0') b++, blen--;
+    if (alen != blen) return alen < blen ? -1 : 1;
+    return memcmp(a, b, alen);
+}
+
+/* The "[...]" of a host list that starts at list[i] == '[': ranges "A" or
+ * "A-B" (decimal, A <= B) separated by ','. Returns the index just past
+ * ']' and sets *first / *first_len to the first range's A as written (its
+ * zero padding is the host name's); -1 after setting the error. */
+static long host_list_brackets(const char *var, const char *list, size_t i, const char **first,
+                               size_t *first_len)
+{
+    size_t j = i + 1;
+    *first = NULL;
+    for (;;) {
+        size_t a = j;
+        while (is_digit(list[j])) j++;
+        size_t alen = j - a, b = j, blen = 0;
+        if (list[j] == '-') {
+            b = ++j;
+            while (is_digit(list[j])) j++;
+            blen = j - b;
+        }
+        if (alen == 0 || (b > a + alen && blen == 0)) {
+            if (list[j] == '\0') break;
+            bad_host_list(var, list, a, "a range in brackets must be NUMBER or NUMBER-NUMBER");
+            return -1;
+        }
+        if (blen > 0 && digits_cmp(list + a, alen, list + b, blen) > 0) {
+            bad_host_list(var, list, a, "a range runs backwards");
+            return -1;
+        }
+        if (!*first) {
+            *first = list + a;
+            *first_len = alen;
+        }
+        if (list[j] == ',') {
+            j++;
+            continue;
+        }
+        if (list[j] == ']') return (long)(j + 1);
+        if (list[j] == '\0') break;
+        bad_host_list(var, list, j, "unexpected character in brackets");
+        return -1;
+    }
+    bad_host_list(var, list, i, "'[' without a closing ']'");
+    return -1;
+}
+
+/* The first host of a Slurm host list (SLURM_JOB_NODELIST): entries
+ * separated by ',', each a name in which "[...]" stands for a list of
+ * numbers and ranges, as node[01-04,07],gpu3 (first host node01) or
+ * rack[1-2]-n[5,9] (rack1-n5). The whole list is checked; malformed lists
+ * and a first host of n bytes or more are INVALID_ARG naming var. */
+tdist_status_t tdist__slurm_first_host(const char *var, const char *list, char *host, size_t n)
+{
+    if (list[0] == '\0') return bad_host_list(var, list, 0, "the list is empty");
+    size_t len = 0, entry = 0;
+    bool empty = true; /* the current entry has no character yet */
+    for (size_t i = 0;;) {
+        char ch = list[i];
+        if (ch == '\0' || ch == ',') {
+            if (empty) return bad_host_list(var, list, i, "empty host name");
+            if (ch == '\0') break;
+            entry++;
+            empty = true;
+            i++;
+            continue;
+        }
+        const char *piece = list + i;
+        size_t plen = 1;
+        if (ch == '[') {
+            long end = host_list_brackets(var, list, i, &piece, &plen);
+            if (end < 0) return TDIST_ERR_INVALID_ARG;
+            i = (size_t)end;
+        } else if (ch == ']') {
+            return bad_host_list(var, list, i, "']' without '['");
+        } else if ((unsigned char)ch <= ' ' || ch == 0x7f) {
+            return bad_host_list(var, list, i, "blank or control character");
+        } else {
+            i++;
+        }
+        empty = false;
+        if (entry > 0) continue;
+        if (len + plen >= n)
+            return tdist__error(TDIST_ERR_INVALID_ARG,
+                                "tdist_init(env://): the first host of %s=\"%.300s\" is longer "
+                                "than %zu bytes",
+                                var, list, n - 1);
+        memcpy(host + len, piece, plen);
+        len += plen;
+    }
+    host[len] = '\0';
+    return TDIST_OK;
+}
+
+static tdist_status_t bad_tasks_list(const char *var, const char *list, const char *why)
+{
+    return tdist__error(TDIST_ERR_INVALID_ARG,
+                        "tdist_init(env://): %s=\"%.300s\" is not a Slurm tasks-per-node list "
+                        "(such as 2(x3),1: 2 tasks on each of three nodes, then 1): %s",
+                        var, list, why);
+}
+
+/* One count of a tasks-per-node list at *p (whole number in [1, max]),
+ * advancing *p; -1 if there is none. */
+static int64_t tasks_number(const char **p, int64_t max)
+{
+    int64_t v = 0;
+    const char *s = *p;
+    if (!is_digit(*s)) return -1;
+    for (; is_digit(*s); s++) {
+        v = v * 10 + (*s - '0');
+        if (v > max) return -1;
+    }
+    *p = s;
+    return v < 1 ? -1 : v;
+}
+
+/* Slurm's tasks-per-node list (SLURM_TASKS_PER_NODE: "2(x3),1" is 2 tasks
+ * on each of nodes 0-2, 1 on node 3) -> *out, the count of node `node`
+ * (SLURM_NODEID, 0-based). node < 0 (unknown): the count if every node
+ * has the same, else -1. The whole list is checked; malformed, or too
+ * short for node: INVALID_ARG naming var. */
+tdist_status_t tdist__slurm_tasks_on_node(const char *var, const char *list, int64_t node,
+                                          int64_t *out)
+{
+    const char *p = list;
+    int64_t nodes = 0, found = -1, same = 0;
+    bool uniform = true;
+    for (;;) {
+        int64_t count = tasks_number(&p, MAX_WORLD_SIZE), reps = 1;
+        if (count < 0) return bad_tasks_list(var, list, "a count must be a whole number >= 1");
+        if (p[0] == '(') {
+            if (p[1] != 'x') return bad_tasks_list(var, list, "a repeat must be written (xN)");
+            p += 2;
+            reps = tasks_number(&p, MAX_WORLD_SIZE);
+            if (reps < 0 || *p != ')')
+                return bad_tasks_list(var, list, "a repeat must be written (xN), N >= 1");
+            p++;
+        }
+        if (node >= nodes && node < nodes + reps) found = count;
+        if (nodes > 0 && count != same) uniform = false;
+        same = count;
+        nodes += reps;
+        if (*p == '\0') break;
+        if (*p != ',') return bad_tasks_list(var, list, "entries must be separated by ','");
+        if (nodes > MAX_WORLD_SIZE) return bad_tasks_list(var, list, "more than 2^20 nodes");
+        p++;
+    }
+    if (node >= 0 && found < 0)
+        return tdist__error(TDIST_ERR_INVALID_ARG,
+                            "tdist_init(env://): SLURM_NODEID=%" PRId64 " but %s=\"%.300s\" "
+                            "covers nodes 0..%" PRId64 " only",
+                            node, var, list, nodes - 1);
+    *out = node >= 0 ? found : uniform ? same : -1;
+    return TDIST_OK;
+}
+
+/* The store's port of a Slurm job without MASTER_PORT (job_id >= 0). One
+ * job's steps share it: a second srun of the same job at the same time
+ * needs MASTER_PORT. */
+int tdist__slurm_port(int64_t job_id)
+{
+    return SLURM_PORT_BASE + (int)(job_id % SLURM_PORT_SPAN);
+}
+
 /* ------------------------------------------------------------ environment */
 
 /* Optional integer variable: -1 if unset; INVALID_ARG naming it if bad. */
@@ -232,10 +454,17 @@ static tdist_status_t env_required_missing(const char *name, const char *why)
                         "tdist_init(env://): environment variable %s is not set (%s)", name, why);
 }
 
-static tdist_status_t read_env(const tdist_init_opts_t *o, init_cfg_t *c)
+static const char *env_nonempty(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v ? v : NULL;
+}
+
+/* Restart generation, launcher store, listen fd, local rank checks, host
+ * name: every URL kind. */
+static tdist_status_t read_env_common(init_cfg_t *c)
 {
     int64_t v;
-    /* Restart generation, launcher store, listen fd, host name: all kinds. */
     TDIST_CHECK(env_opt("TDIST_RESTART_COUNT", 0, INT32_MAX, &v));
     c->generation = v < 0 ? 0 : v;
     const char *ls = getenv("TDIST_LAUNCHER_STORE");
@@ -257,6 +486,8 @@ static tdist_status_t read_env(const tdist_init_opts_t *o, init_cfg_t *c)
     }
     TDIST_CHECK(env_opt("LOCAL_RANK", 0, MAX_WORLD_SIZE - 1, &c->local_rank));
     TDIST_CHECK(env_opt("LOCAL_WORLD_SIZE", 1, MAX_WORLD_SIZE, &c->local_size));
+    if (c->local_rank >= 0) snprintf(c->local_rank_src, sizeof c->local_rank_src, "LOCAL_RANK");
+    if (c->local_size >= 0) snprintf(c->local_size_src, sizeof c->local_size_src, "LOCAL_WORLD_SIZE");
     const char *hn = getenv("TDIST_HOSTNAME");
     if (hn) {
         if (hn[0] == '\0' || strlen(hn) >= HOST_MAX)
@@ -270,13 +501,41 @@ static tdist_status_t read_env(const tdist_init_opts_t *o, init_cfg_t *c)
         c->self_host[sizeof c->self_host - 1] = '\0';
         if (c->self_host[0] == '\0') snprintf(c->self_host, sizeof c->self_host, "localhost");
     }
+    return TDIST_OK;
+}
 
-    /* Rank and world size: opts win, then the URL query, then (env://) the environment. */
-    if (o->rank >= 0) c->rank = o->rank;
-    if (o->world_size >= 0) c->world_size = o->world_size;
-    if (c->kind == URL_ENV) {
-        const char *addr = getenv("MASTER_ADDR");
-        if (!addr || !*addr) return env_required_missing("MASTER_ADDR", "the store's host");
+/* env:// in a process no launcher started: say which one to use. */
+static tdist_status_t no_launcher(void)
+{
+    static const char *const mpi_vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"};
+    char hint[320] = "";
+    for (size_t i = 0; i < sizeof mpi_vars / sizeof mpi_vars[0]; i++) {
+        if (!getenv(mpi_vars[i])) continue;
+        snprintf(hint, sizeof hint,
+                 ". An MPI launcher started this process (%s is set) but TDIST_BACKEND is not "
+                 "mpi: set TDIST_BACKEND=mpi and pass it on (mpirun -x TDIST_BACKEND), or call "
+                 "tdist_init(\"mpi://\")",
+                 mpi_vars[i]);
+        break;
+    }
+    return tdist__error(TDIST_ERR_INVALID_ARG,
+                        "tdist_init(env://): no launcher environment (RANK, WORLD_SIZE, "
+                        "MASTER_ADDR and MASTER_PORT are unset and no Slurm job step: "
+                        "SLURM_PROCID is unset): start this program with `tdistrun "
+                        "--nproc-per-node N PROGRAM`, with `srun PROGRAM` in a Slurm allocation "
+                        "or, for the MPI backend, with `TDIST_BACKEND=mpi mpirun -np N -x "
+                        "TDIST_BACKEND PROGRAM`; to start the processes yourself, set those four "
+                        "variables in each (docs/init.md)%s",
+                        hint);
+}
+
+/* env:// store address: MASTER_ADDR and MASTER_PORT; under Slurm, for
+ * either that is unset, the first host of the step's node list and
+ * 10000 + SLURM_JOB_ID % 50000. */
+static tdist_status_t env_master(init_cfg_t *c)
+{
+    const char *addr = env_nonempty("MASTER_ADDR");
+    if (addr) {
         size_t alen = strlen(addr);
         if (addr[0] == '[' && alen > 2 && addr[alen - 1] == ']') { /* "[::1]" */
             addr++;
@@ -287,17 +546,119 @@ static tdist_status_t read_env(const tdist_init_opts_t *o, init_cfg_t *c)
                                 "tdist_init(env://): MASTER_ADDR is longer than 255 bytes");
         memcpy(c->host, addr, alen);
         c->host[alen] = '\0';
-        if (!getenv("MASTER_PORT")) return env_required_missing("MASTER_PORT", "the store's port");
+    } else if (c->slurm) {
+        /* rank 0 runs on the step's first node; a step may use fewer nodes than the job */
+        const char *var = env_nonempty("SLURM_STEP_NODELIST") ? "SLURM_STEP_NODELIST"
+                                                               : "SLURM_JOB_NODELIST";
+        const char *list = getenv(var);
+        if (!list)
+            return env_required_missing("MASTER_ADDR", "the store's host; under Slurm, "
+                                                       "SLURM_PROCID being set, it is the first "
+                                                       "host of SLURM_JOB_NODELIST, which is not "
+                                                       "set either");
+        TDIST_CHECK(tdist__slurm_first_host(var, list, c->host, sizeof c->host));
+    } else {
+        return env_required_missing("MASTER_ADDR", "the store's host");
+    }
+    int64_t v;
+    if (getenv("MASTER_PORT")) {
         TDIST_CHECK(env_opt("MASTER_PORT", 1, 65535, &v));
-        c->port = (int)v;
-        if (c->rank < 0) {
-            if (!getenv("RANK")) return env_required_missing("RANK", "this process's rank");
-            TDIST_CHECK(env_opt("RANK", 0, MAX_WORLD_SIZE - 1, &c->rank));
-        }
-        if (c->world_size < 0) {
-            if (!getenv("WORLD_SIZE")) return env_required_missing("WORLD_SIZE", "the number of ranks");
-            TDIST_CHECK(env_opt("WORLD_SIZE", 1, MAX_WORLD_SIZE, &c->world_size));
-        }
+    } else if (c->slurm) {
+        if (!getenv("SLURM_JOB_ID"))
+            return env_required_missing("MASTER_PORT", "the store's port; under Slurm, "
+                                                       "SLURM_PROCID being set, it is 10000 + "
+                                                       "SLURM_JOB_ID % 50000, and SLURM_JOB_ID "
+                                                       "is not set either");
+        TDIST_CHECK(env_opt("SLURM_JOB_ID", 0, INT64_MAX, &v));
+        v = tdist__slurm_port(v);
+    } else {
+        return env_required_missing("MASTER_PORT", "the store's port");
+    }
+    c->port = (int)v;
+    return TDIST_OK;
+}
+
+/* Local ranks on this node of a Slurm job step (a check, as
+ * LOCAL_WORLD_SIZE): the step's tasks-per-node list at SLURM_NODEID, else
+ * the job's, else SLURM_NTASKS_PER_NODE. */
+static tdist_status_t slurm_local_size(init_cfg_t *c)
+{
+    static const char *const lists[] = {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"};
+    int64_t node;
+    TDIST_CHECK(env_opt("SLURM_NODEID", 0, MAX_WORLD_SIZE - 1, &node));
+    for (size_t i = 0; i < sizeof lists / sizeof lists[0]; i++) {
+        const char *v = env_nonempty(lists[i]);
+        if (!v) continue;
+        TDIST_CHECK(tdist__slurm_tasks_on_node(lists[i], v, node, &c->local_size));
+        if (node >= 0)
+            snprintf(c->local_size_src, sizeof c->local_size_src, "%s[node %" PRId64 "]", lists[i],
+                     node);
+        else if (c->local_size >= 0)
+            snprintf(c->local_size_src, sizeof c->local_size_src, "%s[every node]", lists[i]);
+        return TDIST_OK;
+    }
+    TDIST_CHECK(env_opt("SLURM_NTASKS_PER_NODE", 1, MAX_WORLD_SIZE, &c->local_size));
+    if (c->local_size >= 0)
+        snprintf(c->local_size_src, sizeof c->local_size_src, "SLURM_NTASKS_PER_NODE");
+    return TDIST_OK;
+}
+
+/* Rank, world size and local checks of a Slurm job step; opts, the URL,
+ * LOCAL_RANK and LOCAL_WORLD_SIZE still win. */
+static tdist_status_t env_slurm_ranks(init_cfg_t *c)
+{
+    bool rank_env = c->rank < 0, size_env = c->world_size < 0;
+    if (rank_env) TDIST_CHECK(env_opt("SLURM_PROCID", 0, MAX_WORLD_SIZE - 1, &c->rank));
+    if (size_env) {
+        if (!getenv("SLURM_NTASKS"))
+            return env_required_missing("SLURM_NTASKS", "the number of tasks of the Slurm job "
+                                                        "step, SLURM_PROCID being set; or set "
+                                                        "WORLD_SIZE");
+        TDIST_CHECK(env_opt("SLURM_NTASKS", 1, MAX_WORLD_SIZE, &c->world_size));
+    }
+    if (c->rank >= c->world_size)
+        return tdist__error(TDIST_ERR_INVALID_ARG,
+                            "tdist_init: rank %" PRId64 "%s is not below the world size %" PRId64
+                            "%s",
+                            c->rank, rank_env ? " (SLURM_PROCID)" : "", c->world_size,
+                            size_env ? " (SLURM_NTASKS)" : "");
+    if (!c->local_rank_src[0]) {
+        TDIST_CHECK(env_opt("SLURM_LOCALID", 0, MAX_WORLD_SIZE - 1, &c->local_rank));
+        if (c->local_rank >= 0)
+            snprintf(c->local_rank_src, sizeof c->local_rank_src, "SLURM_LOCALID");
+    }
+    if (!c->local_size_src[0]) TDIST_CHECK(slurm_local_size(c));
+    return TDIST_OK;
+}
+
+/* env://: the torchrun variables, else a Slurm job step (see the top). */
+static tdist_status_t read_env_url(init_cfg_t *c)
+{
+    bool torchrun = getenv("RANK") || getenv("WORLD_SIZE");
+    c->slurm = !torchrun && getenv("SLURM_PROCID");
+    if (!torchrun && !c->slurm && !getenv("MASTER_ADDR") && !getenv("MASTER_PORT"))
+        return no_launcher();
+    TDIST_CHECK(env_master(c));
+    if (c->slurm) return env_slurm_ranks(c);
+    if (c->rank < 0) {
+        if (!getenv("RANK")) return env_required_missing("RANK", "this process's rank");
+        TDIST_CHECK(env_opt("RANK", 0, MAX_WORLD_SIZE - 1, &c->rank));
+    }
+    if (c->world_size < 0) {
+        if (!getenv("WORLD_SIZE")) return env_required_missing("WORLD_SIZE", "the number of ranks");
+        TDIST_CHECK(env_opt("WORLD_SIZE", 1, MAX_WORLD_SIZE, &c->world_size));
+    }
+    return TDIST_OK;
+}
+
+static tdist_status_t read_env(const tdist_init_opts_t *o, init_cfg_t *c)
+{
+    TDIST_CHECK(read_env_common(c));
+    /* Rank and world size: opts win, then the URL query, then (env://) the environment. */
+    if (o->rank >= 0) c->rank = o->rank;
+    if (o->world_size >= 0) c->world_size = o->world_size;
+    if (c->kind == URL_ENV) {
+        TDIST_CHECK(read_env_url(c));
     } else {
         const char *scheme = c->kind == URL_TCP ? "tcp" : "file";
         if (c->rank < 0)
@@ -317,8 +678,14 @@ static tdist_status_t read_env(const tdist_init_opts_t *o, init_cfg_t *c)
                             c->rank, c->world_size);
     if (c->local_size >= 0 && c->local_rank >= c->local_size && c->local_rank >= 0)
         return tdist__error(TDIST_ERR_INVALID_ARG,
-                            "tdist_init: LOCAL_RANK=%" PRId64 " is not below LOCAL_WORLD_SIZE=%" PRId64,
-                            c->local_rank, c->local_size);
+                            "tdist_init: %s=%" PRId64 " is not below %s=%" PRId64, c->local_rank_src,
+                            c->local_rank, c->local_size_src, c->local_size);
+    if (c->slurm)
+        TDIST_LOGI("tdist_init(env://): Slurm job step: rank %" PRId64 " of %" PRId64
+                   ", store at %s:%d (%s, %s)",
+                   c->rank, c->world_size, c->host, c->port,
+                   env_nonempty("MASTER_ADDR") ? "MASTER_ADDR" : "first host of the node list",
+                   getenv("MASTER_PORT") ? "MASTER_PORT" : "10000 + SLURM_JOB_ID % 50000");
     return TDIST_OK;
 }
 
@@ -462,6 +829,74 @@ static tdist_status_t check_opts(const tdist_init_opts_t *o)
     return TDIST_OK;
 }
 
+/* A world for the configuration c, its stores not yet open; NULL when out
+ * of memory. */
+static tdist_world_t *world_new(const init_cfg_t *c, const tdist_init_opts_t *o)
+{
+    tdist_world_t *w = calloc(1, sizeof *w);
+    if (!w) return NULL;
+    w->rank = (int)c->rank;
+    w->world_size = (int)c->world_size;
+    w->timeout_ms = o->timeout_ms;
+    w->is_file = c->kind == URL_FILE;
+    snprintf(w->host, sizeof w->host, "%s", c->self_host);
+    pthread_mutex_init(&w->bind_mu, NULL);
+    if (c->kind != URL_FILE) {
+        snprintf(w->master, sizeof w->master, "%s", c->host);
+        w->master_port = c->port;
+    }
+    return w;
+}
+
+/* The generation's rendezvous and user views over the base store. */
+static tdist_status_t open_views(tdist_world_t *w, int64_t generation)
+{
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "tdist/g%" PRId64 "/rdzv", generation);
+    TDIST_CHECK(tdist_store_prefix_create(prefix, w->base, NULL, &w->rdzv_view));
+    snprintf(prefix, sizeof prefix, "tdist/g%" PRId64 "/user", generation);
+    return tdist_store_prefix_create(prefix, w->base, NULL, &w->user);
+}
+
+/* The environment's local rank and size (LOCAL_RANK / LOCAL_WORLD_SIZE or
+ * Slurm's), when given, must be what the rendezvous found. */
+static tdist_status_t check_local(const init_cfg_t *c, const tdist_world_t *w)
+{
+    if ((c->local_rank < 0 || c->local_rank == w->local_rank) &&
+        (c->local_size < 0 || c->local_size == w->local_size))
+        return TDIST_OK;
+    char lr[24] = "unset", ls[24] = "unset";
+    if (c->local_rank >= 0) snprintf(lr, sizeof lr, "%" PRId64, c->local_rank);
+    if (c->local_size >= 0) snprintf(ls, sizeof ls, "%" PRId64, c->local_size);
+    return tdist__error(TDIST_ERR_MISMATCH,
+                        "tdist_init: rank %d on host \"%.200s\": %s=%s %s=%s from the environment "
+                        "disagree with the rendezvous, which found local rank %d of %d ranks on "
+                        "this host (host names come from gethostname or TDIST_HOSTNAME; ranks in "
+                        "another network namespace are on another host)",
+                        w->rank, w->host, c->local_rank_src[0] ? c->local_rank_src : "LOCAL_RANK",
+                        lr, c->local_size_src[0] ? c->local_size_src : "LOCAL_WORLD_SIZE", ls,
+                        w->local_rank, w->local_size);
+}
+
+/* Leave a rendezvous that failed with st and free w; rank 0 keeps its
+ * server up until the others have seen the failure. Returns st with the
+ * message it had. */
+static tdist_status_t world_fail(tdist_world_t *w, tdist_status_t st, bool joined)
+{
+    char saved[2048];
+    snprintf(saved, sizeof saved, "%s", tdist_last_error());
+    int64_t wait_for = 0, bound = w->timeout_ms;
+    if (w->server) {
+        /* The others may have joined and be running: linger briefly, not
+         * for the whole timeout. */
+        wait_for = joined ? w->world_size : tdist__rdzv_num_joined(&w->rdzv);
+        bound = TDIST_MIN(bound, TDIST__RDZV_FAIL_LINGER_MS);
+    }
+    tdist__rdzv_leave(&w->rdzv, wait_for, bound, false);
+    world_free(w);
+    return tdist__error(st, "%s", saved);
+}
+
 tdist_status_t tdist_init(const char *url, const tdist_init_opts_t *opts, tdist_world_t **out)
 {
     if (!out) return tdist__error(TDIST_ERR_INVALID_ARG, "tdist_init: out is NULL");
@@ -481,45 +916,15 @@ tdist_status_t tdist_init(const char *url, const tdist_init_opts_t *opts, tdist_
     c.world_size = -1;
     tdist_status_t st = parse_url(url ? url : "env://", &c);
     if (st == TDIST_OK) st = read_env(opts, &c);
-    if (st != TDIST_OK) {
-        free(c.path);
-        return st;
-    }
-
-    tdist_world_t *w = calloc(1, sizeof *w);
-    if (!w) {
-        free(c.path);
-        return tdist__error(TDIST_ERR_NO_MEMORY, "tdist_init: out of memory");
-    }
-    w->rank = (int)c.rank;
-    w->world_size = (int)c.world_size;
-    w->timeout_ms = opts->timeout_ms;
-    w->is_file = c.kind == URL_FILE;
-    snprintf(w->host, sizeof w->host, "%s", c.self_host);
-    pthread_mutex_init(&w->bind_mu, NULL);
-    if (c.kind != URL_FILE) {
-        snprintf(w->master, sizeof w->master, "%s", c.host);
-        w->master_port = c.port;
-    }
-
+    tdist_world_t *w = NULL;
+    if (st == TDIST_OK && !(w = world_new(&c, opts)))
+        st = tdist__error(TDIST_ERR_NO_MEMORY, "tdist_init: out of memory");
     int adopted_fd = -1;
-    st = open_store(opts, &c, w, deadline, &adopted_fd);
+    if (st == TDIST_OK) st = open_store(opts, &c, w, deadline, &adopted_fd);
     free(c.path);
-    c.path = NULL;
+    if (st == TDIST_OK) st = open_views(w, c.generation);
     if (st != TDIST_OK) {
-        world_free(w);
-        return st;
-    }
-
-    char prefix[64];
-    snprintf(prefix, sizeof prefix, "tdist/g%" PRId64 "/rdzv", c.generation);
-    st = tdist_store_prefix_create(prefix, w->base, NULL, &w->rdzv_view);
-    if (st == TDIST_OK) {
-        snprintf(prefix, sizeof prefix, "tdist/g%" PRId64 "/user", c.generation);
-        st = tdist_store_prefix_create(prefix, w->base, NULL, &w->user);
-    }
-    if (st != TDIST_OK) {
-        world_free(w);
+        if (w) world_free(w);
         return st;
     }
 
@@ -534,36 +939,9 @@ tdist_status_t tdist_init(const char *url, const tdist_init_opts_t *opts, tdist_
     if (joined) {
         w->local_rank = w->rdzv.local_rank;
         w->local_size = w->rdzv.local_size;
-        if ((c.local_rank >= 0 && c.local_rank != w->local_rank) ||
-            (c.local_size >= 0 && c.local_size != w->local_size))
-        {
-            char lr[24] = "unset", ls[24] = "unset";
-            if (c.local_rank >= 0) snprintf(lr, sizeof lr, "%" PRId64, c.local_rank);
-            if (c.local_size >= 0) snprintf(ls, sizeof ls, "%" PRId64, c.local_size);
-            st = tdist__error(TDIST_ERR_MISMATCH,
-                              "tdist_init: rank %d on host \"%.200s\": LOCAL_RANK=%s "
-                              "LOCAL_WORLD_SIZE=%s from the environment disagree with the "
-                              "rendezvous, which found local rank %d of %d ranks on this host "
-                              "(host names come from gethostname or TDIST_HOSTNAME; ranks in "
-                              "another network namespace are on another host)",
-                              w->rank, w->host, lr, ls, w->local_rank, w->local_size);
-        }
+        st = check_local(&c, w);
     }
-    if (st != TDIST_OK) {
-        /* Leave; rank 0 keeps its server up until the others have seen the failure. */
-        char saved[2048];
-        snprintf(saved, sizeof saved, "%s", tdist_last_error());
-        int64_t wait_for = 0, bound = opts->timeout_ms;
-        if (w->server) {
-            /* The others may have joined and be running: linger briefly, not
-             * for the whole timeout. */
-            wait_for = joined ? w->world_size : tdist__rdzv_num_joined(&w->rdzv);
-            bound = TDIST_MIN(bound, TDIST__RDZV_FAIL_LINGER_MS);
-        }
-        tdist__rdzv_leave(&w->rdzv, wait_for, bound, false);
-        world_free(w);
-        return tdist__error(st, "%s", saved);
-    }
+    if (st != TDIST_OK) return world_fail(w, st, joined);
     if (adopted_fd >= 0) close(adopted_fd); /* the server serves its own duplicate */
     TDIST_LOGI("tdist_init: rank %d of %d (local %d of %d) on host %s joined%s", w->rank,
                w->world_size, w->local_rank, w->local_size, w->host,

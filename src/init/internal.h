@@ -160,4 +160,15 @@ tdist_status_t tdist__iface_select(const char *master_host, int master_port, cha
  * *addr is owned by the world. Thread-safe. */
 tdist_status_t tdist__world_bind_addr(tdist_world_t *w, const char **addr);
 
+/* init.c: Slurm's environment for env:// (docs/init.md). Pure, thread-safe.
+ * The first host of a Slurm host list ("node[01-04,07],gpu3" -> "node01"),
+ * into host (n bytes); TDIST_ERR_INVALID_ARG naming var when malformed. */
+tdist_status_t tdist__slurm_first_host(const char *var, const char *list, char *host, size_t n);
+/* Tasks on node index `node` of a tasks-per-node list ("2(x3),1"); errors
+ * name var. */
+tdist_status_t tdist__slurm_tasks_on_node(const char *var, const char *list, int64_t node,
+                                          int64_t *out);
+/* The store's port derived from SLURM_JOB_ID: 10000 + job_id % 50000. */
+int tdist__slurm_port(int64_t job_id);
+
 #endif /* TDIST_INIT_INTERNAL_H */

@@ -2,7 +2,7 @@
  * tests/api/test_public_api.c — every public function (core.h, store.h,
  * init.h) against bad arguments.
  *
- * The issue's rule: "Every public function checks its arguments and returns
+ * The project's rule: "Every public function checks its arguments and returns
  * TDIST_ERR_INVALID_ARG with a message, never crashes. Nothing in the
  * library exits, aborts or prints on its own." For each call below we check
  *   - the status (TDIST_ERR_INVALID_ARG, or the documented one),

@@ -12,47 +12,7 @@
 #include <unistd.h>
 
 #include "harness.h"
-
-/* Every variable tdist_init reads, so a test sees only what it sets. */
-static void clear_init_env(void)
-{
-    static const char *const vars[] = {"MASTER_ADDR",          "MASTER_PORT",
-                                       "RANK",                 "WORLD_SIZE",
-                                       "LOCAL_RANK",           "LOCAL_WORLD_SIZE",
-                                       "TDIST_LAUNCHER_STORE", "TDIST_STORE_LISTEN_FD",
-                                       "TDIST_RESTART_COUNT",  "TDIST_HOSTNAME",
-                                       "TDIST_STORE_TOKEN",    "TDIST_TIMEOUT_MS"};
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
-}
-
-/* A socket listening on 127.0.0.1 (or ::1), port chosen by the kernel. */
-static int listen_local(int family, uint16_t *port)
-{
-    int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    struct sockaddr_storage ss;
-    memset(&ss, 0, sizeof ss);
-    socklen_t len;
-    if (family == AF_INET6) {
-        struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
-        a->sin6_family = AF_INET6;
-        a->sin6_addr = in6addr_loopback;
-        len = sizeof *a;
-    } else {
-        struct sockaddr_in *a = (struct sockaddr_in *)&ss;
-        a->sin_family = AF_INET;
-        a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        len = sizeof *a;
-    }
-    if (bind(fd, (struct sockaddr *)&ss, len) != 0 || listen(fd, 128) != 0 ||
-        getsockname(fd, (struct sockaddr *)&ss, &len) != 0) {
-        close(fd);
-        return -1;
-    }
-    *port = ntohs(family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                     : ((struct sockaddr_in *)&ss)->sin_port);
-    return fd;
-}
+#include "init_env.h"
 
 /* Entries of a /proc directory (open fds, threads), without . and .. and
  * the fd opendir itself holds. */

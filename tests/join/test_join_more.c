@@ -1,6 +1,6 @@
 /* tests/join/test_join_more.c — more Join tests: uneven DDP training at world
  * size 8; a registered comm hook under Join (called on joined ranks too,
- * same math); and the six two-rank Linear(1,1) loop variants of issue 5:
+ * same math); and six two-rank Linear(1,1) loop variants:
  * Join with a plain loop, with a barrier after every backward, with the
  * loss all_reduced in every forward (the last two need rule 4: the joined
  * rank shadows them); no Join with the short rank exiting, with the short
@@ -214,7 +214,7 @@ TEST(join_with_comm_hook, 90)
     run_both_modes(c);
 }
 
-/* ------------------------------- issue 5's two-rank Linear(1,1) variants */
+/* -------------------------------------- two-rank Linear(1,1) variants */
 
 /* Rank r has 5 + r inputs; Linear(1,1) (weight w, bias b), loss
  * 0.5 (w x + b - t)^2, SGD lr 0.1, f64. */

@@ -1,8 +1,8 @@
-/* tests/join/test_join_random.c — issue 5's "seeded random input counts per
- * rank, 200 runs, no hang", at world sizes 2, 3, 4 and 8.
+/* tests/join/test_join_random.c — seeded random input counts per rank, 200
+ * runs, no hang, at world sizes 2, 3, 4 and 8.
  *
  * One world per world size (one TEST each), and inside it RUNS (200)
- * consecutive Join sessions on the same model, each a "run" of the issue:
+ * consecutive Join sessions on the same model, each one run:
  *
  *   - per-rank input counts drawn from a seed every rank shares: 0..6
  *     steps (zero allowed; sometimes all equal, sometimes all zero);

@@ -1,4 +1,4 @@
-/* tests/join/test_join_shadow.c — ARCHITECTURE.md rule 4: under a Join,
+/* tests/join/test_join_shadow.c — rule 4 of docs/design.md: under a Join,
  * ranks that have run out of inputs shadow every collective the active
  * ranks issue on the group, not only DDP's.
  *

@@ -1,5 +1,5 @@
 /* tests/pg/test_pg_fail.c — rules 2 and 3 on real processes: every
- * fingerprint mismatch of issue 3 fails on every rank within 1 s with the
+ * kind of fingerprint mismatch fails on every rank within 1 s with the
  * same message naming both calls and ranks; a peer killed (SIGKILL,
  * SIGTERM, exit(0), exit(1), abort()) in the middle of an all_reduce loop
  * fails every other rank's pending or next collective naming the dead rank
