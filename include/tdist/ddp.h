@@ -48,6 +48,7 @@
 #include <stdint.h>
 
 #include "tdist/core.h"
+#include "tdist/join.h"
 #include "tdist/pg.h"
 
 #ifdef __cplusplus
@@ -272,6 +273,16 @@ TDIST_API tdist_status_t tdist_ddp_get_stats(const tdist_ddp_t *ddp, tdist_ddp_s
 TDIST_API size_t tdist_ddp_num_buckets(const tdist_ddp_t *ddp);
 TDIST_API size_t tdist_ddp_bucket_params(const tdist_ddp_t *ddp, size_t b, size_t *out,
                                          size_t cap);
+
+/* DDP as a joinable: fills *out (ctx = ddp, pg = its group). Under a Join,
+ * tdist_ddp_forward_begin notifies (notify flag 1 = this iteration is
+ * no_sync), the divisor follows divide_by_initial_world_size, the buffer
+ * and rebuild broadcasts are rooted at the lowest active rank; on a joined
+ * rank the main hook replays a synchronised iteration on zero gradients
+ * (only the buffer broadcast for a no_sync one); the post hook broadcasts
+ * parameters and buffers from the last joiner. The reducer must outlive the
+ * Join. */
+TDIST_API tdist_status_t tdist_ddp_joinable(tdist_ddp_t *ddp, tdist_joinable_t *out);
 
 #ifdef __cplusplus
 }

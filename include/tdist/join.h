@@ -11,7 +11,7 @@
  * rank takes the model of the last rank to join.
  *
  *     tdist_joinable_t j;
- *     tdist_ddp_joinable(ddp, &j);
+ *     tdist_ddp_joinable(ddp, &j);                  // tdist/ddp.h
  *     tdist_join_t *join;
  *     tdist_join_begin(&j, 1, NULL, &join);         // not collective
  *     for (int k = 0; k < my_batches; k++) {        // differs per rank
@@ -57,7 +57,6 @@
 #include <stdint.h>
 
 #include "tdist/core.h"
-#include "tdist/ddp.h"
 #include "tdist/pg.h"
 
 #ifdef __cplusplus
@@ -152,16 +151,6 @@ TDIST_API tdist_status_t tdist_join_get_state(const tdist_join_t *join, tdist_jo
  * collective. Returns the first error (TDIST_ERR_EARLY_TERMINATION if the
  * Join failed that way, here or earlier in a notification). */
 TDIST_API tdist_status_t tdist_join_end(tdist_join_t *join);
-
-/* DDP as a joinable: fills *out (ctx = ddp, pg = its group). Under a Join,
- * tdist_ddp_forward_begin notifies (notify flag 1 = this iteration is
- * no_sync), the divisor follows divide_by_initial_world_size, the buffer
- * and rebuild broadcasts are rooted at the lowest active rank; on a joined
- * rank the main hook replays a synchronised iteration on zero gradients
- * (only the buffer broadcast for a no_sync one); the post hook broadcasts
- * parameters and buffers from the last joiner. The reducer must outlive the
- * Join. */
-TDIST_API tdist_status_t tdist_ddp_joinable(tdist_ddp_t *ddp, tdist_joinable_t *out);
 
 #ifdef __cplusplus
 }

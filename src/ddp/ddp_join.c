@@ -1,6 +1,6 @@
 /*
- * join/ddp_join.c — the DDP reducer as a joinable, on the hooks of
- * src/ddp/internal.h: forward_begin notifies; a joined rank replays the
+ * ddp/ddp_join.c — the DDP reducer as a joinable (tdist_ddp_joinable in
+ * tdist/ddp.h), on the generic Join of tdist/join.h: forward_begin notifies; a joined rank replays the
  * active ranks' iteration on zero gradients; the last joiner's model is
  * broadcast at the end.
  */

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "core/internal.h"
-#include "pg/internal.h"
+#include "pg/join_iface.h"
 #include "tdist/join.h"
 
 #define JOIN_ACTIVE 1ULL

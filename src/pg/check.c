@@ -1,5 +1,5 @@
 /*
- * pg/check.c — collective fingerprints (ARCHITECTURE.md rule 2).
+ * pg/check.c — collective fingerprints (rule 2 of docs/design.md).
  *
  * Before every collective each rank sends a fixed-size fingerprint to every
  * peer and receives every peer's (all posted at once, one wait with the

@@ -26,6 +26,7 @@
 #include "core/internal.h"
 #include "tdist/pg.h"
 #include "coll/coll.h"
+#include "pg/join_iface.h"
 #include "transport/transport.h"
 
 typedef enum tdist__op {
@@ -328,25 +329,8 @@ char *tdist__pg_fail(tdist_pg_t *pg, tdist_status_t st, const char *prefix, cons
 
 /* ------------------------------------------------------------- join.c (pg) */
 
-/* The group's role in a Join (ARCHITECTURE.md rule 4). */
-enum {
-    TDIST__JOIN_NONE = 0, /* not in a Join (or Join disabled) */
-    TDIST__JOIN_PRE,      /* in a Join, before this rank's first notification:
-                             any other collective is an error */
-    TDIST__JOIN_ACTIVE,   /* this rank iterates; join_out says who has joined */
-    TDIST__JOIN_SHADOW    /* this rank has joined: its engine takes part, with
-                             the identity, in whatever the active ranks issue */
-};
-
-/* Set the group's Join state (join/ calls it on the training thread).
- * joined (size entries, borrowed until the next call) may be NULL for
- * NONE/PRE. Thread-safe (takes pg->mu). */
-void tdist__pg_join_set(tdist_pg_t *pg, int mode, const uint8_t *joined, int leader,
-                        int divisor, uint64_t iteration);
-int tdist__pg_join_mode(tdist_pg_t *pg);
-/* The Join notification: a blocking all_gather of one int64 per rank,
- * marked as such in its fingerprint (allowed in PRE mode, never shadowed). */
-tdist_status_t tdist__pg_join_gather(tdist_pg_t *pg, const int64_t *word, int64_t *words);
+/* The Join interface (TDIST__JOIN_*, tdist__pg_join_set / _mode /
+ * _gather) is in pg/join_iface.h, included above. */
 /* Submit-time checks of rule 4 (pg->mu held): TDIST_OK, or
  * TDIST_ERR_JOINED with a message for a call that cannot be shadowed or
  * comes before the first notification. */

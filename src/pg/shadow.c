@@ -1,5 +1,5 @@
 /*
- * pg/shadow.c — ARCHITECTURE.md rule 4: joined ranks shadow.
+ * pg/shadow.c — rule 4 of docs/design.md: joined ranks shadow.
  *
  * join/ tells the group its role in a Join (tdist__pg_join_set) after every
  * notification:

@@ -3,7 +3,7 @@
  * one group (internal to tdist; used by coll/ and pg/).
  *
  * A transport joins `size` ranks in a full mesh of ordered, reliable byte
- * channels. It never talks to the store (ARCHITECTURE.md: transport talks
+ * channels. It never talks to the store (docs/design.md: transport talks
  * to core only): set-up is two-phase, and the caller (pg/) exchanges the
  * addresses.
  *
