@@ -70,6 +70,7 @@ static const tdist__host_t host = {
     .tdist__fp_common_equal = tdist__fp_common_equal,
     .tdist__fp_describe = tdist__fp_describe,
     .tdist__fnv1a = tdist__fnv1a,
+    .tdist__world_next_group = tdist__world_next_group,
 };
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;

@@ -93,6 +93,7 @@ typedef struct tdist__host {
     bool (*tdist__fp_common_equal)(const tdist__fp_t *a, const tdist__fp_t *b);
     void (*tdist__fp_describe)(const tdist__fp_t *fp, bool with_seq, char *buf, size_t n);
     uint64_t (*tdist__fnv1a)(uint64_t h, const void *data, size_t len);
+    int (*tdist__world_next_group)(tdist_world_t *w);
 } tdist__host_t;
 
 /* What the MPI module gives the library. */

@@ -26,6 +26,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,6 +90,7 @@ struct tdist_world {
     pthread_mutex_t bind_mu;                 /* guards the two below */
     bool bind_known;
     char bind_addr[TDIST__IFADDR_MAX];       /* tdist__world_bind_addr */
+    atomic_int world_groups;                 /* tdist__world_next_group */
 };
 
 /* Inode of this process's network namespace (0 if /proc is not there).
@@ -1000,3 +1002,5 @@ tdist_status_t tdist__world_bind_addr(tdist_world_t *w, const char **addr)
     pthread_mutex_unlock(&w->bind_mu);
     return st;
 }
+
+int tdist__world_next_group(tdist_world_t *w) { return atomic_fetch_add(&w->world_groups, 1); }

@@ -160,6 +160,12 @@ tdist_status_t tdist__iface_select(const char *master_host, int master_port, cha
  * *addr is owned by the world. Thread-safe. */
 tdist_status_t tdist__world_bind_addr(tdist_world_t *w, const char **addr);
 
+/* init.c: the number of the next world group created on w (0, 1, ...).
+ * Every rank creates its world groups in the same order, so the n-th one
+ * gets the same number on every rank of w, whatever other worlds the
+ * process holds or held. Thread-safe, never blocks. */
+int tdist__world_next_group(tdist_world_t *w);
+
 /* init.c: Slurm's environment for env:// (docs/init.md). Pure, thread-safe.
  * The first host of a Slurm host list ("node[01-04,07],gpu3" -> "node01"),
  * into host (n bytes); TDIST_ERR_INVALID_ARG naming var when malformed. */

@@ -368,10 +368,9 @@ tdist_status_t tdist_pg_create_world(tdist_world_t *world, const tdist_pg_opts_t
     int64_t timeout = opts ? opts->timeout_ms : tdist__default_timeout_ms(TDIST_PG_DEFAULT_TIMEOUT_MS);
     const char *name = opts && opts->name ? opts->name : "world";
     /* Every rank creates its world groups in the same order (collective),
-     * so the n-th creation gets the same uid everywhere; a second world
-     * group never reads the first one's keys. */
-    static atomic_int creations;
-    int k = atomic_fetch_add(&creations, 1);
+     * so the n-th creation on this world gets the same uid everywhere; a
+     * second world group never reads the first one's keys. */
+    int k = tdist__world_next_group(world);
     char uid[32];
     if (k == 0)
         snprintf(uid, sizeof uid, "world");

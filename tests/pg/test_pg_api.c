@@ -643,3 +643,48 @@ static void two_hosts_body(int rank, int n, void *arg)
 }
 
 TEST(pg_multi_host_picks_interface, 30) { tdist_test_run_ranks(2, two_hosts_body, NULL); }
+
+/* A world group's identity comes from its own world: rank 0 first makes
+ * and destroys a group on a 1-rank world of its own; both ranks' groups on
+ * the shared world must still find each other (their n-th world group on
+ * that world is the same group, whatever else the process created). */
+static void world_groups_per_world_body(int rank, int n, void *arg)
+{
+    (void)n;
+    (void)arg;
+    tdist_pg_opts_t o;
+    tdist_pg_opts_init(&o);
+    o.timeout_ms = 5000;
+    if (rank == 0) {
+        char url[600];
+        snprintf(url, sizeof url, "file://%s/solo_world?rank=0&world_size=1", tdist_test_tmpdir());
+        /* this world's one rank is alone on the host: not the launcher's local rank */
+        char lr[32], lws[32];
+        snprintf(lr, sizeof lr, "%s", getenv("LOCAL_RANK") ? getenv("LOCAL_RANK") : "");
+        snprintf(lws, sizeof lws, "%s", getenv("LOCAL_WORLD_SIZE") ? getenv("LOCAL_WORLD_SIZE") : "");
+        unsetenv("LOCAL_RANK");
+        unsetenv("LOCAL_WORLD_SIZE");
+        tdist_world_t *solo = NULL;
+        ASSERT_OK(tdist_init(url, NULL, &solo));
+        if (lr[0]) setenv("LOCAL_RANK", lr, 1);
+        if (lws[0]) setenv("LOCAL_WORLD_SIZE", lws, 1);
+        tdist_pg_t *g = NULL;
+        ASSERT_OK(tdist_pg_create_world(solo, &o, &g));
+        ASSERT_OK(tdist_barrier(g, NULL, NULL));
+        tdist_pg_destroy(g);
+        tdist_world_destroy(solo);
+    }
+    tdist_world_t *w = NULL;
+    ASSERT_OK(tdist_init("env://", NULL, &w));
+    for (int k = 0; k < 2; k++) { /* the first and the second world group of w */
+        tdist_pg_t *pg = NULL;
+        ASSERT_OK(tdist_pg_create_world(w, &o, &pg));
+        float x = (float)(rank + 1);
+        ASSERT_OK(tdist_all_reduce(pg, &x, &x, 1, TDIST_F32, TDIST_SUM, NULL, NULL));
+        ASSERT_EQ(x, 3.0f);
+        tdist_pg_destroy(pg);
+    }
+    tdist_world_destroy(w);
+}
+
+TEST(pg_world_group_ids_are_per_world, 40) { tdist_test_run_ranks(2, world_groups_per_world_body, NULL); }

@@ -51,5 +51,6 @@ extern const tdist__host_t *tdist__host;
 #define tdist__fp_common_equal (tdist__host->tdist__fp_common_equal)
 #define tdist__fp_describe (tdist__host->tdist__fp_describe)
 #define tdist__fnv1a (tdist__host->tdist__fnv1a)
+#define tdist__world_next_group (tdist__host->tdist__world_next_group)
 
 #endif /* TDIST_BACKEND_MPI_HOST_H */

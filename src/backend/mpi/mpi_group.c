@@ -262,8 +262,7 @@ static tdist_status_t mpi_create_world(tdist_world_t *world, const tdist_pg_opts
     for (int r = 0; r < size; r++) wranks[r] = r;
     int64_t timeout = opts ? opts->timeout_ms : tdist__default_timeout_ms(TDIST_PG_DEFAULT_TIMEOUT_MS);
     const char *name = opts && opts->name ? opts->name : "world";
-    static atomic_int creations;
-    int k = atomic_fetch_add(&creations, 1);
+    int k = tdist__world_next_group(world); /* as the native world group's uid */
     char uid[40];
     if (k == 0)
         snprintf(uid, sizeof uid, "mpiworld");
