@@ -257,7 +257,7 @@ tdist_status_t tdist__fp_exchange(tdist_pg_t *pg, const struct tdist_work *w, in
                                             sizeof(tdist__fp_t)));
             pg->fp_reqp[k] = &pg->fp_reqs[k];
             k++;
-            if (pg->fp_have == p + 1) continue; /* already received (Join's shadowing) */
+            if (pg->fp_have == p) continue; /* already received (Join's shadowing) */
             TDIST_CHECK(tdist__tp_post_recv(pg->tp, &pg->fp_reqs[k], p, &pg->fp_theirs[p],
                                             sizeof(tdist__fp_t)));
             pg->fp_reqp[k] = &pg->fp_reqs[k];

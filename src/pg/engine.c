@@ -84,6 +84,7 @@ static void work_init(struct tdist_work *w, tdist__op_t op, const tdist_coll_opt
     atomic_init(&w->status, TDIST_INPROGRESS);
     w->op = op;
     w->root = -1;
+    w->shadow_leader = -1;
     w->premul = 1.0;
     w->timeout_ms = -1;
     if (opts) {
@@ -508,7 +509,7 @@ static tdist_status_t run_fused_all_reduce(tdist_pg_t *pg, struct tdist_work *w,
         TDIST_CHECK(tdist__tp_post_send(pg->tp, &pg->fp_reqs[k], p, pg->fused_out, fps + bytes));
         pg->fp_reqp[k] = &pg->fp_reqs[k];
         k++;
-        if (pg->fp_have == p + 1) continue; /* already received (Join's shadowing) */
+        if (pg->fp_have == p) continue; /* already received (Join's shadowing) */
         TDIST_CHECK(tdist__tp_post_recv(pg->tp, &pg->fp_reqs[k], p, &pg->fp_theirs[p], fps));
         pg->fp_reqp[k] = &pg->fp_reqs[k];
         k++;
@@ -787,7 +788,7 @@ bool tdist__pg_tiny_all_reduce(tdist_pg_t *pg, const void *sendbuf, void *recvbu
         c.deadline_ms = tdist__deadline_ms(tmo); /* shm_mismatch may wait again */
         c.lazy_deadline = false;
         if (st == TDIST_OK) st = shm_mismatch(pg, &c, w);
-        pg->fp_have = 0;
+        pg->fp_have = -1;
         st = work_failed(pg, w, st, &msg);
         work_free_owned(w);
     }
@@ -859,9 +860,9 @@ static tdist_status_t run_work_status(tdist_pg_t *pg, struct tdist_work *w, char
     tdist_clear_error();
     /* shadow collectives run on a joined rank took sequence numbers */
     w->seq += pg->seq_shift;
-    if (w->shadow_leader > 0) st = tdist__pg_shadow_until(pg, w, deadline);
+    if (w->shadow_leader >= 0) st = tdist__pg_shadow_until(pg, w, deadline);
     if (st == TDIST_OK) st = tdist__pg_run_body(pg, w, timeout, deadline);
-    pg->fp_have = 0;
+    pg->fp_have = -1;
     if (st == TDIST_OK) return TDIST_OK;
     return work_failed(pg, w, st, msg);
 }

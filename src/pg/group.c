@@ -258,6 +258,7 @@ static tdist_status_t pg_build(tdist_world_t *world, tdist_store_t *store, int r
         free(wranks);
         return tdist__error(TDIST_ERR_NO_MEMORY, "group %s: out of memory", name);
     }
+    pg->fp_have = -1;
     pthread_mutex_init(&pg->mu, NULL);
     pthread_cond_init(&pg->cv, NULL);
     pthread_cond_init(&pg->p2p_cv, NULL);

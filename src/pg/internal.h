@@ -119,9 +119,9 @@ struct tdist_work {
     /* Join (rule 4), snapshot of the group's join state at submit */
     uint32_t fp_flags;  /* TDIST__FP_* of this call */
     int avg_div;        /* AVG divides by this (0: the group size) */
-    int shadow_leader;  /* 1 + the leader (lowest active rank) when this rank
-                           has joined: before w, take part in
-                           whatever the leader issues; 0: no shadowing */
+    int shadow_leader;  /* the leader (lowest active rank) when this rank has
+                           joined: before w, take part in whatever the
+                           leader issues; -1: no shadowing */
     const tdist__fp_t *fp_override; /* shadow works: the announced fingerprint */
 
     /* p2p state (p2p thread only) */
@@ -218,8 +218,8 @@ struct tdist_pg {
     uint64_t join_iter;      /* the Join's iteration (for messages) */
     /* engine side (whoever runs works; serialised by busy) */
     uint64_t seq_shift;      /* shadow collectives run so far: added to each work's seq */
-    int fp_have;             /* TCP: 1 + the rank whose fingerprint for the next
-                                exchange is already in fp_theirs (0: none) */
+    int fp_have;             /* TCP: the rank whose fingerprint for the next
+                                exchange is already in fp_theirs (-1: none) */
 
     /* hierarchical collectives (hier.c): a TCP group over several hosts */
     bool hier;               /* on */

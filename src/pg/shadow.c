@@ -105,7 +105,7 @@ tdist_status_t tdist__pg_join_check(tdist_pg_t *pg, struct tdist_work *w)
          * other backends (MPI) exchange fingerprints all-to-all: a joined
          * rank cannot look first, so only the joinables' hooks shadow */
         if (!p2p && !pg->backend && (pg->shm || pg->check_fp))
-            w->shadow_leader = pg->join_leader + 1;
+            w->shadow_leader = pg->join_leader;
         return TDIST_OK;
     case TDIST__JOIN_ACTIVE:
         break;
@@ -167,7 +167,7 @@ static tdist_status_t peek_leader(tdist_pg_t *pg, int leader, int64_t deadline_m
         memcpy(fp, aux, TDIST_MIN(al, sizeof *fp));
         return TDIST_OK;
     }
-    if (pg->fp_have == leader + 1) {
+    if (pg->fp_have == leader) {
         *fp = pg->fp_theirs[leader];
         return TDIST_OK;
     }
@@ -175,7 +175,7 @@ static tdist_status_t peek_leader(tdist_pg_t *pg, int leader, int64_t deadline_m
     tdist__tp_req_t *rp = &r;
     TDIST_CHECK(tdist__tp_post_recv(pg->tp, &r, leader, &pg->fp_theirs[leader], sizeof *fp));
     TDIST_CHECK(tdist__tp_wait(pg->tp, &rp, 1, deadline_ms));
-    pg->fp_have = leader + 1;
+    pg->fp_have = leader;
     *fp = pg->fp_theirs[leader];
     return TDIST_OK;
 }
@@ -215,6 +215,7 @@ static tdist_status_t run_shadow(tdist_pg_t *pg, const struct tdist_work *planne
 {
     struct tdist_work sw;
     memset(&sw, 0, sizeof sw);
+    sw.shadow_leader = -1;
     sw.op = (tdist__op_t)in->op;
     sw.seq = in->seq;
     sw.count = in->count;
@@ -273,7 +274,7 @@ static tdist_status_t run_shadow(tdist_pg_t *pg, const struct tdist_work *planne
     sw.recvcounts = rc;
     int64_t timeout = planned->timeout_ms >= 0 ? planned->timeout_ms : pg->timeout_ms;
     st = tdist__pg_run_body(pg, &sw, timeout, deadline_ms);
-    pg->fp_have = 0;
+    pg->fp_have = -1;
 out:
     free(sb);
     free(rb);
@@ -290,7 +291,7 @@ out:
 
 tdist_status_t tdist__pg_shadow_until(tdist_pg_t *pg, struct tdist_work *w, int64_t deadline_ms)
 {
-    int leader = w->shadow_leader - 1;
+    int leader = w->shadow_leader;
     if (leader < 0 || leader >= pg->size || leader == pg->rank) return TDIST_OK;
     tdist__fp_t mine;
     for (long k = 0; k < SHADOW_MAX_PER_WORK; k++) {

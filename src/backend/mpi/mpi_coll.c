@@ -682,7 +682,7 @@ tdist_status_t tdist__mpi_run(tdist_pg_t *pg, struct tdist_work *w, int64_t time
     if (b->leaked)
         return tdist__error(TDIST_ERR_ABORTED, "an earlier MPI request of the group is still "
                                                "pending (the group failed)");
-    if (w->fp_override || w->shadow_leader > 0)
+    if (w->fp_override || w->shadow_leader >= 0)
         return tdist__error(TDIST_ERR_NOT_SUPPORTED,
                             "Join's shadow collectives are not supported on the MPI backend");
     if (w->op == TDIST__OP_MONITORED_BARRIER)

@@ -147,6 +147,7 @@ static tdist_status_t pg_make(tdist_world_t *world, tdist_store_t *store, MPI_Co
     b->coll = comm;
     b->p2p = MPI_COMM_NULL;
     b->mgmt = MPI_COMM_NULL;
+    pg->fp_have = -1;
     pthread_mutex_init(&pg->mu, NULL);
     pthread_cond_init(&pg->cv, NULL);
     pthread_cond_init(&pg->p2p_cv, NULL);
