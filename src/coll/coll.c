@@ -3,7 +3,8 @@
  * selection of an algorithm by message size and world size.
  *
  * all_reduce (size >= 2; the algo argument forces one; when it is AUTO,
- * TDIST_ALGO_ALLREDUCE=ring|rd|direct|auto does, read at every call):
+ * the group's TDIST_ALGO_ALLREDUCE=ring|rd|direct|auto, read when the
+ * group was created, does):
  *   bytes <= 256                  direct (one round, every rank reduces all
  *                                 inputs in rank order)
  *   bytes < 256 KiB or count < size  recursive doubling (non-powers of two
@@ -171,7 +172,7 @@ void tdist__coll_split(size_t count, int size, size_t *counts, size_t *displs)
 
 /* ---------------------------------------------------------- selection */
 
-static tdist_status_t forced_ar_algo(tdist__ar_algo_t *out)
+tdist_status_t tdist__coll_forced_ar_algo(tdist__ar_algo_t *out)
 {
     const char *e = getenv("TDIST_ALGO_ALLREDUCE");
     *out = TDIST__AR_AUTO;
@@ -197,12 +198,9 @@ tdist_status_t tdist__coll_all_reduce(const tdist__coll_ctx_t *c, const void *se
         TDIST_CHECK(tdist__coll_load(recvbuf, sendbuf, count, dtype, op, premul));
         return tdist__coll_finish(c, recvbuf, count, dtype, op);
     }
-    if (c->shm && algo == TDIST__AR_AUTO) {
-        TDIST_CHECK(forced_ar_algo(&algo));
-        if (algo == TDIST__AR_AUTO)
-            return tdist__shmc_all_reduce(c, sendbuf, recvbuf, count, dtype, op, premul, -1);
-    }
-    if (algo == TDIST__AR_AUTO) TDIST_CHECK(forced_ar_algo(&algo));
+    if (algo == TDIST__AR_AUTO) algo = c->ar_forced;
+    if (c->shm && algo == TDIST__AR_AUTO)
+        return tdist__shmc_all_reduce(c, sendbuf, recvbuf, count, dtype, op, premul, -1);
     if (algo == TDIST__AR_AUTO) {
         size_t bytes = tdist__coll_bytes(count, dtype);
         if (bytes <= TDIST__COLL_AR_DIRECT_MAX)

@@ -44,6 +44,22 @@ typedef struct tdist__coll_scratch {
 /* Free a scratch's memory (pg/ at group destroy). */
 void tdist__coll_scratch_release(tdist__coll_scratch_t *s);
 
+/* Algorithms the all_reduce selector may pick. When the caller passes
+ * TDIST__AR_AUTO, the context's ar_forced decides, and when that is AUTO
+ * too, the size (thresholds: coll.c). */
+typedef enum tdist__ar_algo {
+    TDIST__AR_AUTO = 0,
+    TDIST__AR_RING,   /* reduce-scatter + all-gather: bandwidth */
+    TDIST__AR_RD,     /* recursive doubling (non-powers of two folded): latency */
+    TDIST__AR_DIRECT  /* everyone exchanges everything: tiny messages, small worlds */
+} tdist__ar_algo_t;
+
+/* The all_reduce algorithm TDIST_ALGO_ALLREDUCE forces ("ring", "rd",
+ * "direct"; "auto" or unset: TDIST__AR_AUTO). Read once, when a group is
+ * created; any other value is TDIST_ERR_INVALID_ARG naming it.
+ * Thread-safe. */
+tdist_status_t tdist__coll_forced_ar_algo(tdist__ar_algo_t *out);
+
 typedef struct tdist__coll_ctx {
     tdist__tp_t *tp;     /* mesh over the group's ranks */
     tdist__shmc_t *shm;  /* shared-memory collectives (shm_coll.c), or NULL */
@@ -55,17 +71,9 @@ typedef struct tdist__coll_ctx {
      * shm wait stops spinning: for a collective that is a single wait, so
      * that peers already there cost no clock read (the tiny all_reduce) */
     bool lazy_deadline;
+    tdist__ar_algo_t ar_forced; /* the group's TDIST_ALGO_ALLREDUCE (AUTO: none) */
 } tdist__coll_ctx_t;
 
-/* Algorithms the selector may pick. When the caller passes TDIST__AR_AUTO,
- * TDIST_ALGO_ALLREDUCE ("ring", "rd", "direct", "auto"; for tests) may
- * force one; any other value is TDIST_ERR_INVALID_ARG. Thresholds: coll.c. */
-typedef enum tdist__ar_algo {
-    TDIST__AR_AUTO = 0,
-    TDIST__AR_RING,   /* reduce-scatter + all-gather: bandwidth */
-    TDIST__AR_RD,     /* recursive doubling (non-powers of two folded): latency */
-    TDIST__AR_DIRECT  /* everyone exchanges everything: tiny messages, small worlds */
-} tdist__ar_algo_t;
 
 /* recvbuf = op over ranks of sendbuf (AVG: sum then divide by size;
  * PREMUL_SUM: each input scaled by premul first). */

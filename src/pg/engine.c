@@ -401,7 +401,7 @@ static tdist_status_t run_coll(tdist_pg_t *pg, struct tdist_work *w, int64_t dea
 {
     tdist__coll_ctx_t c = {.tp = pg->tp, .shm = pg->shm, .spin = w->inline_run,
                            .scratch = &pg->scratch,
-                           .rank = pg->rank, .size = pg->size,
+                           .rank = pg->rank, .size = pg->size, .ar_forced = pg->ar_algo,
                            .deadline_ms = deadline_ms};
     if (pg->ar_forced && (w->op == TDIST__OP_ALL_REDUCE || w->op == TDIST__OP_ALL_REDUCE_COALESCED))
         c.shm = NULL;
@@ -660,7 +660,7 @@ static tdist_status_t run_shm(tdist_pg_t *pg, struct tdist_work *w, int64_t dead
 {
     tdist__coll_ctx_t c = {.tp = pg->tp, .shm = pg->shm, .spin = w->inline_run,
                            .scratch = &pg->scratch,
-                           .rank = pg->rank, .size = pg->size,
+                           .rank = pg->rank, .size = pg->size, .ar_forced = pg->ar_algo,
                            .deadline_ms = deadline_ms};
     const size_t hs = sizeof(uint64_t), fps = sizeof(tdist__fp_t);
     size_t es = tdist_dtype_size(w->dtype), bytes = w->count * es, len = hs;
@@ -741,7 +741,7 @@ bool tdist__pg_tiny_all_reduce(tdist_pg_t *pg, const void *sendbuf, void *recvbu
     /* (no tdist_clear_error: every failure below sets its own message) */
 
     tdist__coll_ctx_t c = {.tp = pg->tp, .shm = pg->shm, .spin = true, .scratch = &pg->scratch,
-                           .rank = pg->rank, .size = pg->size};
+                           .rank = pg->rank, .size = pg->size, .ar_forced = pg->ar_algo};
     uint8_t *aux = NULL, *blob = tdist__shmc_begin(&c, &aux);
     /* A call of the last one's shape (a training loop's loss, a norm)
      * reuses its fingerprint and hash: only seq's term changes, as the

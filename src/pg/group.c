@@ -294,6 +294,12 @@ static tdist_status_t pg_build(tdist_world_t *world, tdist_store_t *store, int r
         st = tdist__error(TDIST_ERR_NO_MEMORY, "group %s: out of memory", name);
         goto fail;
     }
+    /* configuration the collectives read: once, here */
+    st = tdist__coll_forced_ar_algo(&pg->ar_algo);
+    if (st != TDIST_OK) {
+        tdist__error_context(st, "rank %d group %s", rank, name);
+        goto fail;
+    }
     int64_t deadline = tdist__deadline_ms(timeout_ms);
     bool shmc = kind == TDIST__TP_SHM && size > 1;
     tdist__tp_opts_t o = {.bind_addr = bind_addr, .tag = make_tag(uid, "coll"),
@@ -311,8 +317,7 @@ static tdist_status_t pg_build(tdist_world_t *world, tdist_store_t *store, int r
             goto fail;
         }
         TDIST_CHECK_GOTO(tdist__shmc_create(pg->tp, rank, size, &pg->shm), st, fail);
-        const char *forced = getenv("TDIST_ALGO_ALLREDUCE");
-        pg->ar_forced = forced && *forced && strcmp(forced, "auto") != 0;
+        pg->ar_forced = pg->ar_algo != TDIST__AR_AUTO;
     }
     TDIST_CHECK_GOTO(tdist__pg_hier_setup(pg, deadline), st, fail);
     TDIST_CHECK_GOTO(tdist__pg_start_engine(pg), st, fail);

@@ -201,7 +201,9 @@ struct tdist_pg {
      * NULL otherwise. Valid while tp is. */
     tdist__coll_scratch_t scratch; /* coll/'s large temporaries (engine thread) */
     tdist__shmc_t *shm;
-    bool ar_forced;          /* TDIST_ALGO_ALLREDUCE names an algorithm */
+    tdist__ar_algo_t ar_algo; /* TDIST_ALGO_ALLREDUCE, read at creation (coll ctx) */
+    bool ar_forced;          /* it names an algorithm and the group has shm collectives:
+                                all_reduce leaves them for the point-to-point ones */
     const uint8_t **shm_blobs; /* size entries: exchange scratch */
     /* the blocking tiny all_reduce's last fingerprint (seq aside) and its
      * hash with seq 0: the next call of the same shape only adds seq's

@@ -449,16 +449,22 @@ static void env_body(int rank, int n, void *arg)
         want[1] += r * 2;
         want[2] -= r;
     }
+    static const tdist__ar_algo_t algos[] = {TDIST__AR_RING, TDIST__AR_RD, TDIST__AR_DIRECT,
+                                             TDIST__AR_AUTO};
     for (int i = 0; i < 4; i++) {
+        /* read once, as a group's creation does; the context carries it */
         setenv("TDIST_ALGO_ALLREDUCE", names[i], 1);
+        ASSERT_OK(tdist__coll_forced_ar_algo(&t.ctx.ar_forced));
+        ASSERT_EQ(t.ctx.ar_forced, algos[i]);
+        unsetenv("TDIST_ALGO_ALLREDUCE");
         int32_t out[3];
         ASSERT_OK(tdist__coll_all_reduce(&t.ctx, v, out, 3, TDIST_I32, TDIST_SUM, 1.0, TDIST__AR_AUTO));
         ASSERT_MEMEQ(out, want, sizeof want);
     }
+    t.ctx.ar_forced = TDIST__AR_AUTO;
     setenv("TDIST_ALGO_ALLREDUCE", "bogus", 1);
-    int32_t out[3];
-    ASSERT_STATUS(tdist__coll_all_reduce(&t.ctx, v, out, 3, TDIST_I32, TDIST_SUM, 1.0, TDIST__AR_AUTO),
-                  TDIST_ERR_INVALID_ARG);
+    tdist__ar_algo_t a = TDIST__AR_RING;
+    ASSERT_STATUS(tdist__coll_forced_ar_algo(&a), TDIST_ERR_INVALID_ARG);
     ASSERT_CONTAINS(tdist_last_error(), "bogus");
     unsetenv("TDIST_ALGO_ALLREDUCE");
     ASSERT_OK(tdist__coll_barrier(&t.ctx));

@@ -688,3 +688,35 @@ static void world_groups_per_world_body(int rank, int n, void *arg)
 }
 
 TEST(pg_world_group_ids_are_per_world, 40) { tdist_test_run_ranks(2, world_groups_per_world_body, NULL); }
+
+/* Configuration the collectives read is read once, when the group is
+ * created: a bad TDIST_ALGO_ALLREDUCE fails the creation on every rank,
+ * naming the variable, before anything is sent; a good one set after the
+ * creation changes nothing for that group. */
+static void algo_env_at_creation_body(int rank, int n, void *arg)
+{
+    (void)n;
+    (void)arg;
+    tdist_world_t *w = NULL;
+    ASSERT_OK(tdist_init("env://", NULL, &w));
+    setenv("TDIST_ALGO_ALLREDUCE", "bogus", 1);
+    tdist_pg_t *pg = NULL;
+    ASSERT_STATUS(tdist_pg_create_world(w, NULL, &pg), TDIST_ERR_INVALID_ARG);
+    ASSERT_TRUE(pg == NULL);
+    ASSERT_CONTAINS(tdist_last_error(), "TDIST_ALGO_ALLREDUCE=\"bogus\"");
+    unsetenv("TDIST_ALGO_ALLREDUCE");
+    ASSERT_OK(tdist_pg_create_world(w, NULL, &pg));
+    setenv("TDIST_ALGO_ALLREDUCE", "bogus", 1); /* too late to matter */
+    float x = (float)(rank + 1);
+    ASSERT_OK(tdist_all_reduce(pg, &x, &x, 1, TDIST_F32, TDIST_SUM, NULL, NULL));
+    ASSERT_EQ(x, 3.0f);
+    float big[300];
+    for (int i = 0; i < 300; i++) big[i] = (float)(rank + i);
+    ASSERT_OK(tdist_all_reduce(pg, big, big, 300, TDIST_F32, TDIST_SUM, NULL, NULL));
+    ASSERT_EQ(big[299], (float)(2 * 299 + 1));
+    unsetenv("TDIST_ALGO_ALLREDUCE");
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
+}
+
+TEST(pg_algo_env_read_at_creation, 30) { tdist_test_run_ranks(2, algo_env_at_creation_body, NULL); }
