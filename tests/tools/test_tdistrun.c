@@ -4,7 +4,10 @@
  * stderr sent to files in the test's temporary directory, waits for it with
  * a bounded loop, then checks its exit status and output. Workers are
  * mostly /bin/sh one-liners; they write their pid ($$, kept by `exec`) to
- * files so the test can check that none survives.
+ * files so the test can check that none survives. More in
+ * test_tdistrun_failures.c (first failure, orphans, stalled readers, lost
+ * output) and test_tdistrun_flags.c (the torchrun-style flags); shared
+ * helpers in test_tdistrun_helpers.c.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -18,98 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "proc.h"
-
-#define TDISTRUN TDIST_BIN_DIR "/tools/tdistrun/tdistrun"
-#define HELLO TDIST_BIN_DIR "/examples/launcher_hello"
-
-
-#define ASSERT_EXIT(r, want)                                                   \
-    do {                                                                       \
-        if (!(r).exited || (r).code != (want))                                 \
-            FAIL("tdistrun: expected exit %d, got %s %d\n--- stdout:\n%s\n--- stderr:\n%s", \
-                 (want), (r).exited ? "exit" : "signal", (r).exited ? (r).code : (r).sig, \
-                 (r).out, (r).err);                                            \
-    } while (0)
-
-/* Count occurrences of needle in hay. */
-static int count_of(const char *hay, const char *needle)
-{
-    int n = 0;
-    for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle)) n++;
-    return n;
-}
-
-/* Read the pids workers wrote to <dir>/pid.<rank> for rank in [0, n). */
-static void read_pids(int n, pid_t *pids)
-{
-    for (int r = 0; r < n; r++) {
-        char name[64];
-        snprintf(name, sizeof name, "pid.%d", r);
-        char *s = slurp(tmp_path(name));
-        pids[r] = (pid_t)atoi(s);
-        free(s);
-        ASSERT_TRUE(pids[r] > 1);
-    }
-}
-
-/* Wait (bounded) until the n files <dir>/pid.<rank> exist. */
-static void wait_pid_files(int n, double timeout_ms)
-{
-    double end = tdist_test_now_ms() + timeout_ms;
-    for (;;) {
-        int have = 0;
-        for (int r = 0; r < n; r++) {
-            char name[64];
-            snprintf(name, sizeof name, "pid.%d", r);
-            FILE *f = fopen(tmp_path(name), "r");
-            if (f) {
-                int c = fgetc(f); /* written, not just created */
-                fclose(f);
-                if (c != EOF) have++;
-            }
-        }
-        if (have == n) return;
-        if (tdist_test_now_ms() > end) FAIL("only %d of %d workers wrote their pid", have, n);
-        usleep(10000);
-    }
-}
-
-/* Whether pid is gone: no such process, or a zombie nobody reaped yet. */
-static bool pid_gone(pid_t pid)
-{
-    if (kill(pid, 0) != 0 && errno == ESRCH) return true;
-    char path[64], buf[256];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f) return true;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    const char *close_paren = strrchr(buf, ')');
-    return close_paren && close_paren[1] == ' ' && close_paren[2] == 'Z';
-}
-
-/* Poll (bounded) until every pid is gone, reaping orphans we inherited as
- * a subreaper. Fails naming a survivor. */
-static void assert_all_gone(const pid_t *pids, int n, double timeout_ms)
-{
-    double end = tdist_test_now_ms() + timeout_ms;
-    for (;;) {
-        while (waitpid(-1, NULL, WNOHANG) > 0) {
-        }
-        int alive = -1;
-        for (int r = 0; r < n && alive < 0; r++)
-            if (!pid_gone(pids[r])) alive = r;
-        if (alive < 0) return;
-        if (tdist_test_now_ms() > end)
-            FAIL("worker rank %d (pid %d) still alive %.0f ms later", alive, (int)pids[alive],
-                 timeout_ms);
-        usleep(10000);
-    }
-}
-
-static void set_dir_env(void) { setenv("T_DIR", tdist_test_tmpdir(), 1); }
+#include "test_tdistrun_helpers.h"
 
 /* ------------------------------------------------------------------ tests */
 
@@ -136,8 +48,8 @@ TEST(tdistrun_env_and_rank_prefixes, 30)
         snprintf(want, sizeof want, "[rank %d] to stderr %d\n", k, k);
         ASSERT_CONTAINS(r.err, want);
     }
-    ASSERT_EQ(count_of(r.out, "[rank "), 4); /* stdout lines stay on stdout */
-    ASSERT_EQ(count_of(r.err, "] to stderr "), 4);
+    ASSERT_EQ(trun_count_of(r.out, "[rank "), 4); /* stdout lines stay on stdout */
+    ASSERT_EQ(trun_count_of(r.err, "] to stderr "), 4);
     ASSERT_TRUE(strstr(r.out, "to stderr") == NULL);
     run_free(&r);
 }
@@ -152,7 +64,7 @@ TEST(tdistrun_partial_long_lines_no_prefix_and_tee, 30)
     run_t r;
     run(argv, 20, "long", &r);
     ASSERT_EXIT(r, 0);
-    ASSERT_EQ(count_of(r.out, "x"), 40000);
+    ASSERT_EQ(trun_count_of(r.out, "x"), 40000);
     ASSERT_CONTAINS(r.out, "[rank 0] no newline 0\n");
     ASSERT_CONTAINS(r.out, "[rank 1] no newline 1\n");
     ASSERT_CONTAINS(r.out, "[rank 1] xxxxxxxx");
@@ -212,7 +124,7 @@ TEST(tdistrun_launcher_hello_2_and_4_ranks, 90)
 
 TEST(tdistrun_failure_stops_the_others, 30)
 {
-    set_dir_env();
+    trun_set_dir_env();
     /* Rank 2 waits until everyone has written its pid, writes two stderr
      * lines and exits 3. Rank 1 ignores SIGTERM, so only the SIGKILL after
      * the 1 s grace period stops it; the others die of SIGTERM. */
@@ -237,8 +149,8 @@ TEST(tdistrun_failure_stops_the_others, 30)
     ASSERT_GE(r.ms, 900);
     ASSERT_LE(r.ms, 15000 * tdist_test_timeout_mult());
     pid_t pids[4];
-    read_pids(4, pids);
-    assert_all_gone(pids, 4, 100); /* the launcher reaped them all before exiting */
+    trun_read_pids(4, pids);
+    trun_assert_all_gone(pids, 4, 100); /* the launcher reaped them all before exiting */
     run_free(&r);
 }
 
@@ -262,14 +174,14 @@ TEST(tdistrun_signal_death_reported_by_name, 30)
 
 TEST(tdistrun_sigterm_to_launcher_stops_everything, 30)
 {
-    set_dir_env();
+    trun_set_dir_env();
     const char *argv[] = {TDISTRUN, "--nproc-per-node", "3", "--grace-period", "10", "/bin/sh",
                           "-c", "echo $$ > $T_DIR/pid.$RANK; exec sleep 120", NULL};
     double start = tdist_test_now_ms();
     pid_t pid = spawn(argv, "term");
-    wait_pid_files(3, 10000 * tdist_test_timeout_mult());
+    trun_wait_files("pid", 3, 10000 * tdist_test_timeout_mult());
     pid_t pids[3];
-    read_pids(3, pids);
+    trun_read_pids(3, pids);
     ASSERT_EQ(kill(pid, SIGTERM), 0);
     double sent = tdist_test_now_ms();
     run_t r;
@@ -278,13 +190,13 @@ TEST(tdistrun_sigterm_to_launcher_stops_everything, 30)
     ASSERT_CONTAINS(r.err, "got SIGTERM; forwarding it to 3 workers");
     /* sleep dies of SIGTERM at once: no waiting for the 10 s grace period */
     ASSERT_LE(tdist_test_now_ms() - sent, 5000);
-    assert_all_gone(pids, 3, 100);
+    trun_assert_all_gone(pids, 3, 100);
     run_free(&r);
 }
 
 TEST(tdistrun_second_sigint_kills_at_once, 30)
 {
-    set_dir_env();
+    trun_set_dir_env();
     /* Workers ignore SIGINT and SIGTERM: the forwarded SIGINT does nothing,
      * and a second SIGINT must SIGKILL them without waiting for the 60 s
      * grace period. */
@@ -293,12 +205,12 @@ TEST(tdistrun_second_sigint_kills_at_once, 30)
                           NULL};
     double start = tdist_test_now_ms();
     pid_t pid = spawn(argv, "int2");
-    wait_pid_files(2, 10000 * tdist_test_timeout_mult());
+    trun_wait_files("pid", 2, 10000 * tdist_test_timeout_mult());
     pid_t pids[2];
-    read_pids(2, pids);
+    trun_read_pids(2, pids);
     ASSERT_EQ(kill(pid, SIGINT), 0);
     usleep(300 * 1000);
-    for (int k = 0; k < 2; k++) ASSERT_FALSE(pid_gone(pids[k])); /* they ignored it */
+    for (int k = 0; k < 2; k++) ASSERT_FALSE(trun_pid_gone(pids[k])); /* they ignored it */
     ASSERT_EQ(kill(pid, SIGINT), 0);
     run_t r;
     wait_for(pid, 20000 * tdist_test_timeout_mult(), "int2", start, &r);
@@ -306,29 +218,29 @@ TEST(tdistrun_second_sigint_kills_at_once, 30)
     ASSERT_CONTAINS(r.err, "got SIGINT; forwarding it to 2 workers");
     ASSERT_CONTAINS(r.err, "got SIGINT again; sending SIGKILL");
     ASSERT_LE(r.ms, 30000); /* well before the 60 s grace period */
-    assert_all_gone(pids, 2, 100);
+    trun_assert_all_gone(pids, 2, 100);
     run_free(&r);
 }
 
 TEST(tdistrun_sigkill_to_launcher_leaves_no_orphans, 30)
 {
-    set_dir_env();
+    trun_set_dir_env();
     /* Orphans would be re-parented to us: reap them to tell dead from alive. */
     ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
     const char *argv[] = {TDISTRUN, "--nproc-per-node", "4", "/bin/sh", "-c",
                           "echo $$ > $T_DIR/pid.$RANK; exec sleep 120", NULL};
     double start = tdist_test_now_ms();
     pid_t pid = spawn(argv, "kill9");
-    wait_pid_files(4, 10000 * tdist_test_timeout_mult());
+    trun_wait_files("pid", 4, 10000 * tdist_test_timeout_mult());
     pid_t pids[4];
-    read_pids(4, pids);
-    for (int k = 0; k < 4; k++) ASSERT_FALSE(pid_gone(pids[k]));
+    trun_read_pids(4, pids);
+    for (int k = 0; k < 4; k++) ASSERT_FALSE(trun_pid_gone(pids[k]));
     ASSERT_EQ(kill(pid, SIGKILL), 0);
     run_t r;
     wait_for(pid, 5000, "kill9", start, &r);
     ASSERT_FALSE(r.exited);
     ASSERT_EQ(r.sig, SIGKILL);
-    assert_all_gone(pids, 4, 3000 * tdist_test_timeout_mult());
+    trun_assert_all_gone(pids, 4, 3000 * tdist_test_timeout_mult());
     run_free(&r);
 }
 
@@ -348,7 +260,7 @@ TEST(tdistrun_max_restarts_recovers, 30)
     ASSERT_CONTAINS(r.out, "[rank 1] attempt 1\n");
     ASSERT_CONTAINS(r.out, "[rank 1] attempt 2\n");
     ASSERT_CONTAINS(r.out, "[rank 0] attempt 2\n");
-    ASSERT_EQ(count_of(r.out, "attempt 3"), 0);
+    ASSERT_EQ(trun_count_of(r.out, "attempt 3"), 0);
     ASSERT_CONTAINS(r.err, "restarting the worker set (restart 1 of 2) after rank 1 exited with status 7");
     ASSERT_CONTAINS(r.err, "restarting the worker set (restart 2 of 2)");
     ASSERT_CONTAINS(r.err, "failing on attempt 1");
@@ -364,9 +276,9 @@ TEST(tdistrun_max_restarts_exhausted, 30)
     run_t r;
     run(argv, 20, "exhausted", &r);
     ASSERT_EXIT(r, 4);
-    ASSERT_EQ(count_of(r.out, "[rank 0] attempt "), 2);
+    ASSERT_EQ(trun_count_of(r.out, "[rank 0] attempt "), 2);
     ASSERT_CONTAINS(r.out, "[rank 0] attempt 1\n");
-    ASSERT_EQ(count_of(r.err, "restarting the worker set"), 1);
+    ASSERT_EQ(trun_count_of(r.err, "restarting the worker set"), 1);
     ASSERT_CONTAINS(r.err, "giving up after 1 restart");
     ASSERT_CONTAINS(r.err, "rank 0 (local rank 0");
     run_free(&r);

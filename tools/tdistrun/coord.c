@@ -59,8 +59,8 @@ int tdr_coord_create(const char *addr, int port, int node_rank, int nnodes, tdr_
     }
     if (st != TDIST_OK) {
         if (!tdr_stop_signal())
-            fprintf(stderr, "tdistrun: cannot reach the job's store at %s:%d: %s\n", addr, port,
-                    tdist_last_error());
+            tdr_eprintf("tdistrun: cannot reach the job's store at %s:%d: %s\n", addr, port,
+                        tdist_last_error());
         free(c);
         return -1;
     }
@@ -88,8 +88,8 @@ void tdr_coord_report_failure(tdr_coord_t *c, int attempt, const char *what)
     if (!msg) return;
     tdist_status_t st = tdist_store_compare_set(c->store, key, NULL, 0, msg, strlen(msg), NULL, NULL);
     if (st != TDIST_OK)
-        fprintf(stderr, "tdistrun: cannot tell the other nodes (store %s:%d): %s\n", c->addr,
-                c->port, tdist_last_error());
+        tdr_eprintf("tdistrun: cannot tell the other nodes (store %s:%d): %s\n", c->addr,
+                    c->port, tdist_last_error());
     free(msg);
 }
 
@@ -172,9 +172,10 @@ tdr_coord_event_t tdr_coord_finish(tdr_coord_t *c, int attempt, char *msg, size_
         tdr_coord_event_t ev = tdr_coord_poll(c, attempt, msg, n);
         if (ev != TDR_COORD_NONE) return ev;
         if (!said) {
-            fprintf(stderr, "tdistrun: this node is done; waiting for the other nodes\n");
+            tdr_eprintf("tdistrun: this node is done; waiting for the other nodes\n");
             said = true;
         }
+        tdr_sinks_flush();
         tdist__sleep_ms(100);
         if (tdist_store_add(c->store, key, 0, &done) != TDIST_OK) {
             snprintf(msg, n, "lost the job's store at %s:%d: %s", c->addr, c->port,
