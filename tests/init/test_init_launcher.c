@@ -399,11 +399,12 @@ TEST(init_slurm_env_4_ranks, 60)
 }
 
 /* Two tasks, MASTER_PORT given (it wins over the job id's port), the node
- * list a plain name, the step's tasks-per-node list winning over the job's
- * (which would say 3 tasks on this node). */
+ * list a plain address (not "localhost": a minimal system may have no
+ * /etc/hosts to resolve it), the step's tasks-per-node list winning over
+ * the job's (which would say 3 tasks on this node). */
 TEST(init_slurm_env_2_ranks_master_port, 60)
 {
-    slurm_job_t j = {.nodelist = "localhost", .job_id = "7", .master_port = true,
+    slurm_job_t j = {.nodelist = "127.0.0.1", .job_id = "7", .master_port = true,
                      .step_tasks = "2", .job_tasks = "3,1"};
     j.fd = listen_local(AF_INET, &j.port);
     ASSERT_TRUE(j.fd >= 0);
