@@ -102,11 +102,9 @@ static const char *dt_name(uint64_t d)
     return d < TDIST_DTYPE_COUNT ? tdist_dtype_name((tdist_dtype_t)d) : "invalid";
 }
 
-/* Compare every rank's shapes and options with rank 0's. Two all_gathers:
- * a header (counts, options), then, if the counts agree everywhere, one
- * (count, dtype, name hash) triple per parameter and buffer. Every rank
- * sees the same gathered data, so every rank fails alike. */
-static tdist_status_t check_shapes(tdist_ddp_t *d)
+/* The first all_gather of check_shapes: the numbers of parameters and
+ * buffers, and the options' hash. */
+static tdist_status_t check_counts(tdist_ddp_t *d)
 {
     const char *op = "create";
     int size = d->size;
@@ -141,7 +139,15 @@ static tdist_status_t check_shapes(tdist_ddp_t *d)
         return e;
     }
     free(all);
+    return TDIST_OK;
+}
 
+/* The second all_gather of check_shapes: each parameter's and buffer's
+ * (count, dtype, name hash); the counts agree already. */
+static tdist_status_t check_tensors(tdist_ddp_t *d)
+{
+    const char *op = "create";
+    int size = d->size;
     size_t k = d->np + d->nbuf;
     if (k == 0) return TDIST_OK;
     uint64_t *mine = malloc(k * 3 * sizeof(uint64_t));
@@ -167,13 +173,14 @@ static tdist_status_t check_shapes(tdist_ddp_t *d)
         mine[3 * i + 1] = dt;
         mine[3 * i + 2] = fnv1a(name, strlen(name), FNV0);
     }
-    st = tdist_all_gather(d->pg, mine, sig, k * 3, TDIST_I64, NULL, NULL);
+    tdist_status_t st = tdist_all_gather(d->pg, mine, sig, k * 3, TDIST_I64, NULL, NULL);
     free(mine);
     if (st != TDIST_OK) {
         free(sig);
         return tdist__error_context(st, "tdist_ddp_create: rank %d group %s: shape check",
                                     d->rank, tdist_pg_name(d->pg));
     }
+    char ranks[256];
     for (size_t i = 0; i < k; i++) {
         list_ranks(ranks, sizeof ranks, sig, size, k * 3, 3 * i, 3);
         if (!ranks[0]) continue;
@@ -197,6 +204,16 @@ static tdist_status_t check_shapes(tdist_ddp_t *d)
     }
     free(sig);
     return TDIST_OK;
+}
+
+/* Compare every rank's shapes and options with rank 0's. Two all_gathers:
+ * a header (counts, options), then, if the counts agree everywhere, one
+ * (count, dtype, name hash) triple per parameter and buffer. Every rank
+ * sees the same gathered data, so every rank fails alike. */
+static tdist_status_t check_shapes(tdist_ddp_t *d)
+{
+    TDIST_CHECK(check_counts(d));
+    return check_tensors(d);
 }
 
 static tdist_status_t bcast_group(tdist_ddp_t *d, int root, const char *op, bool params,
@@ -250,23 +267,9 @@ tdist_status_t tdist__ddp_sync_buffers(tdist_ddp_t *ddp, int root, const char *o
     return bcast_group(ddp, root, op, false, true);
 }
 
-tdist_status_t tdist_ddp_create(tdist_pg_t *pg, const tdist_ddp_param_t *params, size_t n,
-                                const tdist_ddp_buffer_t *buffers, size_t m,
-                                const tdist_ddp_opts_t *opts, tdist_ddp_t **out)
+/* The parameters' arguments: f32 or f64, non-NULL data and grad, count > 0. */
+static tdist_status_t check_params(const tdist_ddp_param_t *params, size_t n, const char *op)
 {
-    const char *op = "create";
-    if (!out) return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op, "out is NULL");
-    if (!pg) return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op, "pg is NULL");
-    if (n > 0 && !params) return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op, "params is NULL with n = %zu", n);
-    if (m > 0 && !buffers) return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op, "buffers is NULL with m = %zu", m);
-    if (n > INT32_MAX) return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op, "too many parameters (%zu)", n);
-    tdist_ddp_opts_t o;
-    if (opts) o = *opts;
-    else tdist_ddp_opts_init(&o);
-    if (o.bucket_cap_bytes == 0 || o.first_bucket_bytes == 0)
-        return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op,
-                                "bucket_cap_bytes and first_bucket_bytes must be > 0 (got %zu, %zu)",
-                                o.bucket_cap_bytes, o.first_bucket_bytes);
     for (size_t i = 0; i < n; i++) {
         const tdist_ddp_param_t *p = &params[i];
         const char *nm = p->name ? p->name : "(unnamed)";
@@ -286,6 +289,12 @@ tdist_status_t tdist_ddp_create(tdist_pg_t *pg, const tdist_ddp_param_t *params,
             return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op,
                                     "parameter %zu '%s': count %zu overflows", i, nm, p->count);
     }
+    return TDIST_OK;
+}
+
+/* The buffers' arguments: a valid dtype, non-NULL data, count > 0. */
+static tdist_status_t check_buffers(const tdist_ddp_buffer_t *buffers, size_t m, const char *op)
+{
     for (size_t i = 0; i < m; i++) {
         const tdist_ddp_buffer_t *b = &buffers[i];
         const char *nm = b->name ? b->name : "(unnamed)";
@@ -296,15 +305,20 @@ tdist_status_t tdist_ddp_create(tdist_pg_t *pg, const tdist_ddp_param_t *params,
             return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op,
                                     "buffer %zu '%s': data is NULL or count is 0", i, nm);
     }
-    int rank = tdist_pg_rank(pg), size = tdist_pg_size(pg);
-    if (rank < 0 || size < 1) return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op, "invalid pg");
+    return TDIST_OK;
+}
 
+/* A reducer for n parameters and m buffers with its per-parameter arrays,
+ * the model not yet copied in. */
+static tdist_status_t alloc_ddp(tdist_pg_t *pg, int rank, int size, const tdist_ddp_opts_t *o,
+                                size_t n, size_t m, const char *op, tdist_ddp_t **out)
+{
     tdist_ddp_t *d = calloc(1, sizeof *d);
     if (!d) return tdist__ddp_error(NULL, TDIST_ERR_NO_MEMORY, op, "out of memory");
     d->pg = pg;
     d->rank = rank;
     d->size = size;
-    d->opts = o;
+    d->opts = *o;
     d->np = n;
     d->nbuf = m;
     d->divisor = size;
@@ -318,13 +332,21 @@ tdist_status_t tdist_ddp_create(tdist_pg_t *pg, const tdist_ddp_param_t *params,
     d->order = calloc(n1, sizeof *d->order);
     d->direct_bufs = calloc(n1, sizeof *d->direct_bufs);
     d->direct_counts = calloc(n1, sizeof *d->direct_counts);
-    tdist_status_t st = TDIST_OK;
     if (!d->params || !d->buffers || !d->ready || !d->used_since_sync || !d->used_map ||
         !d->order || !d->static_local || !d->direct_bufs || !d->direct_counts) {
-        st = tdist__ddp_error(NULL, TDIST_ERR_NO_MEMORY, op, "out of memory");
-        goto fail;
+        free_ddp(d);
+        return tdist__ddp_error(NULL, TDIST_ERR_NO_MEMORY, op, "out of memory");
     }
-    for (size_t i = 0; i < n; i++) {
+    *out = d;
+    return TDIST_OK;
+}
+
+/* The reducer's own copy of the parameter and buffer descriptions (the
+ * names duplicated; unnamed ones become "param<i>", "buffer<i>"). */
+static tdist_status_t copy_model(tdist_ddp_t *d, const tdist_ddp_param_t *params,
+                                 const tdist_ddp_buffer_t *buffers, const char *op)
+{
+    for (size_t i = 0; i < d->np; i++) {
         ddp_param_t *p = &d->params[i];
         p->data = params[i].data;
         p->grad = params[i].grad;
@@ -332,23 +354,45 @@ tdist_status_t tdist_ddp_create(tdist_pg_t *pg, const tdist_ddp_param_t *params,
         p->dtype = params[i].dtype;
         p->bytes = p->count * tdist_dtype_size(p->dtype);
         p->name = params[i].name ? tdist__strdup(params[i].name) : tdist__asprintf("param%zu", i);
-        if (!p->name) {
-            st = tdist__ddp_error(NULL, TDIST_ERR_NO_MEMORY, op, "out of memory");
-            goto fail;
-        }
+        if (!p->name) return tdist__ddp_error(NULL, TDIST_ERR_NO_MEMORY, op, "out of memory");
     }
-    for (size_t i = 0; i < m; i++) {
+    for (size_t i = 0; i < d->nbuf; i++) {
         ddp_buffer_t *b = &d->buffers[i];
         b->data = buffers[i].data;
         b->count = buffers[i].count;
         b->dtype = buffers[i].dtype;
         b->name = buffers[i].name ? tdist__strdup(buffers[i].name) : tdist__asprintf("buffer%zu", i);
-        if (!b->name) {
-            st = tdist__ddp_error(NULL, TDIST_ERR_NO_MEMORY, op, "out of memory");
-            goto fail;
-        }
+        if (!b->name) return tdist__ddp_error(NULL, TDIST_ERR_NO_MEMORY, op, "out of memory");
     }
+    return TDIST_OK;
+}
 
+tdist_status_t tdist_ddp_create(tdist_pg_t *pg, const tdist_ddp_param_t *params, size_t n,
+                                const tdist_ddp_buffer_t *buffers, size_t m,
+                                const tdist_ddp_opts_t *opts, tdist_ddp_t **out)
+{
+    const char *op = "create";
+    if (!out) return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op, "out is NULL");
+    if (!pg) return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op, "pg is NULL");
+    if (n > 0 && !params) return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op, "params is NULL with n = %zu", n);
+    if (m > 0 && !buffers) return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op, "buffers is NULL with m = %zu", m);
+    if (n > INT32_MAX) return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op, "too many parameters (%zu)", n);
+    tdist_ddp_opts_t o;
+    if (opts) o = *opts;
+    else tdist_ddp_opts_init(&o);
+    if (o.bucket_cap_bytes == 0 || o.first_bucket_bytes == 0)
+        return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op,
+                                "bucket_cap_bytes and first_bucket_bytes must be > 0 (got %zu, %zu)",
+                                o.bucket_cap_bytes, o.first_bucket_bytes);
+    TDIST_CHECK(check_params(params, n, op));
+    TDIST_CHECK(check_buffers(buffers, m, op));
+    int rank = tdist_pg_rank(pg), size = tdist_pg_size(pg);
+    if (rank < 0 || size < 1) return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op, "invalid pg");
+
+    tdist_ddp_t *d = NULL;
+    TDIST_CHECK(alloc_ddp(pg, rank, size, &o, n, m, op, &d));
+    tdist_status_t st = TDIST_OK;
+    TDIST_CHECK_GOTO(copy_model(d, params, buffers, op), st, fail);
     TDIST_CHECK_GOTO(check_shapes(d), st, fail);
     if (o.sync_at_create) TDIST_CHECK_GOTO(tdist__ddp_sync_module(d, 0, op), st, fail);
 

@@ -102,8 +102,8 @@ struct tdist_ddp {
     int32_t *order;         /* n: arrival order this iteration */
     size_t norder;
     size_t next_bucket;
-    tdist_status_t iter_err;
-    char iter_msg[768];
+    tdist_status_t iter_err; /* first error of the iteration (or shadow iteration) */
+    char iter_msg[768];      /* ... and its message */
     uint64_t t_fwd_ns, t_last_ready_ns, t_first_launch_ns;
 
     bool rebuilt;           /* rebuild step done (whether or not it changed) */

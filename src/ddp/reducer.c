@@ -299,6 +299,37 @@ static tdist_status_t rebuild(tdist_ddp_t *d, bool shadow)
     return st;
 }
 
+/* ---------------------------------------------------------------------
+ * backward_end, phase by phase:
+ *
+ *   mark_unready   parameters without grad_ready: zero contributions, the
+ *                  missing ones named; launch the buckets that completes
+ *   agree_begin    [find_unused] start the all_reduce MAX of the used set
+ *   wait_buckets   every launched bucket, continuations in bucket order
+ *   agree_end      wait for the used-set agreement
+ *   check_static   [static_graph] fix the used set, or check it is the same
+ *   write_back     the averaged gradients to the caller's grad buffers
+ *   rebuild_once   the first synchronised iteration's bucket rebuild
+ *   record_stats
+ *
+ * The shadow iteration of a joined rank launches every bucket on zeros,
+ * then shares agree_begin, wait_buckets, agree_end and the rebuild.
+ */
+
+/* What mark_unready found: the parameters without grad_ready. */
+typedef struct unready {
+    size_t nunused;       /* find_unused: zero contributions */
+    size_t nmissing;      /* no find_unused: an error naming them */
+    size_t listed;        /* of those, named in missing */
+    char missing[600];
+    unsigned char *stash; /* find_unused + bucket views: unused slots' contents */
+} unready_t;
+
+/* backward_end's timestamps and the communication busy time (ns). */
+typedef struct end_times {
+    uint64_t start, wait_begin, wait_end, busy;
+} end_times_t;
+
 /* Names of the parameters that were never ready, for the error message. */
 static void append_name(char *buf, size_t cap, size_t *len, size_t *listed, size_t idx,
                         const char *name)
@@ -311,36 +342,23 @@ static void append_name(char *buf, size_t cap, size_t *len, size_t *listed, size
     }
 }
 
-tdist_status_t tdist_ddp_backward_end(tdist_ddp_t *ddp)
+/* Every parameter without grad_ready in this iteration. One accumulated
+ * during no_sync iterations is final as it stands; any other contributes
+ * zeros: unused with find_unused (with bucket views its slot is stashed,
+ * to be restored if no rank used it), missing without. Then the buckets
+ * this completes are launched. */
+static void mark_unready(tdist_ddp_t *d, unready_t *u, const char *op)
 {
-    const char *op = "backward_end";
-    if (!ddp) return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op, "ddp is NULL");
-    tdist_ddp_t *d = ddp;
-    if (!d->in_iter)
-        return tdist__ddp_error(d, TDIST_ERR_INVALID_ARG, op,
-                                "no iteration in progress: tdist_ddp_forward_begin was not called "
-                                "since the last backward_end");
-    uint64_t t0 = tdist__now_ns();
-    if (d->iter_no_sync) {
-        d->in_iter = false;
-        d->stats.iterations++;
-        return TDIST_OK;
-    }
-    size_t n = d->np;
     bool view = d->opts.gradient_as_bucket_view;
     bool find_unused = d->opts.find_unused_parameters;
     bool direct = tdist__ddp_direct(d);
-
-    /* parameters without grad_ready in this iteration */
-    char missing[600] = "";
-    size_t mlen = 0, nmissing = 0, listed = 0, nunused = 0, stash_bytes = 0;
+    size_t n = d->np, mlen = 0, stash_bytes = 0, so = 0;
+    memset(u, 0, sizeof *u);
     for (size_t i = 0; i < n; i++)
         if (!d->ready[i] && !d->used_since_sync[i] && find_unused && view)
             stash_bytes += d->params[i].bytes;
-    unsigned char *stash = NULL;
-    if (stash_bytes && !(stash = malloc(stash_bytes)))
+    if (stash_bytes && !(u->stash = malloc(stash_bytes)))
         record_err(d, tdist__ddp_error(d, TDIST_ERR_NO_MEMORY, op, "out of memory"));
-    size_t so = 0;
     for (size_t i = 0; i < n; i++) {
         if (d->ready[i]) continue;
         ddp_param_t *p = &d->params[i];
@@ -350,14 +368,14 @@ tdist_status_t tdist_ddp_backward_end(tdist_ddp_t *ddp)
             if (!view && !direct) memcpy(slot, p->grad, p->bytes);
         } else {
             if (find_unused) {
-                nunused++;
-                if (stash) {
-                    memcpy(stash + so, slot, p->bytes);
+                u->nunused++;
+                if (u->stash) {
+                    memcpy(u->stash + so, slot, p->bytes);
                     so += p->bytes;
                 }
             } else {
-                nmissing++;
-                append_name(missing, sizeof missing, &mlen, &listed, i, p->name);
+                u->nmissing++;
+                append_name(u->missing, sizeof u->missing, &mlen, &u->listed, i, p->name);
             }
             /* a zero contribution (direct: in the caller's gradient, which
              * this rank reports as an error anyway) */
@@ -366,21 +384,48 @@ tdist_status_t tdist_ddp_backward_end(tdist_ddp_t *ddp)
         d->buckets[p->bucket].pending--;
     }
     launch_ready(d);
+}
 
-    /* agree on the used set */
-    tdist_work_t *uw = NULL;
-    bool agree = find_unused && !(d->opts.static_graph && d->static_agreed);
-    if (agree) {
-        memcpy(d->used_map, d->used_since_sync, n);
-        if (n > 0)
-            record_err(d, tdist_all_reduce(d->pg, d->used_map, d->used_map, n, TDIST_U8, TDIST_MAX,
-                                           NULL, &uw));
-    }
+/* Whether this iteration agrees on the used set: find_unused, unless
+ * static_graph has agreed already. */
+static bool agree_needed(const tdist_ddp_t *d)
+{
+    return d->opts.find_unused_parameters && !(d->opts.static_graph && d->static_agreed);
+}
 
-    /* wait for every bucket, run continuations in bucket order */
-    /* busy: the union of the buckets' [launch, done] intervals (buckets
-     * are launched and reduced in index order) */
-    uint64_t tw0 = tdist__now_ns(), busy = 0, cur_lo = 0, cur_hi = 0;
+/* Start the agreement on the used set: an all_reduce MAX of one byte per
+ * parameter, from local (NULL: nothing used). *uw: its work, NULL when
+ * there are no parameters. */
+static tdist_status_t agree_begin(tdist_ddp_t *d, const uint8_t *local, tdist_work_t **uw)
+{
+    *uw = NULL;
+    if (d->np == 0) return TDIST_OK;
+    if (local)
+        memcpy(d->used_map, local, d->np);
+    else
+        memset(d->used_map, 0, d->np);
+    return tdist_all_reduce(d->pg, d->used_map, d->used_map, d->np, TDIST_U8, TDIST_MAX, NULL, uw);
+}
+
+/* Wait for the agreement agree_begin started (uw NULL: none) and free it. */
+static tdist_status_t agree_end(tdist_ddp_t *d, tdist_work_t *uw, const char *op)
+{
+    if (!uw) return TDIST_OK;
+    tdist_status_t st = tdist_work_wait(uw, -1);
+    tdist_work_free(uw);
+    if (st == TDIST_OK) return TDIST_OK;
+    return tdist__error_context(st, "tdist_ddp_%s: rank %d group %s iteration %" PRIu64
+                                    ": used-parameter agreement",
+                                op, d->rank, tdist_pg_name(d->pg), d->iteration);
+}
+
+/* Wait for every launched bucket and run its continuations, in bucket
+ * order; errors are recorded. Returns the communication busy time: the
+ * union of the buckets' [launch, done] intervals (buckets are launched and
+ * reduced in index order). */
+static uint64_t wait_buckets(tdist_ddp_t *d, const char *op)
+{
+    uint64_t busy = 0, cur_lo = 0, cur_hi = 0;
     for (size_t b = 0; b < d->nb; b++) {
         ddp_bucket_t *bk = &d->buckets[b];
         if (!bk->launched) continue;
@@ -397,91 +442,133 @@ tdist_status_t tdist_ddp_backward_end(tdist_ddp_t *ddp)
             cur_hi = done;
         }
     }
-    busy += cur_hi - cur_lo;
-    if (uw) {
-        tdist_status_t st = tdist_work_wait(uw, -1);
-        tdist_work_free(uw);
-        if (st != TDIST_OK)
-            record_err(d, tdist__error_context(st, "tdist_ddp_backward_end: rank %d group %s "
-                                                   "iteration %" PRIu64 ": used-parameter agreement",
-                                               d->rank, tdist_pg_name(d->pg), d->iteration));
-    }
-    uint64_t tw1 = tdist__now_ns();
+    return busy + (cur_hi - cur_lo);
+}
 
-    if (d->iter_err == TDIST_OK && find_unused && d->opts.static_graph) {
-        if (agree) {
-            memcpy(d->static_local, d->used_since_sync, n);
-            d->static_agreed = true;
-        } else {
-            for (size_t i = 0; i < n; i++)
-                if (!d->static_local[i] != !d->used_since_sync[i]) {
-                    record_err(d, tdist__ddp_error(
-                                      d, TDIST_ERR_INVALID_ARG, op,
-                                      "static_graph: parameter %zu '%s' was %s in the first "
-                                      "iteration but is %s now",
-                                      i, d->params[i].name, d->static_local[i] ? "used" : "unused",
-                                      d->static_local[i] ? "unused" : "used"));
-                    break;
-                }
+/* static_graph with find_unused, after an iteration without error: the
+ * first agreement (agreed) fixes this rank's used set; every later
+ * iteration must use the same parameters. */
+static void check_static(tdist_ddp_t *d, bool agreed, const char *op)
+{
+    if (d->iter_err != TDIST_OK || !d->opts.find_unused_parameters || !d->opts.static_graph)
+        return;
+    if (agreed) {
+        memcpy(d->static_local, d->used_since_sync, d->np);
+        d->static_agreed = true;
+        return;
+    }
+    for (size_t i = 0; i < d->np; i++)
+        if (!d->static_local[i] != !d->used_since_sync[i]) {
+            record_err(d, tdist__ddp_error(d, TDIST_ERR_INVALID_ARG, op,
+                                           "static_graph: parameter %zu '%s' was %s in the first "
+                                           "iteration but is %s now",
+                                           i, d->params[i].name,
+                                           d->static_local[i] ? "used" : "unused",
+                                           d->static_local[i] ? "unused" : "used"));
+            return;
+        }
+}
+
+static tdist_status_t missing_error(const tdist_ddp_t *d, const unready_t *u, const char *op)
+{
+    return tdist__ddp_error(
+        d, TDIST_ERR_INVALID_ARG, op,
+        "%zu parameter%s never became ready (no tdist_ddp_grad_ready call): %s%s. Call "
+        "grad_ready for every parameter in each iteration, or set "
+        "find_unused_parameters if some are not used in the forward pass",
+        u->nmissing, u->nmissing == 1 ? "" : "s", u->missing, u->nmissing > u->listed ? ", ..." : "");
+}
+
+/* The averaged gradients to the caller's grad buffers. The direct path
+ * reduced them there in place; with bucket views they stay in the arena,
+ * except that a slot no rank used gets its stashed contents back. */
+static void write_back(tdist_ddp_t *d, const unsigned char *stash)
+{
+    if (tdist__ddp_direct(d)) return;
+    bool view = d->opts.gradient_as_bucket_view;
+    bool find_unused = d->opts.find_unused_parameters;
+    size_t so = 0;
+    for (size_t i = 0; i < d->np; i++) {
+        ddp_param_t *p = &d->params[i];
+        bool local_unused = !d->ready[i] && !d->used_since_sync[i];
+        bool global_used = !find_unused || d->used_map[i];
+        if (!view) {
+            if (global_used) memcpy(p->grad, tdist__ddp_slot(d, i), p->bytes);
+        } else if (local_unused && find_unused) {
+            if (!global_used && stash) memcpy(tdist__ddp_slot(d, i), stash + so, p->bytes);
+            so += p->bytes;
         }
     }
+}
 
-    /* The one-time rebuild takes part in the iteration's collectives even
-     * after a local error (a missing grad_ready on this rank only), so
-     * that every rank issues the same sequence. */
-    bool do_rebuild = !d->rebuilt;
-    tdist_status_t ret = TDIST_OK;
-    if (d->iter_err != TDIST_OK) {
-        ret = tdist__error(d->iter_err, "%s", d->iter_msg);
-    } else if (nmissing) {
-        ret = tdist__ddp_error(
-            d, TDIST_ERR_INVALID_ARG, op,
-            "%zu parameter%s never became ready (no tdist_ddp_grad_ready call): %s%s. Call "
-            "grad_ready for every parameter in each iteration, or set "
-            "find_unused_parameters if some are not used in the forward pass",
-            nmissing, nmissing == 1 ? "" : "s", missing, nmissing > listed ? ", ..." : "");
-    } else {
-        /* write the averaged gradients back */
-        so = 0;
-        for (size_t i = 0; i < n; i++) {
-            ddp_param_t *p = &d->params[i];
-            bool local_unused = !d->ready[i] && !d->used_since_sync[i];
-            bool global_used = !find_unused || d->used_map[i];
-            if (direct) {
-                /* reduced in place */
-            } else if (!view) {
-                if (global_used) memcpy(p->grad, tdist__ddp_slot(d, i), p->bytes);
-            } else if (local_unused && find_unused) {
-                if (!global_used && stash) memcpy(tdist__ddp_slot(d, i), stash + so, p->bytes);
-                so += p->bytes;
-            }
-        }
-    }
-    free(stash);
-    if (do_rebuild) {
-        char keep[sizeof d->iter_msg];
-        snprintf(keep, sizeof keep, "%s", ret != TDIST_OK ? tdist_last_error() : "");
-        tdist_status_t rst = rebuild(d, false);
-        if (ret == TDIST_OK) ret = rst;
-        else tdist__error(ret, "%s", keep); /* the iteration's error, not the rebuild's */
-    }
+/* The one-time rebuild takes part in the iteration's collectives even
+ * after a local error (a missing grad_ready on this rank only), so that
+ * every rank issues the same sequence. ret: the iteration's status, which
+ * (with its message) stays the call's result when it is an error. */
+static tdist_status_t rebuild_once(tdist_ddp_t *d, tdist_status_t ret)
+{
+    char keep[sizeof d->iter_msg];
+    snprintf(keep, sizeof keep, "%s", ret != TDIST_OK ? tdist_last_error() : "");
+    tdist_status_t rst = rebuild(d, false);
+    if (ret == TDIST_OK) return rst;
+    tdist__error(ret, "%s", keep); /* the iteration's error, not the rebuild's */
+    return ret;
+}
 
-    /* statistics */
+static void record_stats(tdist_ddp_t *d, size_t nunused, const end_times_t *tm)
+{
     uint64_t t1 = tdist__now_ns();
-    if (ret == TDIST_OK) {
-        tdist_ddp_stats_t *s = &d->stats;
-        s->iterations++;
-        s->sync_iterations++;
-        s->unused_parameters = nunused;
-        s->last_compute_ms = ms_between(d->t_fwd_ns, d->t_last_ready_ns);
-        s->last_comm_ms = (double)busy / 1e6;
-        s->last_wait_ms = ms_between(tw0, tw1);
-        s->last_backward_end_ms = ms_between(t0, t1);
-        s->total_compute_ms += s->last_compute_ms;
-        s->total_comm_ms += s->last_comm_ms;
-        s->total_wait_ms += s->last_wait_ms;
+    tdist_ddp_stats_t *s = &d->stats;
+    s->iterations++;
+    s->sync_iterations++;
+    s->unused_parameters = nunused;
+    s->last_compute_ms = ms_between(d->t_fwd_ns, d->t_last_ready_ns);
+    s->last_comm_ms = (double)tm->busy / 1e6;
+    s->last_wait_ms = ms_between(tm->wait_begin, tm->wait_end);
+    s->last_backward_end_ms = ms_between(tm->start, t1);
+    s->total_compute_ms += s->last_compute_ms;
+    s->total_comm_ms += s->last_comm_ms;
+    s->total_wait_ms += s->last_wait_ms;
+}
+
+tdist_status_t tdist_ddp_backward_end(tdist_ddp_t *ddp)
+{
+    const char *op = "backward_end";
+    if (!ddp) return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op, "ddp is NULL");
+    tdist_ddp_t *d = ddp;
+    if (!d->in_iter)
+        return tdist__ddp_error(d, TDIST_ERR_INVALID_ARG, op,
+                                "no iteration in progress: tdist_ddp_forward_begin was not called "
+                                "since the last backward_end");
+    end_times_t tm = {.start = tdist__now_ns()};
+    if (d->iter_no_sync) {
+        d->in_iter = false;
+        d->stats.iterations++;
+        return TDIST_OK;
     }
-    memset(d->used_since_sync, 0, n ? n : 1);
+    unready_t u;
+    mark_unready(d, &u, op);
+    tdist_work_t *uw = NULL;
+    bool agree = agree_needed(d);
+    if (agree) record_err(d, agree_begin(d, d->used_since_sync, &uw));
+
+    tm.wait_begin = tdist__now_ns();
+    tm.busy = wait_buckets(d, op);
+    record_err(d, agree_end(d, uw, op));
+    tm.wait_end = tdist__now_ns();
+    check_static(d, agree, op);
+
+    tdist_status_t ret = TDIST_OK;
+    if (d->iter_err != TDIST_OK)
+        ret = tdist__error(d->iter_err, "%s", d->iter_msg);
+    else if (u.nmissing)
+        ret = missing_error(d, &u, op);
+    else
+        write_back(d, u.stash);
+    free(u.stash);
+    if (!d->rebuilt) ret = rebuild_once(d, ret);
+    if (ret == TDIST_OK) record_stats(d, u.nunused, &tm);
+    memset(d->used_since_sync, 0, d->np ? d->np : 1);
     d->in_iter = false;
     return ret;
 }
@@ -499,34 +586,22 @@ tdist_status_t tdist__ddp_shadow_iteration(tdist_ddp_t *d)
         if (!d->shadow_arena) return tdist__ddp_error(d, TDIST_ERR_NO_MEMORY, op, "out of memory");
     }
     memset(d->shadow_arena, 0, d->arena_bytes);
-    tdist_status_t ret = TDIST_OK;
+    d->iter_err = TDIST_OK;
     d->t_first_launch_ns = 0;
-    for (size_t b = 0; b < d->nb; b++) {
-        tdist_status_t st = launch(d, b, d->shadow_arena, true);
-        if (st != TDIST_OK && ret == TDIST_OK) ret = st;
-    }
-    bool agree = d->opts.find_unused_parameters && !(d->opts.static_graph && d->static_agreed);
+    for (size_t b = 0; b < d->nb; b++) record_err(d, launch(d, b, d->shadow_arena, true));
+
     tdist_work_t *uw = NULL;
-    if (agree && d->np > 0) {
-        memset(d->used_map, 0, d->np);
-        tdist_status_t st =
-            tdist_all_reduce(d->pg, d->used_map, d->used_map, d->np, TDIST_U8, TDIST_MAX, NULL, &uw);
-        if (st != TDIST_OK && ret == TDIST_OK) ret = st;
+    if (agree_needed(d)) record_err(d, agree_begin(d, NULL, &uw));
+    bool agreeing = uw != NULL;
+    (void)wait_buckets(d, op);
+    tdist_status_t st = agree_end(d, uw, op);
+    record_err(d, st);
+    if (agreeing && st == TDIST_OK && d->opts.static_graph) {
+        /* the used set this rank agreed on is empty */
+        memset(d->static_local, 0, d->np);
+        d->static_agreed = true;
     }
-    for (size_t b = 0; b < d->nb; b++) {
-        if (!d->buckets[b].launched) continue;
-        tdist_status_t st = finish_bucket(d, &d->buckets[b], op);
-        if (st != TDIST_OK && ret == TDIST_OK) ret = st;
-    }
-    if (uw) {
-        tdist_status_t st = tdist_work_wait(uw, -1);
-        tdist_work_free(uw);
-        if (st != TDIST_OK && ret == TDIST_OK) ret = st;
-        if (st == TDIST_OK && d->opts.static_graph) {
-            memset(d->static_local, 0, d->np);
-            d->static_agreed = true;
-        }
-    }
-    if (ret == TDIST_OK && !d->rebuilt) ret = rebuild(d, true);
-    return ret;
+    if (d->iter_err == TDIST_OK && !d->rebuilt) return rebuild(d, true);
+    /* the first error's status (tdist_last_error() has the latest message) */
+    return d->iter_err;
 }

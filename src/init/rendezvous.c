@@ -266,105 +266,108 @@ out:
     return st;
 }
 
-tdist_status_t tdist__rdzv_join(tdist__rdzv_t *r, int64_t deadline_ms)
+/* Step 1 of the join: claim the rank; the first claim wins. A second
+ * claimant records itself in dup/<rank> and posts the abort naming both. */
+static tdist_status_t claim_rank(tdist__rdzv_t *r, const char *mine)
 {
-    tdist_status_t st = TDIST_OK;
+    void *cur = NULL;
+    size_t cur_len = 0, mine_len = strlen(mine);
+    char key[64];
+    snprintf(key, sizeof key, "rank/%d", r->rank);
+    tdist_status_t st = ctx(r, tdist_store_compare_set(r->store, key, NULL, 0, mine, mine_len, &cur,
+                                                       &cur_len));
+    if (st != TDIST_OK || (cur_len == mine_len && memcmp(cur, mine, mine_len) == 0)) {
+        free(cur);
+        return st;
+    }
+    claim_t first;
+    int bad = parse_claim(cur, cur_len, &first);
+    free(cur);
+    if (bad != 0)
+        return tdist__error(TDIST_ERR_DUPLICATE,
+                            "rendezvous: rank %d is already claimed by another process (unreadable "
+                            "registration)",
+                            r->rank);
+    snprintf(key, sizeof key, "dup/%d", r->rank);
+    tdist_status_t dst = tdist_store_set(r->store, key, mine, mine_len);
+    if (dst != TDIST_OK) TDIST_LOGW("rendezvous: could not record duplicate: %s", tdist_last_error());
+    char msg[MSG_MAX];
+    snprintf(msg, sizeof msg,
+             "rank %d is claimed by two processes: pid %ld on host \"%.200s\" and pid %ld on host "
+             "\"%.200s\" (each process must have its own RANK; a restarted job needs a "
+             "new TDIST_RESTART_COUNT)",
+             r->rank, first.pid, first.host, (long)getpid(), r->host);
+    post_abort(r, TDIST_ERR_DUPLICATE, msg);
+    return tdist__error(TDIST_ERR_DUPLICATE, "rendezvous: %s", msg);
+}
+
+/* Step 2: agree on the world size; the first registration sets it, a
+ * different one posts the abort naming both ranks. */
+static tdist_status_t agree_world_size(tdist__rdzv_t *r)
+{
     void *cur = NULL;
     size_t cur_len = 0;
-    char nonce[40], key[64], mine[CLAIM_MAX + 64], tmp[CLAIM_MAX + 64];
+    char rec[CLAIM_MAX + 64], buf[CLAIM_MAX + 64];
+    snprintf(rec, sizeof rec, "%d %d %ld %s", r->world_size, r->rank, (long)getpid(), r->host);
+    tdist_status_t st = ctx(r, tdist_store_compare_set(r->store, "world_size", NULL, 0, rec,
+                                                       strlen(rec), &cur, &cur_len));
+    if (st != TDIST_OK) {
+        free(cur);
+        return st;
+    }
+    int ows = 0, orank = 0, off = 0;
+    long opid = 0;
+    int bad = value_str(cur, cur_len, buf, sizeof buf) != 0 ||
+              sscanf(buf, "%d %d %ld %n", &ows, &orank, &opid, &off) != 3 || off <= 0;
+    free(cur);
+    if (bad) return tdist__error(TDIST_ERR_INTERNAL, "rendezvous: unreadable world_size record");
+    if (ows == r->world_size) return TDIST_OK;
+    char msg[MSG_MAX];
+    snprintf(msg, sizeof msg,
+             "world size mismatch: rank %d (pid %ld on host \"%.200s\") has world_size %d "
+             "but rank %d (pid %ld on host \"%.200s\") has world_size %d",
+             r->rank, (long)getpid(), r->host, r->world_size, orank, opid, buf + off, ows);
+    post_abort(r, TDIST_ERR_MISMATCH, msg);
+    return tdist__error(TDIST_ERR_MISMATCH, "rendezvous: %s", msg);
+}
+
+/* Step 4: wait until every rank has arrived (arrived: the count when this
+ * rank counted in), an abort is posted, or the deadline passes. */
+static tdist_status_t wait_all(tdist__rdzv_t *r, const char *mine, int64_t arrived,
+                               int64_t deadline_ms)
+{
+    const char *abort_key[1] = {"abort"};
+    while (arrived < r->world_size) {
+        bool aborted = false;
+        TDIST_CHECK(ctx(r, tdist_store_check(r->store, abort_key, 1, &aborted)));
+        if (aborted) return fail_from_abort(r, mine);
+        int left = tdist__ms_left(deadline_ms);
+        if (left <= 0) return fail_timeout(r, mine);
+        tdist__sleep_ms(TDIST_MIN(left, TDIST__RDZV_POLL_MS));
+        TDIST_CHECK(ctx(r, tdist_store_add(r->store, "arrived", 0, &arrived)));
+    }
+    return TDIST_OK;
+}
+
+tdist_status_t tdist__rdzv_join(tdist__rdzv_t *r, int64_t deadline_ms)
+{
+    char nonce[40], mine[CLAIM_MAX + 64], joined[32];
     r->registered = false;
     make_nonce(nonce, sizeof nonce);
     snprintf(mine, sizeof mine, "%d %ld %s %" PRIx64 " %s", r->world_size, (long)getpid(), nonce,
              r->netns, r->host);
-    size_t mine_len = strlen(mine);
-
-    /* 1. Claim the rank: the first claim wins. */
-    snprintf(key, sizeof key, "rank/%d", r->rank);
-    TDIST_CHECK_GOTO(ctx(r, tdist_store_compare_set(r->store, key, NULL, 0, mine, mine_len, &cur,
-                                                   &cur_len)),
-                     st, out);
-    if (cur_len != mine_len || memcmp(cur, mine, mine_len) != 0) {
-        claim_t first;
-        if (parse_claim(cur, cur_len, &first) != 0) {
-            st = tdist__error(TDIST_ERR_DUPLICATE,
-                              "rendezvous: rank %d is already claimed by another process (unreadable "
-                              "registration)",
-                              r->rank);
-            goto out;
-        }
-        snprintf(key, sizeof key, "dup/%d", r->rank);
-        tdist_status_t dst = tdist_store_set(r->store, key, mine, mine_len);
-        if (dst != TDIST_OK) TDIST_LOGW("rendezvous: could not record duplicate: %s", tdist_last_error());
-        char msg[MSG_MAX];
-        snprintf(msg, sizeof msg,
-                 "rank %d is claimed by two processes: pid %ld on host \"%.200s\" and pid %ld on host "
-                 "\"%.200s\" (each process must have its own RANK; a restarted job needs a "
-                 "new TDIST_RESTART_COUNT)",
-                 r->rank, first.pid, first.host, (long)getpid(), r->host);
-        post_abort(r, TDIST_ERR_DUPLICATE, msg);
-        st = tdist__error(TDIST_ERR_DUPLICATE, "rendezvous: %s", msg);
-        goto out;
-    }
-    free(cur);
-    cur = NULL;
-
-    /* 2. Agree on the world size: the first registration sets it. */
-    snprintf(tmp, sizeof tmp, "%d %d %ld %s", r->world_size, r->rank, (long)getpid(), r->host);
-    TDIST_CHECK_GOTO(ctx(r, tdist_store_compare_set(r->store, "world_size", NULL, 0, tmp, strlen(tmp),
-                                                   &cur, &cur_len)),
-                     st, out);
-    {
-        char buf[CLAIM_MAX + 64];
-        int ows = 0, orank = 0, off = 0;
-        long opid = 0;
-        if (value_str(cur, cur_len, buf, sizeof buf) != 0 ||
-            sscanf(buf, "%d %d %ld %n", &ows, &orank, &opid, &off) != 3 || off <= 0) {
-            st = tdist__error(TDIST_ERR_INTERNAL, "rendezvous: unreadable world_size record");
-            goto out;
-        }
-        if (ows != r->world_size) {
-            char msg[MSG_MAX];
-            snprintf(msg, sizeof msg,
-                     "world size mismatch: rank %d (pid %ld on host \"%.200s\") has world_size %d "
-                     "but rank %d (pid %ld on host \"%.200s\") has world_size %d",
-                     r->rank, (long)getpid(), r->host, r->world_size, orank, opid, buf + off, ows);
-            post_abort(r, TDIST_ERR_MISMATCH, msg);
-            st = tdist__error(TDIST_ERR_MISMATCH, "rendezvous: %s", msg);
-            goto out;
-        }
-    }
-    free(cur);
-    cur = NULL;
+    TDIST_CHECK(claim_rank(r, mine));
+    TDIST_CHECK(agree_world_size(r));
 
     /* 3. Count in. */
-    snprintf(tmp, sizeof tmp, "%d,", r->rank);
-    TDIST_CHECK_GOTO(ctx(r, tdist_store_append(r->store, "joined", tmp, strlen(tmp))), st, out);
+    snprintf(joined, sizeof joined, "%d,", r->rank);
+    TDIST_CHECK(ctx(r, tdist_store_append(r->store, "joined", joined, strlen(joined))));
     r->registered = true;
     int64_t arrived = 0;
-    TDIST_CHECK_GOTO(ctx(r, tdist_store_add(r->store, "arrived", 1, &arrived)), st, out);
+    TDIST_CHECK(ctx(r, tdist_store_add(r->store, "arrived", 1, &arrived)));
 
-    /* 4. Wait for all, an abort, or the deadline. */
-    const char *abort_key[1] = {"abort"};
-    for (;;) {
-        if (arrived >= r->world_size) break;
-        bool aborted = false;
-        TDIST_CHECK_GOTO(ctx(r, tdist_store_check(r->store, abort_key, 1, &aborted)), st, out);
-        if (aborted) {
-            st = fail_from_abort(r, mine);
-            goto out;
-        }
-        int left = tdist__ms_left(deadline_ms);
-        if (left <= 0) {
-            st = fail_timeout(r, mine);
-            goto out;
-        }
-        tdist__sleep_ms(TDIST_MIN(left, TDIST__RDZV_POLL_MS));
-        TDIST_CHECK_GOTO(ctx(r, tdist_store_add(r->store, "arrived", 0, &arrived)), st, out);
-    }
-    st = ctx(r, compute_local(r));
-out:
-    free(cur);
-    return st;
+    TDIST_CHECK(wait_all(r, mine, arrived, deadline_ms));
+    return ctx(r, compute_local(r));
 }
 
 void tdist__rdzv_leave(tdist__rdzv_t *r, int64_t wait_for, int64_t bound_ms, bool cleanup)
