@@ -71,6 +71,9 @@ static const tdist__host_t host = {
     .tdist__fp_describe = tdist__fp_describe,
     .tdist__fnv1a = tdist__fnv1a,
     .tdist__world_next_group = tdist__world_next_group,
+    .tdist__net_parse_ip = tdist__net_parse_ip,
+    .tdist__net_listen_fd = tdist__net_listen_fd,
+    .tdist__net_sockaddr_port = tdist__net_sockaddr_port,
 };
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;

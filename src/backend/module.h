@@ -33,6 +33,7 @@
 #include <stdint.h>
 
 #include "core/internal.h"
+#include "core/net.h"
 #include "init/internal.h"
 #include "pg/internal.h"
 #include "tdist/init.h"
@@ -94,6 +95,13 @@ typedef struct tdist__host {
     void (*tdist__fp_describe)(const tdist__fp_t *fp, bool with_seq, char *buf, size_t n);
     uint64_t (*tdist__fnv1a)(uint64_t h, const void *data, size_t len);
     int (*tdist__world_next_group)(tdist_world_t *w);
+
+    /* core: sockets (core/net.h) */
+    bool (*tdist__net_parse_ip)(const char *s, size_t len, uint16_t port,
+                                struct sockaddr_storage *ss, socklen_t *sl);
+    int (*tdist__net_listen_fd)(struct sockaddr_storage *ss, socklen_t sl, int backlog,
+                                unsigned flags, const char **failed);
+    uint16_t (*tdist__net_sockaddr_port)(const struct sockaddr_storage *ss);
 } tdist__host_t;
 
 /* What the MPI module gives the library. */

@@ -119,6 +119,16 @@ char *tdist__strdup(const char *s);
 /* Format into a malloc'd string. NULL on allocation failure. */
 char *tdist__asprintf(const char *fmt, ...) TDIST_PRINTF(1, 2);
 
+/* 64-bit FNV-1a over len bytes at data, continuing from h: start with
+ * TDIST__FNV_INIT, feed more bytes by passing the result back. Not
+ * cryptographic: for hash tables and for tags and fingerprints that every
+ * rank computes alike. Pure; thread-safe; never blocks. */
+uint64_t tdist__fnv1a(uint64_t h, const void *data, size_t len);
+/* The offset basis every tdist hash starts from. (Not the published FNV
+ * basis 14695981039346656037: tdist's tags and fingerprints were made with
+ * this one, and ranks compare them.) */
+#define TDIST__FNV_INIT 1469598103934665603ull
+
 /* tdist_reduce without its argument checks, for callers that made them
  * already (a valid dtype/op pair, dst == a, dst == b or no overlap):
  * dst = a op b over count elements. For a few elements it saves more

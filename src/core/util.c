@@ -1,4 +1,5 @@
-/* core/util.c — clocks, deadlines, environment parsing, small string helpers. */
+/* core/util.c — clocks, deadlines, environment parsing, small string helpers,
+ * the one hash function (FNV-1a). */
 #include <limits.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -124,4 +125,11 @@ char *tdist__asprintf(const char *fmt, ...)
     vsnprintf(s, (size_t)n + 1, fmt, ap);
     va_end(ap);
     return s;
+}
+
+uint64_t tdist__fnv1a(uint64_t h, const void *data, size_t len)
+{
+    const uint8_t *b = data;
+    for (size_t i = 0; i < len; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
 }

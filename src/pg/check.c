@@ -42,13 +42,6 @@ const char *tdist__op_name(tdist__op_t op)
     return (op > TDIST__OP_NONE && op < TDIST__OP_COUNT) ? op_names[op] : "unknown-op";
 }
 
-uint64_t tdist__fnv1a(uint64_t h, const void *data, size_t len)
-{
-    const uint8_t *b = data;
-    for (size_t i = 0; i < len; i++) h = (h ^ b[i]) * 1099511628211ull;
-    return h;
-}
-
 static uint64_t hash_counts(const size_t *c, size_t n)
 {
     uint64_t h = TDIST__FNV_INIT;

@@ -249,8 +249,6 @@ const char *tdist__op_name(tdist__op_t op);
 /* "all_reduce(f32, 1024, sum)" for a work / a fingerprint. */
 void tdist__work_describe(const struct tdist_work *w, char *buf, size_t n);
 void tdist__fp_describe(const tdist__fp_t *fp, bool with_seq, char *buf, size_t n);
-uint64_t tdist__fnv1a(uint64_t h, const void *data, size_t len);
-#define TDIST__FNV_INIT 1469598103934665603ull
 /* Fill pg->fp_mine[p] for every peer p. */
 void tdist__fp_fill(tdist_pg_t *pg, const struct tdist_work *w);
 /* The common part of w's fingerprint (per-peer fields zero). */

@@ -1,7 +1,7 @@
 /*
  * store/hash_store.c — the in-process store for threads of one process.
  *
- * A chained hash map guarded by one mutex. Every change that can make a key
+ * The key table (store/keytab.h) guarded by one mutex. Every change that can make a key
  * appear or change (set, add, compare_set, append, multi_set) broadcasts one
  * condition variable; get, wait and multi_get sleep on it until their keys
  * exist or their deadline passes. The condition variable uses
@@ -16,13 +16,12 @@
 #include <time.h>
 
 #include "store/internal.h"
+#include "store/keytab.h"
 
 typedef struct entry {
-    struct entry *next;
-    uint64_t hash;
-    unsigned char *val; /* malloc'd, at least 1 byte */
+    tdist__keynode_t node; /* first: the key table's link; node.key is key below */
+    unsigned char *val;    /* malloc'd, at least 1 byte */
     size_t vlen;
-    size_t klen;
     char key[]; /* NUL-terminated */
 } entry_t;
 
@@ -30,61 +29,16 @@ typedef struct hash_store {
     tdist_store_t base;
     pthread_mutex_t mu;
     pthread_cond_t cv; /* broadcast whenever a key is set or changed */
-    entry_t **buckets;
-    size_t nbuckets; /* power of two */
-    size_t count;
+    tdist__keytab_t keys;
 } hash_store_t;
-
-#define INITIAL_BUCKETS 64u
 
 static const tdist_store_ops_t hash_ops;
 
 /* ------------------------------------------------------------ the map */
 
-static uint64_t hash_key(const char *key, size_t klen)
-{
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (size_t i = 0; i < klen; i++) {
-        h ^= (unsigned char)key[i];
-        h *= 1099511628211ull;
-    }
-    return h;
-}
-
-static entry_t **find_slot(hash_store_t *hs, const char *key, size_t klen, uint64_t h)
-{
-    entry_t **p = &hs->buckets[h & (hs->nbuckets - 1)];
-    while (*p && !((*p)->hash == h && (*p)->klen == klen && memcmp((*p)->key, key, klen) == 0))
-        p = &(*p)->next;
-    return p;
-}
-
 static entry_t *find(hash_store_t *hs, const char *key)
 {
-    size_t klen = strlen(key);
-    return *find_slot(hs, key, klen, hash_key(key, klen));
-}
-
-/* Double the bucket array when the load factor passes 1. A failed
- * allocation is not an error: the map just stays denser. */
-static void maybe_grow(hash_store_t *hs)
-{
-    if (hs->count < hs->nbuckets) return;
-    size_t n = hs->nbuckets * 2;
-    entry_t **b = calloc(n, sizeof *b);
-    if (!b) return;
-    for (size_t i = 0; i < hs->nbuckets; i++) {
-        entry_t *e = hs->buckets[i];
-        while (e) {
-            entry_t *next = e->next;
-            e->next = b[e->hash & (n - 1)];
-            b[e->hash & (n - 1)] = e;
-            e = next;
-        }
-    }
-    free(hs->buckets);
-    hs->buckets = b;
-    hs->nbuckets = n;
+    return (entry_t *)tdist__keytab_find(&hs->keys, key, strlen(key));
 }
 
 /* A new entry for key holding val (ownership of val moves to the entry). */
@@ -93,30 +47,34 @@ static entry_t *new_entry(const char *key, unsigned char *val, size_t vlen)
     size_t klen = strlen(key);
     entry_t *e = malloc(sizeof *e + klen + 1);
     if (!e) return NULL;
-    e->next = NULL;
-    e->hash = hash_key(key, klen);
+    memcpy(e->key, key, klen + 1);
+    e->node.key = e->key;
+    e->node.klen = klen;
     e->val = val;
     e->vlen = vlen;
-    e->klen = klen;
-    memcpy(e->key, key, klen + 1);
     return e;
+}
+
+static void free_entry(tdist__keynode_t *n)
+{
+    entry_t *e = (entry_t *)n;
+    free(e->val);
+    free(e);
 }
 
 /* Insert e, or if its key exists, move e's value into the existing entry and
  * free e. Never fails. Caller holds mu. */
 static void install(hash_store_t *hs, entry_t *e)
 {
-    entry_t **slot = find_slot(hs, e->key, e->klen, e->hash);
-    if (*slot) {
-        free((*slot)->val);
-        (*slot)->val = e->val;
-        (*slot)->vlen = e->vlen;
+    entry_t *old = (entry_t *)tdist__keytab_find(&hs->keys, e->key, e->node.klen);
+    if (old) {
+        free(old->val);
+        old->val = e->val;
+        old->vlen = e->vlen;
         free(e);
         return;
     }
-    *slot = e;
-    hs->count++;
-    maybe_grow(hs);
+    tdist__keytab_add(&hs->keys, &e->node);
 }
 
 /* Set key to a copy of value. Caller holds mu. */
@@ -132,20 +90,6 @@ static tdist_status_t put_locked(hash_store_t *hs, const char *key, const void *
     }
     install(hs, e);
     return TDIST_OK;
-}
-
-static void free_all(hash_store_t *hs)
-{
-    for (size_t i = 0; i < hs->nbuckets; i++) {
-        entry_t *e = hs->buckets[i];
-        while (e) {
-            entry_t *next = e->next;
-            free(e->val);
-            free(e);
-            e = next;
-        }
-    }
-    free(hs->buckets);
 }
 
 /* ------------------------------------------------------------ waiting */
@@ -211,7 +155,7 @@ static tdist_status_t wait_locked(hash_store_t *hs, const char *const *keys, siz
 static void hash_destroy(tdist_store_t *s)
 {
     hash_store_t *hs = (hash_store_t *)s;
-    free_all(hs);
+    tdist__keytab_fini(&hs->keys, free_entry);
     pthread_cond_destroy(&hs->cv);
     pthread_mutex_destroy(&hs->mu);
     free(hs);
@@ -347,15 +291,11 @@ static tdist_status_t hash_check(tdist_store_t *s, const char *const *keys, size
 static tdist_status_t hash_delete_key(tdist_store_t *s, const char *key, bool *deleted)
 {
     hash_store_t *hs = (hash_store_t *)s;
-    size_t klen = strlen(key);
     pthread_mutex_lock(&hs->mu);
-    entry_t **slot = find_slot(hs, key, klen, hash_key(key, klen));
-    entry_t *e = *slot;
+    entry_t *e = find(hs, key);
     if (e) {
-        *slot = e->next;
-        hs->count--;
-        free(e->val);
-        free(e);
+        tdist__keytab_remove(&hs->keys, &e->node);
+        free_entry(&e->node);
     }
     pthread_mutex_unlock(&hs->mu);
     *deleted = e != NULL;
@@ -366,7 +306,7 @@ static tdist_status_t hash_num_keys(tdist_store_t *s, int64_t *count)
 {
     hash_store_t *hs = (hash_store_t *)s;
     pthread_mutex_lock(&hs->mu);
-    *count = (int64_t)hs->count;
+    *count = (int64_t)hs->keys.count;
     pthread_mutex_unlock(&hs->mu);
     return TDIST_OK;
 }
@@ -488,10 +428,8 @@ tdist_status_t tdist_store_hash_create(const tdist_store_opts_t *opts, tdist_sto
 {
     if (!out) return tdist__error(TDIST_ERR_INVALID_ARG, "tdist_store_hash_create: out is NULL");
     hash_store_t *hs = calloc(1, sizeof *hs);
-    entry_t **buckets = calloc(INITIAL_BUCKETS, sizeof *buckets);
-    if (!hs || !buckets) {
+    if (!hs || tdist__keytab_init(&hs->keys) != 0) {
         free(hs);
-        free(buckets);
         return tdist__error(TDIST_ERR_NO_MEMORY, "tdist_store_hash_create: out of memory");
     }
     pthread_condattr_t ca;
@@ -502,21 +440,18 @@ tdist_status_t tdist_store_hash_create(const tdist_store_opts_t *opts, tdist_sto
         pthread_condattr_destroy(&ca);
     }
     if (rc != 0) {
+        tdist__keytab_fini(&hs->keys, NULL);
         free(hs);
-        free(buckets);
         return tdist__error_errno(rc, "tdist_store_hash_create: pthread_cond_init");
     }
     rc = pthread_mutex_init(&hs->mu, NULL);
     if (rc != 0) {
         pthread_cond_destroy(&hs->cv);
+        tdist__keytab_fini(&hs->keys, NULL);
         free(hs);
-        free(buckets);
         return tdist__error_errno(rc, "tdist_store_hash_create: pthread_mutex_init");
     }
     tdist__store_base_init(&hs->base, &hash_ops, opts);
-    hs->buckets = buckets;
-    hs->nbuckets = INITIAL_BUCKETS;
-    hs->count = 0;
     *out = &hs->base;
     return TDIST_OK;
 }

@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "store/internal.h"
-#include "store/net.h"
+#include "core/net.h"
 #include "store/wire.h"
 
 #define GRACE_MS 1000          /* extra client wait beyond a blocking call's timeout */

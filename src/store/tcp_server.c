@@ -10,8 +10,8 @@
  *    OUT_CAP bytes are still unsent when a new reply is due, it is dropped.
  *  - Frames are decoded by wire.c. Any malformed frame closes that
  *    connection only (no reply); the rest of the server goes on.
- *  - Keys live in a chained hash table of entries. An entry may exist
- *    without a value while connections wait for it.
+ *  - Keys live in the key table the hash store uses too (store/keytab.h).
+ *    An entry may exist without a value while connections wait for it.
  *  - get / wait / multi_get that cannot be answered at once park the
  *    connection: the request body is copied, the connection is linked into
  *    the waiter list of the first missing key and, with a finite timeout,
@@ -40,13 +40,12 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <unistd.h>
 
 #include "store/internal.h"
-#include "store/net.h"
+#include "store/keytab.h"
+#include "core/net.h"
 #include "store/wire.h"
 
 #define OUT_CAP (4u << 20)       /* unsent reply bytes before a new reply drops the client */
@@ -63,14 +62,12 @@ typedef struct conn conn_t;
 /* One key of the table. present: it has a value (else it exists only
  * because connections wait for it). */
 struct entry {
-    entry_t *next; /* bucket chain */
-    uint64_t hash;
-    char *key;     /* klen bytes, NUL-terminated for convenience */
-    uint32_t klen;
+    tdist__keynode_t node; /* first: the key table's link; node.key is key below */
     uint8_t *val;  /* vlen bytes (malloc'd, at least 1 byte) when present */
     uint32_t vlen;
     bool present;
     conn_t *waiters; /* connections parked on this key */
+    char key[];      /* the key's bytes, NUL-terminated for convenience */
 };
 
 /* One client connection. */
@@ -116,10 +113,8 @@ struct tdist_store_server {
     size_t token_len;
     int max_clients;
     tdist__wire_limits_t lim;
-    /* key table */
-    entry_t **buckets;
-    size_t nbuckets, nentries;
-    int64_t npresent;
+    tdist__keytab_t keys;
+    int64_t npresent; /* keys with a value */
     /* connections */
     conn_t *conns;
     conn_t *ready, *ready_tail;
@@ -137,47 +132,10 @@ static char listen_tag, wake_tag;
 
 /* ------------------------------------------------------------------ table */
 
-/* FNV-1a over len bytes. */
-static uint64_t hash_bytes(const uint8_t *p, size_t len)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < len; i++) {
-        h ^= p[i];
-        h *= 1099511628211ull;
-    }
-    return h;
-}
-
 /* The entry for key, or NULL. */
 static entry_t *table_find(tdist_store_server_t *srv, const uint8_t *key, uint32_t klen)
 {
-    if (!srv->nbuckets) return NULL;
-    uint64_t h = hash_bytes(key, klen);
-    for (entry_t *e = srv->buckets[h & (srv->nbuckets - 1)]; e; e = e->next)
-        if (e->hash == h && e->klen == klen && memcmp(e->key, key, klen) == 0) return e;
-    return NULL;
-}
-
-/* Double the bucket array (or create it). -1 on OOM (table unchanged). */
-static int table_grow(tdist_store_server_t *srv)
-{
-    size_t nb = srv->nbuckets ? srv->nbuckets * 2 : 64;
-    entry_t **b = calloc(nb, sizeof *b);
-    if (!b) return -1;
-    for (size_t i = 0; i < srv->nbuckets; i++) {
-        entry_t *e = srv->buckets[i];
-        while (e) {
-            entry_t *next = e->next;
-            size_t j = e->hash & (nb - 1);
-            e->next = b[j];
-            b[j] = e;
-            e = next;
-        }
-    }
-    free(srv->buckets);
-    srv->buckets = b;
-    srv->nbuckets = nb;
-    return 0;
+    return (entry_t *)tdist__keytab_find(&srv->keys, key, klen);
 }
 
 /* The entry for key, created (without a value) if missing. NULL on OOM. */
@@ -185,36 +143,29 @@ static entry_t *table_get_or_create(tdist_store_server_t *srv, const uint8_t *ke
 {
     entry_t *e = table_find(srv, key, klen);
     if (e) return e;
-    if (srv->nentries >= srv->nbuckets && table_grow(srv) != 0 && srv->nbuckets == 0) return NULL;
-    e = calloc(1, sizeof *e);
+    e = calloc(1, sizeof *e + (size_t)klen + 1);
     if (!e) return NULL;
-    e->key = malloc((size_t)klen + 1);
-    if (!e->key) {
-        free(e);
-        return NULL;
-    }
     memcpy(e->key, key, klen);
     e->key[klen] = '\0';
-    e->klen = klen;
-    e->hash = hash_bytes(key, klen);
-    size_t j = e->hash & (srv->nbuckets - 1);
-    e->next = srv->buckets[j];
-    srv->buckets[j] = e;
-    srv->nentries++;
+    e->node.key = e->key;
+    e->node.klen = klen;
+    tdist__keytab_add(&srv->keys, &e->node);
     return e;
+}
+
+static void free_entry(tdist__keynode_t *n)
+{
+    entry_t *e = (entry_t *)n;
+    free(e->val);
+    free(e);
 }
 
 /* Free e if it has neither a value nor waiters. */
 static void table_maybe_remove(tdist_store_server_t *srv, entry_t *e)
 {
     if (e->present || e->waiters) return;
-    entry_t **pp = &srv->buckets[e->hash & (srv->nbuckets - 1)];
-    while (*pp && *pp != e) pp = &(*pp)->next;
-    if (*pp) *pp = e->next;
-    srv->nentries--;
-    free(e->key);
-    free(e->val);
-    free(e);
+    tdist__keytab_remove(&srv->keys, &e->node);
+    free_entry(&e->node);
 }
 
 /* Give e a copy of len bytes as its value. -1 on OOM (e unchanged). */
@@ -1021,19 +972,8 @@ static void on_accept(tdist_store_server_t *srv)
         c->fd = fd;
         c->heap_idx = SIZE_MAX;
         c->hello_deadline = tdist__now_ms() + srv->hello_timeout_ms;
-        if (ss.ss_family == AF_INET6) {
-            char ip[INET6_ADDRSTRLEN] = "?";
-            struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
-            inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof ip);
-            snprintf(c->peer, sizeof c->peer, "[%s]:%u", ip, (unsigned)ntohs(a->sin6_port));
-        } else {
-            char ip[INET_ADDRSTRLEN] = "?";
-            struct sockaddr_in *a = (struct sockaddr_in *)&ss;
-            inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
-            snprintf(c->peer, sizeof c->peer, "%s:%u", ip, (unsigned)ntohs(a->sin_port));
-        }
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        tdist__net_sockaddr_str(&ss, c->peer, sizeof c->peer);
+        tdist__net_nodelay(fd);
         struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
         if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
             close(fd);
@@ -1142,17 +1082,7 @@ static void server_free(tdist_store_server_t *srv)
         srv->dead = c->dead_next;
         conn_free(c);
     }
-    for (size_t i = 0; i < srv->nbuckets; i++) {
-        entry_t *e = srv->buckets[i];
-        while (e) {
-            entry_t *next = e->next;
-            free(e->key);
-            free(e->val);
-            free(e);
-            e = next;
-        }
-    }
-    free(srv->buckets);
+tdist__keytab_fini(&srv->keys, free_entry);
     free(srv->heap);
     if (srv->listen_fd >= 0) close(srv->listen_fd);
     if (srv->epfd >= 0) close(srv->epfd);
@@ -1179,7 +1109,10 @@ static tdist_status_t server_new(const tdist_store_server_opts_t *opts, const ch
         return tdist__error(TDIST_ERR_INVALID_ARG, "%s: token longer than %u bytes", fn,
                             TDIST_WIRE_MAX_TOKEN);
     tdist_store_server_t *srv = calloc(1, sizeof *srv);
-    if (!srv) return tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory", fn);
+    if (!srv || tdist__keytab_init(&srv->keys) != 0) {
+        free(srv);
+        return tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory", fn);
+    }
     srv->listen_fd = srv->epfd = srv->evfd = -1;
     srv->accept_resume_ms = INT64_MAX;
     srv->max_clients = o.max_clients;
@@ -1277,17 +1210,8 @@ tdist_status_t tdist_store_server_adopt(int listen_fd, const tdist_store_server_
     sl = sizeof ss;
     if (getsockname(listen_fd, (struct sockaddr *)&ss, &sl) != 0)
         return tdist__error_errno(errno, "%s: getsockname on fd %d", fn, listen_fd);
-    char ip[INET6_ADDRSTRLEN] = "?";
-    uint16_t port;
-    if (ss.ss_family == AF_INET6) {
-        inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, ip, sizeof ip);
-        port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
-    } else if (ss.ss_family == AF_INET) {
-        inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, ip, sizeof ip);
-        port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
-    } else {
+    if (ss.ss_family != AF_INET6 && ss.ss_family != AF_INET)
         return tdist__error(TDIST_ERR_INVALID_ARG, "%s: fd %d is not a TCP socket", fn, listen_fd);
-    }
     /* Options first: a call that fails leaves the caller's fd as it was. */
     tdist_store_server_t *srv = NULL;
     TDIST_CHECK(server_new(opts, fn, &srv));
@@ -1300,8 +1224,8 @@ tdist_status_t tdist_store_server_adopt(int listen_fd, const tdist_store_server_
         return tdist__error_errno(e, "%s: fcntl on fd %d", fn, listen_fd);
     }
     srv->listen_fd = listen_fd;
-    srv->port = port;
-    tdist__net_addr_str(ip, port, srv->addr, sizeof srv->addr);
+    srv->port = tdist__net_sockaddr_port(&ss);
+    tdist__net_sockaddr_str(&ss, srv->addr, sizeof srv->addr);
     TDIST_CHECK(server_start(srv, true));
     *out = srv;
     return TDIST_OK;

@@ -1,79 +1,149 @@
 /*
- * transport/ops.h — internal to src/transport/: the per-kind function
- * table behind the tdist__tp_* functions of transport.h (transport.c
- * dispatches; tcp.c and shm.c implement). Every implementation's struct
- * starts with its tdist__tp_kind_t, which is how transport.c finds the
- * table of a tdist__tp_t. Each function has the contract of the
- * tdist__tp_* function of the same name in transport.h, and copes with a
- * NULL tp the same way.
+ * transport/ops.h — internal to src/transport/: what the kinds (tcp.c,
+ * shm.c) share and the per-kind function table behind the tdist__tp_*
+ * functions of transport.h.
+ *
+ * transport.c holds everything that is the same for every kind: the
+ * shared part of a transport (struct tdist__tp below, which every kind's
+ * struct starts with), posting requests onto per-peer queues, the sticky
+ * failure, waiting for requests with a deadline, the blocking
+ * send/recv/sendrecv, and the messages that name peers. A kind supplies
+ * only what differs — opening its end, connecting the mesh, moving bytes
+ * (progress), waking a blocked thread, and closing — through the table
+ * below, which transport.c reaches by the transport's kind.
  */
 #ifndef TDIST_TRANSPORT_OPS_H
 #define TDIST_TRANSPORT_OPS_H
 
+#include <poll.h>
+#include <stdatomic.h>
+
 #include "transport/transport.h"
 
+#define TDIST__TP_LABEL_LEN 64    /* "[<45 chars>]:65535" fits, and "pid 4194304" */
+#define TDIST__TP_PROBLEM_LEN 160
+#define TDIST__TP_ERRMSG_LEN 1024
+
+/* What every kind keeps per peer. */
+typedef struct tdist__tp_chan {
+    tdist__tp_req_t *sq_head, *sq_tail; /* sends, in post order */
+    tdist__tp_req_t *rq_head, *rq_tail; /* receives, in post order */
+    bool up;                            /* set-up with this peer is done */
+    char label[TDIST__TP_LABEL_LEN];    /* how messages name it: its address (TCP), "pid N" (shm) */
+    char problem[TDIST__TP_PROBLEM_LEN]; /* set-up: why it is not up yet */
+} tdist__tp_chan_t;
+
+/* The part of a transport every kind shares; each kind's struct starts
+ * with it, so a tdist__tp_t * is also a pointer to the kind's struct. */
+struct tdist__tp {
+    tdist__tp_kind_t kind; /* picks the table */
+    int rank, size;
+    uint64_t tag;
+    bool connected;        /* connect succeeded */
+    atomic_bool aborted;   /* tdist__tp_abort was called (any thread) */
+    tdist_status_t err;    /* sticky: TDIST_OK until the first failure */
+    tdist__tp_chan_t *chan; /* size entries; chan[rank] unused */
+    struct pollfd *pfd;    /* size + 1 entries, for the kind's polls */
+    int *pfd_peer;         /* which peer each pfd entry is (-1: none) */
+    char addr[96];         /* this rank's address, tdist__tp_address */
+    char errmsg[TDIST__TP_ERRMSG_LEN];
+};
+
+/* A kind's functions. Each is called by transport.c only, with a non-NULL
+ * tp of that kind. */
 typedef struct tdist__tp_ops {
+    /* tdist__tp_listen's contract; kind is the table's own. */
     tdist_status_t (*listen)(tdist__tp_kind_t kind, int rank, int size,
                              const tdist__tp_opts_t *opts, tdist__tp_t **out);
-    const char *(*address)(const tdist__tp_t *tp);
+    /* tdist__tp_connect's contract. */
     tdist_status_t (*connect)(tdist__tp_t *tp, const char *const *addrs, int64_t deadline_ms);
-    tdist_status_t (*post_send)(tdist__tp_t *tp, tdist__tp_req_t *req, int peer, const void *buf,
-                                size_t len);
-    tdist_status_t (*post_recv)(tdist__tp_t *tp, tdist__tp_req_t *req, int peer, void *buf,
-                                size_t len);
+    /* tdist__tp_progress's, on a transport transport.c found connected,
+     * not failed and not aborted. */
     tdist_status_t (*progress)(tdist__tp_t *tp, int timeout_ms);
-    tdist_status_t (*wait)(tdist__tp_t *tp, tdist__tp_req_t *const *reqs, size_t n,
-                           int64_t deadline_ms);
-    tdist_status_t (*send)(tdist__tp_t *tp, int peer, const void *buf, size_t len,
-                           int64_t deadline_ms);
-    tdist_status_t (*recv)(tdist__tp_t *tp, int peer, void *buf, size_t len, int64_t deadline_ms);
-    tdist_status_t (*sendrecv)(tdist__tp_t *tp, int to, const void *sbuf, size_t slen, int from,
-                               void *rbuf, size_t rlen, int64_t deadline_ms);
-    void (*abort)(tdist__tp_t *tp);
+    /* Wake a thread blocked in connect or progress: tp->aborted is set.
+     * Any thread, also a signal handler: async-signal-safe calls only. */
+    void (*wake)(tdist__tp_t *tp);
+    /* tdist__tp_destroy's contract. */
     void (*destroy)(tdist__tp_t *tp);
 } tdist__tp_ops_t;
 
 #define TDIST__TP_DECLARE_OPS(pfx)                                                               \
     tdist_status_t tdist__##pfx##_listen(tdist__tp_kind_t kind, int rank, int size,              \
                                          const tdist__tp_opts_t *opts, tdist__tp_t **out);       \
-    const char *tdist__##pfx##_address(const tdist__tp_t *tp);                                   \
     tdist_status_t tdist__##pfx##_connect(tdist__tp_t *tp, const char *const *addrs,             \
                                           int64_t deadline_ms);                                  \
-    tdist_status_t tdist__##pfx##_post_send(tdist__tp_t *tp, tdist__tp_req_t *req, int peer,     \
-                                            const void *buf, size_t len);                        \
-    tdist_status_t tdist__##pfx##_post_recv(tdist__tp_t *tp, tdist__tp_req_t *req, int peer,     \
-                                            void *buf, size_t len);                              \
     tdist_status_t tdist__##pfx##_progress(tdist__tp_t *tp, int timeout_ms);                     \
-    tdist_status_t tdist__##pfx##_wait(tdist__tp_t *tp, tdist__tp_req_t *const *reqs, size_t n,  \
-                                       int64_t deadline_ms);                                     \
-    tdist_status_t tdist__##pfx##_send(tdist__tp_t *tp, int peer, const void *buf, size_t len,   \
-                                       int64_t deadline_ms);                                     \
-    tdist_status_t tdist__##pfx##_recv(tdist__tp_t *tp, int peer, void *buf, size_t len,         \
-                                       int64_t deadline_ms);                                     \
-    tdist_status_t tdist__##pfx##_sendrecv(tdist__tp_t *tp, int to, const void *sbuf,            \
-                                           size_t slen, int from, void *rbuf, size_t rlen,       \
-                                           int64_t deadline_ms);                                 \
-    void tdist__##pfx##_abort(tdist__tp_t *tp);                                                  \
+    void tdist__##pfx##_wake(tdist__tp_t *tp);                                                   \
     void tdist__##pfx##_destroy(tdist__tp_t *tp)
 
 TDIST__TP_DECLARE_OPS(tcp);
 TDIST__TP_DECLARE_OPS(shm);
 
-/* Request bookkeeping every kind shares (transport.c). */
+/* ---- the shared part (transport.c) ----
+ *
+ * Called by the kinds on their own transport, from its driving thread
+ * (set-up, progress, destroy), never concurrently on one tp. None blocks.
+ * Only tdist__tp_base_init allocates (the per-peer arrays, which
+ * tdist__tp_base_fini frees); messages are copied into tp or the thread's
+ * last error. */
+
+/* Fill the shared part of a newly zeroed transport and allocate its
+ * per-peer arrays. On failure (TDIST_ERR_NO_MEMORY, message set) nothing
+ * is left allocated. */
+tdist_status_t tdist__tp_base_init(tdist__tp_t *tp, tdist__tp_kind_t kind, int rank, int size,
+                                   uint64_t tag);
+
+/* Free what tdist__tp_base_init allocated (tp itself is the kind's). */
+void tdist__tp_base_fini(tdist__tp_t *tp);
+
+/* The transport's sticky error, set again as this thread's last error. */
+tdist_status_t tdist__tp_sticky(const tdist__tp_t *tp);
+
+/* Fail the transport with st and a message (the first failure wins, and
+ * is logged): every pending request finishes with it. Returns the sticky
+ * status. */
+tdist_status_t tdist__tp_fail(tdist__tp_t *tp, tdist_status_t st, const char *fmt, ...)
+    TDIST_PRINTF(3, 4);
+
+/* tdist__tp_fail with TDIST_ERR_ABORTED: "rank R: transport aborted". */
+tdist_status_t tdist__tp_fail_aborted(tdist__tp_t *tp);
+
+/* Fail the transport (TDIST_ERR_CONNECTION unless st says otherwise)
+ * because peer is lost: "rank R: peer rank P (<label>)<how>", followed by
+ * what req (may be NULL) was doing ("(sending N bytes, D done)"). how
+ * starts with its own separator (" exited", ": socket error: ..."). */
+tdist_status_t tdist__tp_fail_peer(tdist__tp_t *tp, tdist_status_t st, int peer,
+                                   const tdist__tp_req_t *req, const char *how);
+
+/* Note why set-up with peer is not done yet (named at the deadline). */
+void tdist__tp_set_problem(tdist__tp_t *tp, int peer, const char *fmt, ...) TDIST_PRINTF(3, 4);
+
+/* Set-up's deadline passed: fail the transport with TDIST_ERR_TIMEOUT
+ * naming every peer not up yet and its problem: "rank R: <what> set-up
+ * timed out after N ms; missing peer ranks: peer rank P (<label>): ...". */
+tdist_status_t tdist__tp_setup_timeout(tdist__tp_t *tp, const char *what, int64_t start_ms);
 
 /* Finish req with st and unlink it from its queue. */
-void tdist__tp_req_finish(tdist__tp_req_t *req, tdist_status_t st);
+static inline void tdist__tp_req_finish(tdist__tp_req_t *req, tdist_status_t st)
+{
+    req->finished = true;
+    req->status = st;
+    req->next = NULL;
+}
 
-/* The argument checks of post_send / post_recv (fn names the call).
- * has_req: the request pointer is not NULL (passed as a flag: the request
- * is not initialised yet, and the compiler must not think it is read). */
-tdist_status_t tdist__tp_check_post(int rank, int size, bool has_req, int peer, const void *buf,
-                                    size_t len, const char *fn);
-
-/* Fill req for a new post and, unless it is empty (finished at once),
- * append it to the queue (*head, *tail) of its peer and direction. */
-void tdist__tp_req_enqueue(tdist__tp_req_t *req, int peer, void *buf, size_t len, bool is_send,
-                           tdist__tp_req_t **head, tdist__tp_req_t **tail);
+/* n more bytes of req, the head of the queue (*head, *tail), have moved;
+ * once all have, take it off the queue and finish it. The kinds' data
+ * paths call it for every copy or send: inline. */
+static inline void tdist__tp_req_moved(tdist__tp_req_t *req, size_t n, tdist__tp_req_t **head,
+                                       tdist__tp_req_t **tail)
+{
+    req->done += n;
+    if (req->done == req->len) {
+        *head = req->next;
+        if (!*head) *tail = NULL;
+        tdist__tp_req_finish(req, TDIST_OK);
+    }
+}
 
 /* Shared-memory only (transport.h, "Shared-memory collectives"). */
 void *tdist__shm_area(tdist__tp_t *tp, int r, size_t *bytes);

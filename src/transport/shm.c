@@ -49,8 +49,6 @@
 #define MIN_RING 4096u
 #define MAX_RING (1ull << 30)
 #define NAME_LEN 64
-#define PROBLEM_LEN 160
-#define ERRMSG_LEN 1024
 #define SPIN_ROUNDS 64           /* pause rounds before yielding */
 #define COLL_SPIN_NS 20000ull    /* collective waits: spin this long when every rank has a CPU */
 #define YIELD_NS 1000000ull      /* then sched_yield for up to 1 ms */
@@ -103,20 +101,14 @@ typedef struct peer {
     slot_t *in;          /* its ring in my segment */
     uint8_t *in_data;
     uint64_t in_tail;
-    tdist__tp_req_t *sq_head, *sq_tail;
-    tdist__tp_req_t *rq_head, *rq_tail;
     bool verified; /* its hello in my segment checked */
     bool dead;     /* its process exited */
     bool closed;   /* it destroyed its transport */
-    char problem[PROBLEM_LEN];
 } peer_t;
 
 typedef struct shm_tp {
-    tdist__tp_kind_t kind; /* first: transport.c dispatches on it */
-    int rank, size;
-    uint64_t tag;
+    struct tdist__tp b; /* first: the shared part (ops.h) */
     char name[NAME_LEN];
-    char addr[NAME_LEN + 24];
     uint8_t *seg; /* my inbound segment */
     size_t seg_len;
     uint64_t ring_bytes;
@@ -124,15 +116,9 @@ typedef struct shm_tp {
     seg_hdr_t *hdr;
     atomic_bool unlinked;
     peer_t *pe;          /* size entries, pe[rank] unused */
-    struct pollfd *pfd;  /* size entries, for liveness polls */
-    int *pfd_peer;
-    bool connected;
     bool oversubscribed; /* more ranks than the CPUs they may run on, together */
     int cpu;             /* what hdr->cpu says (this process's copy) */
     uint64_t last_check_ns;
-    atomic_bool aborted;
-    tdist_status_t err;
-    char errmsg[ERRMSG_LEN];
 } shm_tp_t;
 
 #define TP(t) ((shm_tp_t *)(void *)(t))
@@ -199,47 +185,35 @@ static void ring_bell(seg_hdr_t *h)
     }
 }
 
-static tdist_status_t sticky(const shm_tp_t *tp) { return tdist__error(tp->err, "%s", tp->errmsg); }
-
-static void finish(tdist__tp_req_t *req, tdist_status_t st) { tdist__tp_req_finish(req, st); }
-
-static tdist_status_t fail(shm_tp_t *tp, tdist_status_t st, const char *fmt, ...) TDIST_PRINTF(3, 4);
-static tdist_status_t fail(shm_tp_t *tp, tdist_status_t st, const char *fmt, ...)
+/* Sleep on this rank's doorbell for at most ms, unless ready(arg) (NULL:
+ * never ready) holds or the transport is aborted once this rank has
+ * announced that it sleeps: whoever changes a ring or an area after that
+ * sees the announcement and rings. Returns whether it did not sleep for
+ * that reason. */
+static bool doze(shm_tp_t *tp, bool (*ready)(void *arg), void *arg, int ms)
 {
-    if (tp->err == TDIST_OK) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(tp->errmsg, sizeof tp->errmsg, fmt, ap);
-        va_end(ap);
-        tp->err = st;
-        TDIST_LOGW("%s", tp->errmsg);
-        for (int p = 0; p < tp->size; p++) {
-            peer_t *c = &tp->pe[p];
-            for (tdist__tp_req_t *r = c->sq_head, *nx; r; r = nx) {
-                nx = r->next;
-                finish(r, st);
-            }
-            for (tdist__tp_req_t *r = c->rq_head, *nx; r; r = nx) {
-                nx = r->next;
-                finish(r, st);
-            }
-            c->sq_head = c->sq_tail = c->rq_head = c->rq_tail = NULL;
-        }
-    }
-    return sticky(tp);
+    seg_hdr_t *h = tp->hdr;
+    atomic_store(&h->sleeping, 1);
+    atomic_thread_fence(memory_order_seq_cst);
+    unsigned b = atomic_load(&h->bell);
+    bool skip = (ready && ready(arg)) || atomic_load(&tp->b.aborted);
+    if (!skip) futex_wait(&h->bell, b, ms);
+    atomic_store(&h->sleeping, 0);
+    return skip;
 }
 
-static tdist_status_t fail_aborted(shm_tp_t *tp)
+/* One sleep of a wait that ends at end (ns; UINT64_MAX: never), now being
+ * now: the time left, rounded up to ms, at most SLEEP_MAX_MS. */
+static int nap_ms(uint64_t now, uint64_t end)
 {
-    return fail(tp, TDIST_ERR_ABORTED, "rank %d: transport aborted", tp->rank);
+    uint64_t left_ms = end == UINT64_MAX ? SLEEP_MAX_MS : (end - now + 999999) / 1000000;
+    return (int)TDIST_MIN(left_ms, (uint64_t)SLEEP_MAX_MS);
 }
 
 static void unlink_own(shm_tp_t *tp)
 {
     if (tp->name[0] && !atomic_exchange(&tp->unlinked, true)) shm_unlink(tp->name);
 }
-
-/* ------------------------------------------------------------- listen */
 
 /* ------------------------------------------------------ the stale sweep */
 
@@ -301,63 +275,32 @@ static void sweep_stale(void)
     closedir(d);
 }
 
-tdist_status_t tdist__shm_listen(tdist__tp_kind_t kind, int rank, int size,
-                                 const tdist__tp_opts_t *opts, tdist__tp_t **out)
+/* ------------------------------------------------------------- listen */
+
+/* The ring and collective-area sizes opts asks for, checked and rounded:
+ * rings to a power of two >= MIN_RING, the area to whole pages. */
+static tdist_status_t ring_sizes(const tdist__tp_opts_t *opts, int rank, uint64_t *ring,
+                                 uint64_t *coll)
 {
     static const char fn[] = "tdist__tp_listen";
-    TDIST_ARG_CHECK(out != NULL, fn);
-    TDIST_ARG_CHECK(opts != NULL, fn);
-    if (kind != TDIST__TP_SHM)
-        return tdist__error(TDIST_ERR_NOT_SUPPORTED, "%s: transport kind %d is not supported", fn,
-                            (int)kind);
-    if (size < 1 || size > 4096 || rank < 0 || rank >= size)
-        return tdist__error(TDIST_ERR_INVALID_ARG, "%s: rank %d of size %d is out of range", fn,
-                            rank, size);
-    sweep_stale();
-    uint64_t ring = opts->shm_ring_bytes ? opts->shm_ring_bytes : DEFAULT_RING;
-    if (ring > MAX_RING)
+    uint64_t want = opts->shm_ring_bytes ? opts->shm_ring_bytes : DEFAULT_RING;
+    if (want > MAX_RING)
         return tdist__error(TDIST_ERR_INVALID_ARG, "%s: rank %d: shm_ring_bytes %zu is above %llu",
                             fn, rank, opts->shm_ring_bytes, (unsigned long long)MAX_RING);
     uint64_t r2 = MIN_RING;
-    while (r2 < ring) r2 <<= 1;
-    ring = r2;
+    while (r2 < want) r2 <<= 1;
     if (opts->shm_coll_bytes > MAX_RING)
         return tdist__error(TDIST_ERR_INVALID_ARG, "%s: rank %d: shm_coll_bytes %zu is above %llu",
                             fn, rank, opts->shm_coll_bytes, (unsigned long long)MAX_RING);
-    uint64_t coll = ((uint64_t)opts->shm_coll_bytes + 4095) & ~(uint64_t)4095;
+    *ring = r2;
+    *coll = ((uint64_t)opts->shm_coll_bytes + 4095) & ~(uint64_t)4095;
+    return TDIST_OK;
+}
 
-    shm_tp_t *tp = calloc(1, sizeof *tp);
-    peer_t *pe = calloc((size_t)size, sizeof *pe);
-    struct pollfd *pfd = calloc((size_t)size, sizeof *pfd);
-    int *pfd_peer = calloc((size_t)size, sizeof *pfd_peer);
-    if (!tp || !pe || !pfd || !pfd_peer) {
-        free(tp);
-        free(pe);
-        free(pfd);
-        free(pfd_peer);
-        return tdist__error(TDIST_ERR_NO_MEMORY, "%s: rank %d: out of memory for %d peers", fn,
-                            rank, size);
-    }
-    tp->kind = kind;
-    tp->rank = rank;
-    tp->size = size;
-    tp->tag = opts->tag;
-    tp->ring_bytes = ring;
-    tp->coll_bytes = coll;
-    /* Until connect has seen the peers' affinities (see oversubscribed()):
-     * more ranks than CPUs this process may run on. */
-    cpu_set_t cpus;
-    bool have_cpus = sched_getaffinity(0, sizeof cpus, &cpus) == 0;
-    tp->oversubscribed = size > (have_cpus ? CPU_COUNT(&cpus) : 1);
-    tp->pe = pe;
-    tp->pfd = pfd;
-    tp->pfd_peer = pfd_peer;
-    atomic_init(&tp->aborted, false);
-    atomic_init(&tp->unlinked, true); /* nothing to unlink yet */
-    for (int p = 0; p < size; p++) pe[p].pidfd = -1;
-
-    tdist_status_t st;
-    tp->seg_len = seg_bytes(size, ring, coll);
+/* Create, size and map this rank's segment under a fresh random name. */
+static tdist_status_t create_segment(shm_tp_t *tp)
+{
+    int rank = tp->b.rank;
     int fd = -1;
     for (int attempt = 0; attempt < 16 && fd < 0; attempt++) {
         uint64_t rnd = 0;
@@ -369,78 +312,105 @@ tdist_status_t tdist__shm_listen(tdist__tp_kind_t kind, int rank, int size,
         if (fd < 0 && errno != EEXIST) break;
     }
     if (fd < 0) {
-        st = tdist__error_errno(errno, "rank %d: shm transport: shm_open(%s)", rank, tp->name);
+        tdist_status_t st = tdist__error_errno(errno, "rank %d: shm transport: shm_open(%s)",
+                                               rank, tp->name);
         tp->name[0] = '\0';
-        goto fail;
+        return st;
     }
     atomic_store(&tp->unlinked, false);
     if (ftruncate(fd, (off_t)tp->seg_len) != 0) {
-        st = tdist__error_errno(errno, "rank %d: shm transport: ftruncate(%s, %zu)", rank,
-                                tp->name, tp->seg_len);
+        tdist_status_t st = tdist__error_errno(errno, "rank %d: shm transport: ftruncate(%s, %zu)",
+                                               rank, tp->name, tp->seg_len);
         close(fd);
-        goto fail;
+        return st;
     }
     void *m = mmap(NULL, tp->seg_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     int merr = errno;
     close(fd);
-    if (m == MAP_FAILED) {
-        st = tdist__error_errno(merr, "rank %d: shm transport: mmap(%s, %zu)", rank, tp->name,
-                                tp->seg_len);
-        goto fail;
-    }
+    if (m == MAP_FAILED)
+        return tdist__error_errno(merr, "rank %d: shm transport: mmap(%s, %zu)", rank, tp->name,
+                                  tp->seg_len);
     tp->seg = m;
     tp->hdr = (seg_hdr_t *)m;
-    tp->hdr->version = SEG_VERSION;
-    tp->hdr->size = (uint32_t)size;
-    tp->hdr->owner = (uint32_t)rank;
-    tp->hdr->pid = (uint32_t)getpid();
-    tp->hdr->pidns = pid_ns();
-    tp->hdr->tag = tp->tag;
-    tp->hdr->ring_bytes = ring;
-    tp->hdr->coll_bytes = coll;
-    put_affinity(tp->hdr, have_cpus ? &cpus : NULL);
-    tp->cpu = -1;
-    atomic_store(&tp->hdr->cpu, -1);
-    atomic_thread_fence(memory_order_release);
-    __atomic_store_n(&tp->hdr->magic, SEG_MAGIC, __ATOMIC_RELEASE);
-    snprintf(tp->addr, sizeof tp->addr, "shm:%s:%d", tp->name, (int)getpid());
-    TDIST_LOGD("rank %d: shm transport segment %s (%zu bytes, rings of %llu)", rank, tp->name,
-               tp->seg_len, (unsigned long long)ring);
-    *out = (tdist__tp_t *)(void *)tp;
     return TDIST_OK;
-fail:
-    tdist__shm_destroy((tdist__tp_t *)(void *)tp);
-    return st;
 }
 
-const char *tdist__shm_address(const tdist__tp_t *t)
+/* Fill this rank's header (cpus: its affinity, NULL if unknown) and
+ * publish it: the magic goes last, so a peer that sees it sees the rest. */
+static void write_header(shm_tp_t *tp, const cpu_set_t *cpus)
 {
-    return t ? ((const shm_tp_t *)(const void *)t)->addr : NULL;
+    seg_hdr_t *h = tp->hdr;
+    h->version = SEG_VERSION;
+    h->size = (uint32_t)tp->b.size;
+    h->owner = (uint32_t)tp->b.rank;
+    h->pid = (uint32_t)getpid();
+    h->pidns = pid_ns();
+    h->tag = tp->b.tag;
+    h->ring_bytes = tp->ring_bytes;
+    h->coll_bytes = tp->coll_bytes;
+    put_affinity(h, cpus);
+    tp->cpu = -1;
+    atomic_store(&h->cpu, -1);
+    atomic_thread_fence(memory_order_release);
+    __atomic_store_n(&h->magic, SEG_MAGIC, __ATOMIC_RELEASE);
+}
+
+tdist_status_t tdist__shm_listen(tdist__tp_kind_t kind, int rank, int size,
+                                 const tdist__tp_opts_t *opts, tdist__tp_t **out)
+{
+    static const char fn[] = "tdist__tp_listen";
+    TDIST_ARG_CHECK(out != NULL, fn);
+    TDIST_ARG_CHECK(opts != NULL, fn);
+    if (size < 1 || size > 4096 || rank < 0 || rank >= size)
+        return tdist__error(TDIST_ERR_INVALID_ARG, "%s: rank %d of size %d is out of range", fn,
+                            rank, size);
+    sweep_stale();
+    uint64_t ring = 0, coll = 0;
+    TDIST_CHECK(ring_sizes(opts, rank, &ring, &coll));
+
+    shm_tp_t *tp = calloc(1, sizeof *tp);
+    if (!tp)
+        return tdist__error(TDIST_ERR_NO_MEMORY, "%s: rank %d: out of memory for %d peers", fn,
+                            rank, size);
+    atomic_init(&tp->unlinked, true); /* nothing to unlink yet */
+    tdist_status_t st = tdist__tp_base_init(&tp->b, kind, rank, size, opts->tag);
+    if (st == TDIST_OK && !(tp->pe = calloc((size_t)size, sizeof *tp->pe)))
+        st = tdist__error(TDIST_ERR_NO_MEMORY, "%s: rank %d: out of memory for %d peers", fn,
+                          rank, size);
+    if (st != TDIST_OK) {
+        tdist__shm_destroy(&tp->b);
+        return st;
+    }
+    for (int p = 0; p < size; p++) tp->pe[p].pidfd = -1;
+    tp->ring_bytes = ring;
+    tp->coll_bytes = coll;
+    tp->seg_len = seg_bytes(size, ring, coll);
+    /* Until connect has seen the peers' affinities (see oversubscribed()):
+     * more ranks than CPUs this process may run on. */
+    cpu_set_t cpus;
+    bool have_cpus = sched_getaffinity(0, sizeof cpus, &cpus) == 0;
+    tp->oversubscribed = size > (have_cpus ? CPU_COUNT(&cpus) : 1);
+    st = create_segment(tp);
+    if (st != TDIST_OK) {
+        tdist__shm_destroy(&tp->b);
+        return st;
+    }
+    write_header(tp, have_cpus ? &cpus : NULL);
+    snprintf(tp->b.addr, sizeof tp->b.addr, "shm:%s:%d", tp->name, (int)getpid());
+    TDIST_LOGD("rank %d: shm transport segment %s (%zu bytes, rings of %llu)", rank, tp->name,
+               tp->seg_len, (unsigned long long)ring);
+    *out = &tp->b;
+    return TDIST_OK;
 }
 
 /* ------------------------------------------------------------ liveness */
 
-static void describe_loss(const shm_tp_t *tp, int p, const tdist__tp_req_t *req, char *what,
-                          size_t n)
-{
-    (void)tp;
-    (void)p;
-    what[0] = '\0';
-    if (req)
-        snprintf(what, n, " (%s %zu bytes, %zu done)", req->is_send ? "sending" : "receiving",
-                 req->len, req->done);
-}
-
+/* Peer p exited or destroyed its transport: fail the transport naming it
+ * and what req (may be NULL) was doing. */
 static tdist_status_t peer_lost(shm_tp_t *tp, int p, const tdist__tp_req_t *req)
 {
-    peer_t *c = &tp->pe[p];
-    char what[96];
-    describe_loss(tp, p, req, what, sizeof what);
-    if (c->dead)
-        return fail(tp, TDIST_ERR_CONNECTION, "rank %d: peer rank %d (pid %d) exited%s", tp->rank,
-                    p, c->pid, what);
-    return fail(tp, TDIST_ERR_CONNECTION, "rank %d: peer rank %d (pid %d) closed its transport%s",
-                tp->rank, p, c->pid, what);
+    return tdist__tp_fail_peer(&tp->b, TDIST_ERR_CONNECTION, p, req,
+                               tp->pe[p].dead ? " exited" : " closed its transport");
 }
 
 /* Note peers whose process exited or who destroyed their transport (one
@@ -450,30 +420,33 @@ static bool check_peers(shm_tp_t *tp)
     tp->last_check_ns = tdist__now_ns();
     bool news = false;
     int n = 0;
-    for (int p = 0; p < tp->size; p++) {
+    for (int p = 0; p < tp->b.size; p++) {
         peer_t *c = &tp->pe[p];
-        if (p == tp->rank || c->dead) continue;
-        if (!c->closed && ((c->hdr && atomic_load_explicit(&c->hdr->closed, memory_order_acquire)) ||
-                           (c->in && atomic_load_explicit(&c->in->closed, memory_order_acquire)))) {
+        if (p == tp->b.rank || c->dead) continue;
+        if (!c->closed &&
+            ((c->hdr && atomic_load_explicit(&c->hdr->closed, memory_order_acquire)) ||
+             (c->in && atomic_load_explicit(&c->in->closed, memory_order_acquire)))) {
             c->closed = true;
             news = true;
-            TDIST_LOGD("rank %d: peer rank %d (pid %d) closed its transport", tp->rank, p, c->pid);
+            TDIST_LOGD("rank %d: peer rank %d (pid %d) closed its transport", tp->b.rank, p,
+                       c->pid);
         }
         if (c->pidfd >= 0) {
-            tp->pfd[n] = (struct pollfd){.fd = c->pidfd, .events = POLLIN};
-            tp->pfd_peer[n++] = p;
+            tp->b.pfd[n] = (struct pollfd){.fd = c->pidfd, .events = POLLIN};
+            tp->b.pfd_peer[n++] = p;
         } else if (c->pid > 0 && kill(c->pid, 0) != 0 && errno == ESRCH) {
             c->dead = true;
             news = true;
         }
     }
-    if (n > 0 && poll(tp->pfd, (nfds_t)n, 0) > 0) {
+    if (n > 0 && poll(tp->b.pfd, (nfds_t)n, 0) > 0) {
         for (int i = 0; i < n; i++) {
-            if (!tp->pfd[i].revents) continue;
-            peer_t *c = &tp->pe[tp->pfd_peer[i]];
+            if (!tp->b.pfd[i].revents) continue;
+            peer_t *c = &tp->pe[tp->b.pfd_peer[i]];
             c->dead = true;
             news = true;
-            TDIST_LOGD("rank %d: peer rank %d (pid %d) exited", tp->rank, tp->pfd_peer[i], c->pid);
+            TDIST_LOGD("rank %d: peer rank %d (pid %d) exited", tp->b.rank, tp->b.pfd_peer[i],
+                       c->pid);
         }
     }
     return news;
@@ -498,13 +471,33 @@ static bool parse_addr(const char *s, char *name, size_t nlen, int *pid)
     return true;
 }
 
-static void set_problem(peer_t *c, const char *fmt, ...) TDIST_PRINTF(2, 3);
-static void set_problem(peer_t *c, const char *fmt, ...)
+/* Whether peer p's header h, in a segment of seg_len bytes, is what this
+ * mesh expects (the magic is checked already); if not, why says how not. */
+static bool header_fits(const shm_tp_t *tp, int p, const seg_hdr_t *h, size_t seg_len, char *why,
+                        size_t n)
 {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(c->problem, sizeof c->problem, fmt, ap);
-    va_end(ap);
+    const peer_t *c = &tp->pe[p];
+    if (h->version != SEG_VERSION) {
+        snprintf(why, n, "version %u, expected %u", h->version, SEG_VERSION);
+    } else if (h->tag != tp->b.tag) {
+        snprintf(why, n, "tag 0x%016llx, expected 0x%016llx (another job, group or generation)",
+                 (unsigned long long)h->tag, (unsigned long long)tp->b.tag);
+    } else if (h->size != (uint32_t)tp->b.size || h->owner != (uint32_t)p ||
+               h->pid != (uint32_t)c->pid) {
+        snprintf(why, n, "rank %u of %u (pid %u), expected rank %d of %d (pid %d)", h->owner,
+                 h->size, h->pid, p, tp->b.size, c->pid);
+    } else if (h->ring_bytes < MIN_RING || h->ring_bytes > MAX_RING ||
+               (h->ring_bytes & (h->ring_bytes - 1)) ||
+               seg_len < seg_bytes(tp->b.size, h->ring_bytes, h->coll_bytes)) {
+        snprintf(why, n, "ring size %llu does not fit a segment of %lld bytes",
+                 (unsigned long long)h->ring_bytes, (long long)seg_len);
+    } else if (h->coll_bytes != tp->coll_bytes) {
+        snprintf(why, n, "a collective area of %llu bytes, expected %llu",
+                 (unsigned long long)h->coll_bytes, (unsigned long long)tp->coll_bytes);
+    } else {
+        return true;
+    }
+    return false;
 }
 
 /* Try to map peer p's segment and write this rank's hello into it.
@@ -514,74 +507,52 @@ static int map_peer(shm_tp_t *tp, int p)
     peer_t *c = &tp->pe[p];
     int fd = shm_open(c->name, O_RDWR | O_CLOEXEC, 0);
     if (fd < 0) {
-        set_problem(c, "its segment %s cannot be opened yet: %s", c->name, strerror(errno));
+        tdist__tp_set_problem(&tp->b, p, "its segment %s cannot be opened yet: %s", c->name,
+                              strerror(errno));
         if (errno == ENOENT || errno == EINTR) return 0;
-        fail(tp, TDIST_ERR_SYSTEM, "rank %d: shm transport set-up: peer rank %d (pid %d): "
-             "shm_open(%s): %s", tp->rank, p, c->pid, c->name, strerror(errno));
+        tdist__tp_fail(&tp->b, TDIST_ERR_SYSTEM, "rank %d: shm transport set-up: peer rank %d "
+                       "(pid %d): shm_open(%s): %s", tp->b.rank, p, c->pid, c->name,
+                       strerror(errno));
         return -1;
     }
     struct stat sb;
     if (fstat(fd, &sb) != 0 || (size_t)sb.st_size < HDR_BYTES) {
         close(fd);
-        set_problem(c, "its segment %s is not sized yet", c->name);
+        tdist__tp_set_problem(&tp->b, p, "its segment %s is not sized yet", c->name);
         return 0;
     }
     void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     int merr = errno;
     close(fd);
     if (m == MAP_FAILED) {
-        fail(tp, TDIST_ERR_SYSTEM, "rank %d: shm transport set-up: peer rank %d (pid %d): "
-             "mmap(%s): %s", tp->rank, p, c->pid, c->name, strerror(merr));
+        tdist__tp_fail(&tp->b, TDIST_ERR_SYSTEM, "rank %d: shm transport set-up: peer rank %d "
+                       "(pid %d): mmap(%s): %s", tp->b.rank, p, c->pid, c->name, strerror(merr));
         return -1;
     }
     seg_hdr_t *h = m;
-    const char *why = NULL;
-    char wb[PROBLEM_LEN];
     if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != SEG_MAGIC) {
         munmap(m, (size_t)sb.st_size);
-        set_problem(c, "its segment %s is not initialised yet", c->name);
+        tdist__tp_set_problem(&tp->b, p, "its segment %s is not initialised yet", c->name);
         return 0;
     }
-    if (h->version != SEG_VERSION) {
-        snprintf(wb, sizeof wb, "version %u, expected %u", h->version, SEG_VERSION);
-        why = wb;
-    } else if (h->tag != tp->tag) {
-        snprintf(wb, sizeof wb, "tag 0x%016llx, expected 0x%016llx (another job, group or "
-                 "generation)", (unsigned long long)h->tag, (unsigned long long)tp->tag);
-        why = wb;
-    } else if (h->size != (uint32_t)tp->size || h->owner != (uint32_t)p ||
-               h->pid != (uint32_t)c->pid) {
-        snprintf(wb, sizeof wb, "rank %u of %u (pid %u), expected rank %d of %d (pid %d)",
-                 h->owner, h->size, h->pid, p, tp->size, c->pid);
-        why = wb;
-    } else if (h->ring_bytes < MIN_RING || h->ring_bytes > MAX_RING ||
-               (h->ring_bytes & (h->ring_bytes - 1)) ||
-               (size_t)sb.st_size < seg_bytes(tp->size, h->ring_bytes, h->coll_bytes)) {
-        snprintf(wb, sizeof wb, "ring size %llu does not fit a segment of %lld bytes",
-                 (unsigned long long)h->ring_bytes, (long long)sb.st_size);
-        why = wb;
-    } else if (h->coll_bytes != tp->coll_bytes) {
-        snprintf(wb, sizeof wb, "a collective area of %llu bytes, expected %llu",
-                 (unsigned long long)h->coll_bytes, (unsigned long long)tp->coll_bytes);
-        why = wb;
-    }
-    if (why) {
+    char why[TDIST__TP_PROBLEM_LEN];
+    if (!header_fits(tp, p, h, (size_t)sb.st_size, why, sizeof why)) {
         munmap(m, (size_t)sb.st_size);
-        fail(tp, TDIST_ERR_CONNECTION, "rank %d: shm transport set-up: the segment %s of peer "
-             "rank %d says %s", tp->rank, c->name, p, why);
+        tdist__tp_fail(&tp->b, TDIST_ERR_CONNECTION, "rank %d: shm transport set-up: the segment "
+                       "%s of peer rank %d says %s", tp->b.rank, c->name, p, why);
         return -1;
     }
     c->seg = m;
     c->seg_len = (size_t)sb.st_size;
     c->hdr = h;
-    c->out = slot_at(c->seg, h->ring_bytes, p, tp->rank);
+    c->out = slot_at(c->seg, h->ring_bytes, p, tp->b.rank);
     c->out_data = (uint8_t *)c->out + SLOT_HDR_BYTES;
     c->out_mask = h->ring_bytes - 1;
     c->out_head = atomic_load(&c->out->head);
-    c->out->size = (uint32_t)tp->size;
-    c->out->rank = (uint32_t)tp->rank;
+    c->out->size = (uint32_t)tp->b.size;
+    c->out->rank = (uint32_t)tp->b.rank;
     c->out->pid = (uint32_t)getpid();
-    c->out->tag = tp->tag;
+    c->out->tag = tp->b.tag;
     atomic_store_explicit(&c->out->hello, 1, memory_order_release);
     atomic_fetch_add(&h->mapped, 1);
     ring_bell(h);
@@ -594,16 +565,18 @@ static int verify_peer(shm_tp_t *tp, int p)
     peer_t *c = &tp->pe[p];
     slot_t *s = c->in;
     if (!atomic_load_explicit(&s->hello, memory_order_acquire)) {
-        set_problem(c, "has not mapped this rank's segment yet (has it called connect?)");
+        tdist__tp_set_problem(&tp->b, p, "has not mapped this rank's segment yet (has it called "
+                              "connect?)");
         return 0;
     }
-    if (s->tag != tp->tag || s->size != (uint32_t)tp->size || s->rank != (uint32_t)p ||
+    if (s->tag != tp->b.tag || s->size != (uint32_t)tp->b.size || s->rank != (uint32_t)p ||
         s->pid != (uint32_t)c->pid) {
-        fail(tp, TDIST_ERR_CONNECTION,
-             "rank %d: shm transport set-up: the hello in peer rank %d's slot says rank %u of %u "
-             "(pid %u, tag 0x%016llx), expected rank %d of %d (pid %d, tag 0x%016llx)",
-             tp->rank, p, s->rank, s->size, s->pid, (unsigned long long)s->tag, p, tp->size,
-             c->pid, (unsigned long long)tp->tag);
+        tdist__tp_fail(&tp->b, TDIST_ERR_CONNECTION,
+                       "rank %d: shm transport set-up: the hello in peer rank %d's slot says rank "
+                       "%u of %u (pid %u, tag 0x%016llx), expected rank %d of %d (pid %d, tag "
+                       "0x%016llx)",
+                       tp->b.rank, p, s->rank, s->size, s->pid, (unsigned long long)s->tag, p,
+                       tp->b.size, c->pid, (unsigned long long)tp->b.tag);
         return -1;
     }
     c->verified = true;
@@ -621,162 +594,165 @@ static int verify_peer(shm_tp_t *tp, int p)
 static bool oversubscribed(const shm_tp_t *tp)
 {
     uint64_t all[CPU_WORDS] = {0};
-    for (int p = 0; p < tp->size; p++) {
-        const seg_hdr_t *h = p == tp->rank ? tp->hdr : tp->pe[p].hdr;
+    for (int p = 0; p < tp->b.size; p++) {
+        const seg_hdr_t *h = p == tp->b.rank ? tp->hdr : tp->pe[p].hdr;
         uint64_t any = 0;
         for (int i = 0; h && i < CPU_WORDS; i++) any |= h->cpus[i];
         if (!any) {
             long conf = sysconf(_SC_NPROCESSORS_CONF);
-            return tp->size > (conf > 0 ? conf : 1);
+            return tp->b.size > (conf > 0 ? conf : 1);
         }
         for (int i = 0; i < CPU_WORDS; i++) all[i] |= h->cpus[i];
     }
     int n = 0;
     for (int i = 0; i < CPU_WORDS; i++) n += __builtin_popcountll(all[i]);
-    return tp->size > n;
+    return tp->b.size > n;
 }
 
-tdist_status_t tdist__shm_connect(tdist__tp_t *t, const char *const *addrs, int64_t deadline_ms)
+/* Check every peer's address and take its segment's name and its pid
+ * (which names it in messages). */
+static tdist_status_t take_addrs(shm_tp_t *tp, const char *const *addrs)
 {
-    static const char fn[] = "tdist__tp_connect";
-    TDIST_ARG_CHECK(t != NULL, fn);
-    TDIST_ARG_CHECK(addrs != NULL, fn);
-    shm_tp_t *tp = TP(t);
-    if (tp->err != TDIST_OK) return sticky(tp);
-    if (tp->connected)
-        return tdist__error(TDIST_ERR_INVALID_ARG, "%s: rank %d: already connected", fn, tp->rank);
-    for (int p = 0; p < tp->size; p++) {
-        if (p == tp->rank) continue;
+    for (int p = 0; p < tp->b.size; p++) {
+        if (p == tp->b.rank) continue;
         peer_t *c = &tp->pe[p];
         if (!addrs[p] || !parse_addr(addrs[p], c->name, sizeof c->name, &c->pid))
             return tdist__error(TDIST_ERR_INVALID_ARG,
-                                "%s: rank %d: address of peer rank %d (\"%.80s\") is not "
-                                "\"shm:/<name>:<pid>\"",
-                                fn, tp->rank, p, addrs[p] ? addrs[p] : "(null)");
+                                "tdist__tp_connect: rank %d: address of peer rank %d (\"%.80s\") "
+                                "is not \"shm:/<name>:<pid>\"",
+                                tp->b.rank, p, addrs[p] ? addrs[p] : "(null)");
+        snprintf(tp->b.chan[p].label, sizeof tp->b.chan[p].label, "pid %d", c->pid);
     }
-    int64_t start = tdist__now_ms();
-    for (int p = 0; p < tp->size; p++) {
-        if (p == tp->rank) continue;
+    return TDIST_OK;
+}
+
+/* Find each peer's ring in this rank's segment, and open a pidfd per
+ * peer to see it exit. */
+static void watch_peers(shm_tp_t *tp)
+{
+    for (int p = 0; p < tp->b.size; p++) {
+        if (p == tp->b.rank) continue;
         peer_t *c = &tp->pe[p];
-        c->in = slot_at(tp->seg, tp->ring_bytes, tp->rank, p);
+        c->in = slot_at(tp->seg, tp->ring_bytes, tp->b.rank, p);
         c->in_data = (uint8_t *)c->in + SLOT_HDR_BYTES;
         c->in_tail = atomic_load(&c->in->tail);
         c->pidfd = (int)syscall(SYS_pidfd_open, (pid_t)c->pid, 0u);
         if (c->pidfd < 0 && errno == ESRCH) c->dead = true;
         if (c->pidfd >= 0) fcntl(c->pidfd, F_SETFD, FD_CLOEXEC);
-        set_problem(c, "not mapped yet");
+        tdist__tp_set_problem(&tp->b, p, "not mapped yet");
     }
-    int missing = tp->size - 1;
-    while (tp->err == TDIST_OK) {
-        if (atomic_load(&tp->aborted)) {
-            fail_aborted(tp);
+}
+
+/* One round of set-up: map and check every peer not up yet. Returns how
+ * many are still missing; a lost peer or a bad segment fails tp. */
+static int setup_round(shm_tp_t *tp)
+{
+    check_peers(tp);
+    int missing = 0;
+    for (int p = 0; p < tp->b.size; p++) {
+        if (p == tp->b.rank) continue;
+        peer_t *c = &tp->pe[p];
+        /* Set-up with p is done once each has mapped the other (its
+         * hello in this rank's segment). A peer that got there first
+         * may already have closed again (a group created and destroyed
+         * at once): that is no set-up failure, the mapped segments
+         * stay valid, and later calls see the closed peer. */
+        bool done = (c->seg || map_peer(tp, p) > 0) && (c->verified || verify_peer(tp, p) > 0);
+        if (tp->b.err != TDIST_OK) break;
+        if (done) {
+            tp->b.chan[p].up = true;
+            continue;
+        }
+        if (c->dead || c->closed) {
+            shm_unlink(c->name); /* it cannot unlink it any more */
+            tdist__tp_fail(&tp->b, TDIST_ERR_CONNECTION,
+                           "rank %d: shm transport set-up: peer rank %d (pid %d) %s", tp->b.rank,
+                           p, c->pid, c->dead ? "exited" : "closed its transport");
             break;
         }
-        check_peers(tp);
-        missing = 0;
-        for (int p = 0; p < tp->size && tp->err == TDIST_OK; p++) {
-            if (p == tp->rank) continue;
-            peer_t *c = &tp->pe[p];
-            /* Set-up with p is done once each has mapped the other (its
-             * hello in this rank's segment). A peer that got there first
-             * may already have closed again (a group created and destroyed
-             * at once): that is no set-up failure, the mapped segments
-             * stay valid, and later calls see the closed peer. */
-            bool done = (c->seg || map_peer(tp, p) > 0) && (c->verified || verify_peer(tp, p) > 0);
-            if (tp->err != TDIST_OK || done) continue;
-            if (c->dead || c->closed) {
-                shm_unlink(c->name); /* it cannot unlink it any more */
-                fail(tp, TDIST_ERR_CONNECTION,
-                     "rank %d: shm transport set-up: peer rank %d (pid %d) %s", tp->rank, p,
-                     c->pid, c->dead ? "exited" : "closed its transport");
-                break;
-            }
-            missing++;
+        missing++;
+    }
+    return missing;
+}
+
+tdist_status_t tdist__shm_connect(tdist__tp_t *t, const char *const *addrs, int64_t deadline_ms)
+{
+    shm_tp_t *tp = TP(t);
+    TDIST_CHECK(take_addrs(tp, addrs));
+    int64_t start = tdist__now_ms();
+    watch_peers(tp);
+    while (tp->b.err == TDIST_OK) {
+        if (atomic_load(&tp->b.aborted)) {
+            tdist__tp_fail_aborted(&tp->b);
+            break;
         }
-        if (tp->err != TDIST_OK) break;
-        if (atomic_load(&tp->hdr->mapped) >= (unsigned)(tp->size - 1)) unlink_own(tp);
+        int missing = setup_round(tp);
+        if (tp->b.err != TDIST_OK) break;
+        if (atomic_load(&tp->hdr->mapped) >= (unsigned)(tp->b.size - 1)) unlink_own(tp);
         if (missing == 0) break;
         int64_t now = tdist__now_ms();
         if (now >= deadline_ms) {
-            char msg[ERRMSG_LEN];
-            size_t used = (size_t)snprintf(msg, sizeof msg,
-                                           "rank %d: shm transport set-up timed out after %lld "
-                                           "ms; missing peer ranks:",
-                                           tp->rank, (long long)(now - start));
-            int listed = 0;
-            for (int p = 0; p < tp->size && used < sizeof msg; p++) {
-                peer_t *c = &tp->pe[p];
-                if (p == tp->rank || (c->seg && c->verified)) continue;
-                used += (size_t)snprintf(msg + used, sizeof msg - used, "%s peer rank %d (pid %d): %s",
-                                         listed++ ? ";" : "", p, c->pid, c->problem);
-            }
-            fail(tp, TDIST_ERR_TIMEOUT, "%s", msg);
+            tdist__tp_setup_timeout(&tp->b, "shm transport", start);
             break;
         }
-        /* Sleep on the doorbell: a peer's hello rings it. */
-        atomic_store(&tp->hdr->sleeping, 1);
-        atomic_thread_fence(memory_order_seq_cst);
-        unsigned b = atomic_load(&tp->hdr->bell);
-        if (atomic_load(&tp->hdr->mapped) < (unsigned)(tp->size - 1) || missing > 0)
-            futex_wait(&tp->hdr->bell, b, (int)TDIST_MIN(SETUP_SLEEP_MS, deadline_ms - now));
-        atomic_store(&tp->hdr->sleeping, 0);
+        /* a peer's hello rings the doorbell */
+        doze(tp, NULL, NULL, (int)TDIST_MIN(SETUP_SLEEP_MS, deadline_ms - now));
     }
-    if (tp->err != TDIST_OK) {
+    if (tp->b.err != TDIST_OK) {
         unlink_own(tp);
-        return sticky(tp);
+        return tdist__tp_sticky(&tp->b);
     }
-    tp->connected = true;
+    tp->b.connected = true;
     tp->oversubscribed = oversubscribed(tp);
-    TDIST_LOGD("rank %d: shm transport mesh of %d ranks up in %lld ms", tp->rank, tp->size,
+    TDIST_LOGD("rank %d: shm transport mesh of %d ranks up in %lld ms", tp->b.rank, tp->b.size,
                (long long)(tdist__now_ms() - start));
     return TDIST_OK;
 }
 
 /* --------------------------------------------------------------- data */
 
-static tdist_status_t post(shm_tp_t *tp, tdist__tp_req_t *req, int peer, void *buf, size_t len,
-                           bool is_send, const char *fn)
-{
-    TDIST_ARG_CHECK(tp != NULL, fn);
-    TDIST_CHECK(tdist__tp_check_post(tp->rank, tp->size, req != NULL, peer, buf, len, fn));
-    if (tp->err != TDIST_OK) return sticky(tp);
-    if (atomic_load(&tp->aborted)) return fail_aborted(tp);
-    if (!tp->connected)
-        return tdist__error(TDIST_ERR_INVALID_ARG, "%s: rank %d: transport is not connected", fn,
-                            tp->rank);
-    peer_t *c = &tp->pe[peer];
-    if (is_send)
-        tdist__tp_req_enqueue(req, peer, buf, len, true, &c->sq_head, &c->sq_tail);
-    else
-        tdist__tp_req_enqueue(req, peer, buf, len, false, &c->rq_head, &c->rq_tail);
-    return TDIST_OK;
-}
-
-tdist_status_t tdist__shm_post_send(tdist__tp_t *tp, tdist__tp_req_t *req, int peer,
-                                    const void *buf, size_t len)
-{
-    return post(TP(tp), req, peer, (void *)buf, len, true, "tdist__tp_post_send");
-}
-
-tdist_status_t tdist__shm_post_recv(tdist__tp_t *tp, tdist__tp_req_t *req, int peer, void *buf,
-                                    size_t len)
-{
-    return post(TP(tp), req, peer, buf, len, false, "tdist__tp_post_recv");
-}
-
 /* Largest copy between two publications, so the other side can start on
  * a part while this side copies the next. */
 static uint64_t chunk_of(uint64_t ring) { return ring >= (1u << 18) ? ring / 4 : ring; }
+
+/* How many bytes req moves in one step: what it still needs, at most
+ * avail (what the ring has room or data for) and chunk. */
+static inline size_t step_len(const tdist__tp_req_t *req, uint64_t avail, uint64_t chunk)
+{
+    size_t n = req->len - req->done;
+    if (n > avail) n = (size_t)avail;
+    if (n > chunk) n = (size_t)chunk;
+    return n;
+}
+
+/* Copy n bytes from src into a ring of ring bytes at data, from offset off
+ * on, wrapping at its end. */
+static inline void ring_put(uint8_t *data, uint64_t ring, size_t off, const uint8_t *src, size_t n)
+{
+    size_t first = TDIST_MIN(n, (size_t)ring - off);
+    memcpy(data + off, src, first);
+    if (n > first) memcpy(data, src + first, n - first);
+}
+
+/* Copy n bytes out of a ring of ring bytes at data, from offset off on,
+ * wrapping at its end, to dst. */
+static inline void ring_get(uint8_t *dst, const uint8_t *data, uint64_t ring, size_t off, size_t n)
+{
+    size_t first = TDIST_MIN(n, (size_t)ring - off);
+    memcpy(dst, data + off, first);
+    if (n > first) memcpy(dst + first, data, n - first);
+}
 
 /* Copy queued sends into peer p's ring as space allows. Returns whether a
  * byte moved. */
 static bool drive_send(shm_tp_t *tp, int p)
 {
     peer_t *c = &tp->pe[p];
+    tdist__tp_chan_t *q = &tp->b.chan[p];
     bool moved = false;
     uint64_t ring = c->out_mask + 1, chunk = chunk_of(ring);
-    while (c->sq_head && tp->err == TDIST_OK) {
-        tdist__tp_req_t *req = c->sq_head;
+    while (q->sq_head && tp->b.err == TDIST_OK) {
+        tdist__tp_req_t *req = q->sq_head;
         if (c->dead || c->closed) {
             peer_lost(tp, p, req);
             break;
@@ -785,22 +761,12 @@ static bool drive_send(shm_tp_t *tp, int p)
         uint64_t tail = atomic_load_explicit(&c->out->tail, memory_order_acquire);
         uint64_t space = ring - (head - tail);
         if (space == 0) break;
-        size_t n = req->len - req->done;
-        if (n > space) n = (size_t)space;
-        if (n > chunk) n = (size_t)chunk;
-        size_t off = (size_t)(head & c->out_mask);
-        size_t first = TDIST_MIN(n, (size_t)ring - off);
-        memcpy(c->out_data + off, req->buf + req->done, first);
-        if (n > first) memcpy(c->out_data, req->buf + req->done + first, n - first);
+        size_t n = step_len(req, space, chunk);
+        ring_put(c->out_data, ring, (size_t)(head & c->out_mask), req->buf + req->done, n);
         c->out_head = head + n;
         atomic_store_explicit(&c->out->head, head + n, memory_order_release);
         moved = true;
-        req->done += n;
-        if (req->done == req->len) {
-            c->sq_head = req->next;
-            if (!c->sq_head) c->sq_tail = NULL;
-            finish(req, TDIST_OK);
-        }
+        tdist__tp_req_moved(req, n, &q->sq_head, &q->sq_tail);
         ring_bell(c->hdr);
     }
     return moved;
@@ -810,10 +776,11 @@ static bool drive_send(shm_tp_t *tp, int p)
 static bool drive_recv(shm_tp_t *tp, int p)
 {
     peer_t *c = &tp->pe[p];
+    tdist__tp_chan_t *q = &tp->b.chan[p];
     bool moved = false;
     uint64_t ring = tp->ring_bytes, mask = ring - 1, chunk = chunk_of(ring);
-    while (c->rq_head && tp->err == TDIST_OK) {
-        tdist__tp_req_t *req = c->rq_head;
+    while (q->rq_head && tp->b.err == TDIST_OK) {
+        tdist__tp_req_t *req = q->rq_head;
         uint64_t tail = c->in_tail;
         uint64_t head = atomic_load_explicit(&c->in->head, memory_order_acquire);
         uint64_t avail = head - tail;
@@ -821,50 +788,44 @@ static bool drive_recv(shm_tp_t *tp, int p)
             if (c->dead || c->closed) peer_lost(tp, p, req); /* drained: nothing more comes */
             break;
         }
-        size_t n = req->len - req->done;
-        if (n > avail) n = (size_t)avail;
-        if (n > chunk) n = (size_t)chunk;
-        size_t off = (size_t)(tail & mask);
-        size_t first = TDIST_MIN(n, (size_t)ring - off);
-        memcpy(req->buf + req->done, c->in_data + off, first);
-        if (n > first) memcpy(req->buf + req->done + first, c->in_data, n - first);
+        size_t n = step_len(req, avail, chunk);
+        ring_get(req->buf + req->done, c->in_data, ring, (size_t)(tail & mask), n);
         c->in_tail = tail + n;
         atomic_store_explicit(&c->in->tail, tail + n, memory_order_release);
         moved = true;
-        req->done += n;
-        if (req->done == req->len) {
-            c->rq_head = req->next;
-            if (!c->rq_head) c->rq_tail = NULL;
-            finish(req, TDIST_OK);
-        }
+        tdist__tp_req_moved(req, n, &q->rq_head, &q->rq_tail);
         ring_bell(c->hdr);
     }
     return moved;
 }
 
+/* Move what can move on every channel with work. Returns whether a byte
+ * moved. */
 static bool sweep(shm_tp_t *tp)
 {
     bool moved = false;
-    for (int p = 0; p < tp->size && tp->err == TDIST_OK; p++) {
-        if (tp->pe[p].sq_head) moved |= drive_send(tp, p);
-        if (tp->pe[p].rq_head) moved |= drive_recv(tp, p);
+    for (int p = 0; p < tp->b.size && tp->b.err == TDIST_OK; p++) {
+        if (tp->b.chan[p].sq_head) moved |= drive_send(tp, p);
+        if (tp->b.chan[p].rq_head) moved |= drive_recv(tp, p);
     }
     return moved;
 }
 
+/* progress's reason not to sleep (arg: the transport): a byte moved, or
+ * the transport failed. */
+static bool moved_or_failed(void *arg)
+{
+    shm_tp_t *tp = arg;
+    return sweep(tp) || tp->b.err != TDIST_OK;
+}
+
 tdist_status_t tdist__shm_progress(tdist__tp_t *t, int timeout_ms)
 {
-    TDIST_ARG_CHECK(t != NULL, "tdist__tp_progress");
     shm_tp_t *tp = TP(t);
-    if (tp->err != TDIST_OK) return sticky(tp);
-    if (atomic_load(&tp->aborted)) return fail_aborted(tp);
-    if (!tp->connected)
-        return tdist__error(TDIST_ERR_INVALID_ARG, "tdist__tp_progress: rank %d: transport is not "
-                            "connected", tp->rank);
     bool moved = sweep(tp);
     uint64_t now = tdist__now_ns();
     if (now - tp->last_check_ns >= LIVENESS_NS && check_peers(tp)) moved |= sweep(tp);
-    if (tp->err != TDIST_OK) return sticky(tp);
+    if (tp->b.err != TDIST_OK) return tdist__tp_sticky(&tp->b);
     if (moved || timeout_ms == 0) return TDIST_OK;
 
     uint64_t start = now;
@@ -872,8 +833,8 @@ tdist_status_t tdist__shm_progress(tdist__tp_t *t, int timeout_ms)
     /* 1: spin briefly with a pause instruction. */
     for (int i = 0; i < SPIN_ROUNDS; i++) {
         tdist__cpu_relax();
-        if (sweep(tp) || tp->err != TDIST_OK) goto out;
-        if (atomic_load_explicit(&tp->aborted, memory_order_relaxed)) goto out;
+        if (sweep(tp) || tp->b.err != TDIST_OK) goto out;
+        if (atomic_load_explicit(&tp->b.aborted, memory_order_relaxed)) goto out;
     }
     /* 2: yield the CPU (a peer sharing this core may be the one we wait
      * for) for up to ~1 ms. */
@@ -881,8 +842,8 @@ tdist_status_t tdist__shm_progress(tdist__tp_t *t, int timeout_ms)
         now = tdist__now_ns();
         if (now - start >= YIELD_NS || now >= end) break;
         sched_yield();
-        if (sweep(tp) || tp->err != TDIST_OK) goto out;
-        if (atomic_load_explicit(&tp->aborted, memory_order_relaxed)) goto out;
+        if (sweep(tp) || tp->b.err != TDIST_OK) goto out;
+        if (atomic_load_explicit(&tp->b.aborted, memory_order_relaxed)) goto out;
     }
     /* 3: sleep on the doorbell, a few ms at a time, checking peers'
      * liveness before every sleep. */
@@ -893,124 +854,13 @@ tdist_status_t tdist__shm_progress(tdist__tp_t *t, int timeout_ms)
             sweep(tp);
             break;
         }
-        atomic_store(&tp->hdr->sleeping, 1);
-        atomic_thread_fence(memory_order_seq_cst);
-        unsigned b = atomic_load(&tp->hdr->bell);
-        if (sweep(tp) || tp->err != TDIST_OK || atomic_load(&tp->aborted)) {
-            atomic_store(&tp->hdr->sleeping, 0);
-            break;
-        }
-        uint64_t left_ms = end == UINT64_MAX ? SLEEP_MAX_MS : (end - now + 999999) / 1000000;
-        futex_wait(&tp->hdr->bell, b, (int)TDIST_MIN(left_ms, (uint64_t)SLEEP_MAX_MS));
-        atomic_store(&tp->hdr->sleeping, 0);
-        if (sweep(tp) || tp->err != TDIST_OK || atomic_load(&tp->aborted)) break;
+        if (doze(tp, moved_or_failed, tp, nap_ms(now, end))) break;
+        if (sweep(tp) || tp->b.err != TDIST_OK || atomic_load(&tp->b.aborted)) break;
     }
 out:
-    if (tp->err != TDIST_OK) return sticky(tp);
-    if (atomic_load(&tp->aborted)) return fail_aborted(tp);
+    if (tp->b.err != TDIST_OK) return tdist__tp_sticky(&tp->b);
+    if (atomic_load(&tp->b.aborted)) return tdist__tp_fail_aborted(&tp->b);
     return TDIST_OK;
-}
-
-static tdist_status_t wait_timeout(shm_tp_t *tp, tdist__tp_req_t *const *reqs, size_t n,
-                                   int64_t start)
-{
-    char msg[ERRMSG_LEN];
-    size_t used = (size_t)snprintf(msg, sizeof msg,
-                                   "rank %d: transport wait timed out after %lld ms; still owed:",
-                                   tp->rank, (long long)(tdist__now_ms() - start));
-    size_t listed = 0, open = 0;
-    for (size_t i = 0; i < n; i++) {
-        const tdist__tp_req_t *r = reqs[i];
-        if (r->finished) continue;
-        open++;
-        if (listed == 8 || used >= sizeof msg) continue;
-        used += (size_t)snprintf(msg + used, sizeof msg - used,
-                                 "%s %s peer rank %d (pid %d) %zu/%zu bytes", listed ? ";" : "",
-                                 r->is_send ? "send to" : "receive from", r->peer,
-                                 tp->pe[r->peer].pid, r->done, r->len);
-        listed++;
-    }
-    if (open > listed && used < sizeof msg)
-        snprintf(msg + used, sizeof msg - used, "; and %zu more", open - listed);
-    return tdist__error(TDIST_ERR_TIMEOUT, "%s", msg);
-}
-
-tdist_status_t tdist__shm_wait(tdist__tp_t *t, tdist__tp_req_t *const *reqs, size_t n,
-                               int64_t deadline_ms)
-{
-    static const char fn[] = "tdist__tp_wait";
-    TDIST_ARG_CHECK(t != NULL, fn);
-    TDIST_ARG_CHECK(reqs != NULL || n == 0, fn);
-    shm_tp_t *tp = TP(t);
-    for (size_t i = 0; i < n; i++)
-        if (!reqs[i])
-            return tdist__error(TDIST_ERR_INVALID_ARG, "%s: rank %d: request %zu is NULL", fn,
-                                tp->rank, i);
-    int64_t start = tdist__now_ms();
-    for (;;) {
-        size_t open = 0;
-        tdist_status_t worst = TDIST_OK;
-        for (size_t i = 0; i < n; i++) {
-            if (!reqs[i]->finished)
-                open++;
-            else if (reqs[i]->status != TDIST_OK)
-                worst = reqs[i]->status;
-        }
-        if (worst != TDIST_OK)
-            return tp->err != TDIST_OK ? sticky(tp)
-                                       : tdist__error(worst, "rank %d: a request failed", tp->rank);
-        if (open == 0) return TDIST_OK;
-        if (tp->err != TDIST_OK) return sticky(tp);
-        int64_t now = tdist__now_ms();
-        bool late = now >= deadline_ms;
-        TDIST_CHECK(tdist__shm_progress(t, late ? 0 : tdist__ms_left(deadline_ms)));
-        if (late) {
-            bool all = true;
-            for (size_t i = 0; i < n; i++) all = all && reqs[i]->finished;
-            if (!all) return wait_timeout(tp, reqs, n, start);
-        }
-    }
-}
-
-static tdist_status_t wait_blocking(shm_tp_t *tp, tdist__tp_req_t *const *reqs, size_t n,
-                                    int64_t deadline_ms)
-{
-    tdist_status_t st = tdist__shm_wait((tdist__tp_t *)(void *)tp, reqs, n, deadline_ms);
-    if (st == TDIST_ERR_TIMEOUT)
-        return fail(tp, TDIST_ERR_TIMEOUT, "%s (a blocking call timed out: the transport is failed)",
-                    tdist_last_error());
-    return st;
-}
-
-tdist_status_t tdist__shm_send(tdist__tp_t *tp, int peer, const void *buf, size_t len,
-                               int64_t deadline_ms)
-{
-    tdist__tp_req_t req, *r = &req;
-    TDIST_CHECK(tdist__shm_post_send(tp, &req, peer, buf, len));
-    return wait_blocking(TP(tp), &r, 1, deadline_ms);
-}
-
-tdist_status_t tdist__shm_recv(tdist__tp_t *tp, int peer, void *buf, size_t len,
-                               int64_t deadline_ms)
-{
-    tdist__tp_req_t req, *r = &req;
-    TDIST_CHECK(tdist__shm_post_recv(tp, &req, peer, buf, len));
-    return wait_blocking(TP(tp), &r, 1, deadline_ms);
-}
-
-tdist_status_t tdist__shm_sendrecv(tdist__tp_t *tp, int to, const void *sbuf, size_t slen,
-                                   int from, void *rbuf, size_t rlen, int64_t deadline_ms)
-{
-    tdist__tp_req_t sreq, rreq, *rs[2] = {&sreq, &rreq};
-    TDIST_CHECK(tdist__shm_post_send(tp, &sreq, to, sbuf, slen));
-    tdist_status_t st = tdist__shm_post_recv(tp, &rreq, from, rbuf, rlen);
-    if (st != TDIST_OK) {
-        if (!sreq.finished)
-            return fail(TP(tp), st, "%s (the send half was posted: the transport is failed)",
-                        tdist_last_error());
-        return st;
-    }
-    return wait_blocking(TP(tp), rs, 2, deadline_ms);
 }
 
 /* ------------------------------------------------- collective area */
@@ -1019,11 +869,11 @@ void *tdist__shm_area(tdist__tp_t *t, int r, size_t *bytes)
 {
     if (!t) return NULL;
     shm_tp_t *tp = TP(t);
-    if (!tp->connected || !tp->coll_bytes || r < 0 || r >= tp->size) return NULL;
+    if (!tp->b.connected || !tp->coll_bytes || r < 0 || r >= tp->b.size) return NULL;
     if (bytes) *bytes = (size_t)tp->coll_bytes;
-    if (r == tp->rank) return tp->seg + coll_offset(tp->size, tp->ring_bytes);
+    if (r == tp->b.rank) return tp->seg + coll_offset(tp->b.size, tp->ring_bytes);
     peer_t *c = &tp->pe[r];
-    return c->seg + coll_offset(tp->size, c->hdr->ring_bytes);
+    return c->seg + coll_offset(tp->b.size, c->hdr->ring_bytes);
 }
 
 /* Oversubscribed meshes: where this rank runs, for needed_here() on the
@@ -1054,8 +904,8 @@ static int peer_cpu(const shm_tp_t *tp, int p)
 static bool needed_here(shm_tp_t *tp, int me, bool (*needs)(void *arg, int peer), void *arg)
 {
     if (!needs || me < 0) return true;
-    for (int p = 0; p < tp->size; p++) {
-        if (p == tp->rank || !needs(arg, p)) continue;
+    for (int p = 0; p < tp->b.size; p++) {
+        if (p == tp->b.rank || !needs(arg, p)) continue;
         int c = peer_cpu(tp, p);
         if (c < 0 || c == me) return true;
     }
@@ -1083,8 +933,8 @@ void tdist__shm_notify(tdist__tp_t *t)
     shm_tp_t *tp = TP(t);
     if (tp->oversubscribed) note_cpu(tp);
     atomic_thread_fence(memory_order_seq_cst);
-    for (int p = 0; p < tp->size; p++) {
-        if (p == tp->rank || !tp->pe[p].hdr) continue;
+    for (int p = 0; p < tp->b.size; p++) {
+        if (p == tp->b.rank || !tp->pe[p].hdr) continue;
         seg_hdr_t *h = tp->pe[p].hdr;
         if (atomic_load_explicit(&h->sleeping, memory_order_relaxed)) {
             atomic_fetch_add(&h->bell, 1);
@@ -1098,8 +948,8 @@ void tdist__shm_notify(tdist__tp_t *t)
 static tdist_status_t check_lost(shm_tp_t *tp, bool (*needs)(void *arg, int peer), void *arg)
 {
     check_peers(tp);
-    for (int p = 0; p < tp->size; p++) {
-        if (p == tp->rank) continue;
+    for (int p = 0; p < tp->b.size; p++) {
+        if (p == tp->b.rank) continue;
         if (!tp->pe[p].dead && !tp->pe[p].closed) continue;
         if (!needs || needs(arg, p)) return peer_lost(tp, p, NULL);
     }
@@ -1111,7 +961,7 @@ tdist_status_t tdist__shm_wait_until(tdist__tp_t *t, bool (*cond)(void *arg),
                                      int64_t deadline_ms, unsigned flags)
 {
     shm_tp_t *tp = TP(t);
-    if (tp->err != TDIST_OK) return sticky(tp);
+    if (tp->b.err != TDIST_OK) return tdist__tp_sticky(&tp->b);
     if (cond(arg)) return TDIST_OK;
     /* Every rank has a CPU: the peers are running, spin a little while
      * (sched_yield would return at once anyway, adding a syscall to the
@@ -1137,7 +987,8 @@ tdist_status_t tdist__shm_wait_until(tdist__tp_t *t, bool (*cond)(void *arg),
               : deadline_ms <= 0        ? 0
                                         : (uint64_t)deadline_ms * 1000000ull;
     for (unsigned i = 0;; i++) {
-        if (atomic_load_explicit(&tp->aborted, memory_order_relaxed)) return fail_aborted(tp);
+        if (atomic_load_explicit(&tp->b.aborted, memory_order_relaxed))
+            return tdist__tp_fail_aborted(&tp->b);
         uint64_t now = tdist__now_ns();
         if (now - tp->last_check_ns >= LIVENESS_NS) TDIST_CHECK(check_lost(tp, needs, arg));
         if (now >= end) return TDIST_ERR_TIMEOUT;
@@ -1147,14 +998,7 @@ tdist_status_t tdist__shm_wait_until(tdist__tp_t *t, bool (*cond)(void *arg),
                 return TDIST_OK;
             sched_yield();
         } else {
-            atomic_store(&tp->hdr->sleeping, 1);
-            atomic_thread_fence(memory_order_seq_cst);
-            unsigned b = atomic_load(&tp->hdr->bell);
-            if (!cond(arg) && !atomic_load(&tp->aborted)) {
-                uint64_t left_ms = end == UINT64_MAX ? SLEEP_MAX_MS : (end - now + 999999) / 1000000;
-                futex_wait(&tp->hdr->bell, b, (int)TDIST_MIN(left_ms, (uint64_t)SLEEP_MAX_MS));
-            }
-            atomic_store(&tp->hdr->sleeping, 0);
+            doze(tp, cond, arg, nap_ms(now, end));
         }
         if (cond(arg)) return TDIST_OK;
         (void)i;
@@ -1166,19 +1010,17 @@ bool tdist__shm_oversubscribed(tdist__tp_t *t) { return TP(t)->oversubscribed; }
 int tdist__shm_cpu_of(tdist__tp_t *t, int r)
 {
     shm_tp_t *tp = TP(t);
-    if (!tp->oversubscribed || r < 0 || r >= tp->size) return -1;
-    return r == tp->rank ? note_cpu(tp) : peer_cpu(tp, r);
+    if (!tp->oversubscribed || r < 0 || r >= tp->b.size) return -1;
+    return r == tp->b.rank ? note_cpu(tp) : peer_cpu(tp, r);
 }
 
-/* Any thread, also a signal handler: atomics and one futex wake (both
+/* Any thread, also a signal handler: one atomic and one futex wake (both
  * async-signal-safe). The segment is unlinked by connect's failure path
  * (an abort during set-up fails it) or by destroy, not here: shm_unlink is
  * not async-signal-safe. */
-void tdist__shm_abort(tdist__tp_t *t)
+void tdist__shm_wake(tdist__tp_t *t)
 {
-    if (!t) return;
     shm_tp_t *tp = TP(t);
-    atomic_store(&tp->aborted, true);
     if (tp->hdr) {
         atomic_fetch_add(&tp->hdr->bell, 1);
         futex_wake(&tp->hdr->bell);
@@ -1187,9 +1029,8 @@ void tdist__shm_abort(tdist__tp_t *t)
 
 void tdist__shm_destroy(tdist__tp_t *t)
 {
-    if (!t) return;
     shm_tp_t *tp = TP(t);
-    for (int p = 0; p < tp->size; p++) {
+    for (int p = 0; tp->pe && p < tp->b.size; p++) {
         peer_t *c = &tp->pe[p];
         if (c->seg) {
             atomic_store_explicit(&c->out->closed, 1, memory_order_release);
@@ -1204,7 +1045,6 @@ void tdist__shm_destroy(tdist__tp_t *t)
     }
     unlink_own(tp);
     free(tp->pe);
-    free(tp->pfd);
-    free(tp->pfd_peer);
+    tdist__tp_base_fini(&tp->b);
     free(tp);
 }

@@ -1,7 +1,8 @@
 /*
  * transport/tcp.c — the TCP transport: a full mesh of nonblocking sockets,
  * one per pair of ranks, driven by poll() (see transport.h and
- * docs/transport.md).
+ * docs/transport.md). What every kind shares (queues, waiting, failure)
+ * is transport.c's; this file sets the mesh up and moves bytes.
  *
  * Set-up: rank i connects to every rank j < i and accepts from every
  * j > i, so each pair gets exactly one connection. The connecting side
@@ -15,13 +16,8 @@
  * so the kernel's socket buffers are the only buffering and a sender
  * simply stalls until the receiver posts).
  */
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sched.h>
-#include <stdarg.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +25,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "core/net.h"
 #include "transport/ops.h"
 
 #define HS_LEN 32
@@ -38,100 +35,27 @@
 #define HS_ACK 2
 #define RETRY_MS 50
 #define MAX_INCOMING 64 /* connections accepted but not yet through the handshake */
-#define ADDR_LEN 64     /* "[<45 chars>]:65535" fits */
-#define PROBLEM_LEN 160
-#define ERRMSG_LEN 1024
+#define ADDR_LEN TDIST__TP_LABEL_LEN /* "[<45 chars>]:65535" fits */
 /* progress retries the sockets this long, yielding, before poll() */
 #define SPIN_NS 1000000
 
-/* One channel: the connection to one peer and its two request queues. */
-typedef struct channel {
-    int fd;                          /* -1 until the handshake passed */
-    char addr[ADDR_LEN];             /* the peer's published address */
-    tdist__tp_req_t *sq_head, *sq_tail; /* sends, in post order */
-    tdist__tp_req_t *rq_head, *rq_tail; /* receives, in post order */
-    bool peer_closed;                /* EOF/reset seen while no receive was posted */
-    bool claimed;                    /* set-up: a valid HELLO arrived, ACK on its way */
-    char problem[PROBLEM_LEN];       /* set-up: why it is not up yet */
-} channel_t;
+/* One peer's connection (its queues and label are in the shared part). */
+typedef struct conn {
+    int fd;           /* -1 until the handshake passed */
+    bool peer_closed; /* EOF/reset seen while no receive was posted */
+    bool claimed;     /* set-up: a valid HELLO arrived, ACK on its way */
+} conn_t;
 
-struct tdist__tp {
-    tdist__tp_kind_t kind;
-    int rank, size;
-    uint64_t tag;
-    int listen_fd; /* closed once the mesh is up */
-    int wake_fd;   /* eventfd written by tdist__tp_abort */
-    char addr[ADDR_LEN];
-    channel_t *ch;       /* size entries; ch[rank] unused */
-    struct pollfd *pfd;  /* size + 1 entries, rebuilt by every poll */
-    int *pfd_peer;       /* which peer each pfd entry is (-1: wake_fd) */
-    bool connected;
-    atomic_bool aborted;
-    tdist_status_t err;  /* sticky: TDIST_OK until the first failure */
-    char errmsg[ERRMSG_LEN];
-};
+typedef struct tcp_tp {
+    struct tdist__tp b; /* first: the shared part (ops.h) */
+    int listen_fd;      /* closed once the mesh is up */
+    int wake_fd;        /* eventfd written by tdist__tp_abort */
+    conn_t *conn;       /* size entries; conn[rank] unused */
+} tcp_tp_t;
+
+#define TCP(t) ((tcp_tp_t *)(void *)(t))
 
 /* ------------------------------------------------------------- helpers */
-
-/* Format a socket address as "ip:port" / "[ip6]:port". */
-static void sockaddr_str(const struct sockaddr_storage *ss, char *buf, size_t n)
-{
-    char ip[INET6_ADDRSTRLEN] = "?";
-    unsigned port = 0;
-    if (ss->ss_family == AF_INET6) {
-        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
-        inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof ip);
-        port = ntohs(a->sin6_port);
-        snprintf(buf, n, "[%s]:%u", ip, port);
-    } else {
-        const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
-        inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
-        port = ntohs(a->sin_port);
-        snprintf(buf, n, "%s:%u", ip, port);
-    }
-}
-
-/* Parse a numeric IPv4 or IPv6 literal (brackets allowed around IPv6)
- * with the given port into ss. Returns false if s is not one. */
-static bool parse_ip(const char *s, size_t len, uint16_t port, struct sockaddr_storage *ss,
-                     socklen_t *sl)
-{
-    char ip[INET6_ADDRSTRLEN + 2];
-    if (len >= 2 && s[0] == '[' && s[len - 1] == ']') {
-        s++;
-        len -= 2;
-    }
-    if (len == 0 || len >= sizeof ip) return false;
-    memcpy(ip, s, len);
-    ip[len] = '\0';
-    memset(ss, 0, sizeof *ss);
-    struct sockaddr_in *a4 = (struct sockaddr_in *)ss;
-    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)ss;
-    if (inet_pton(AF_INET, ip, &a4->sin_addr) == 1) {
-        a4->sin_family = AF_INET;
-        a4->sin_port = htons(port);
-        *sl = sizeof *a4;
-        return true;
-    }
-    if (inet_pton(AF_INET6, ip, &a6->sin6_addr) == 1) {
-        a6->sin6_family = AF_INET6;
-        a6->sin6_port = htons(port);
-        *sl = sizeof *a6;
-        return true;
-    }
-    return false;
-}
-
-/* Parse "ip:port" or "[ip6]:port" (numeric, port 1..65535). */
-static bool parse_addr(const char *s, struct sockaddr_storage *ss, socklen_t *sl)
-{
-    const char *colon = strrchr(s, ':');
-    if (!colon || colon == s) return false;
-    if (strchr(s, ':') != colon && !(s[0] == '[' && colon[-1] == ']')) return false;
-    int64_t port;
-    if (tdist__parse_int(colon + 1, 1, 65535, &port) != 0) return false;
-    return parse_ip(s, (size_t)(colon - s), (uint16_t)port, ss, sl);
-}
 
 static void put_u16(uint8_t *p, uint16_t v)
 {
@@ -219,133 +143,65 @@ static void close_fd(int *fd)
     *fd = -1;
 }
 
-/* Return the transport's sticky error, setting it as this thread's last
- * error. */
-static tdist_status_t sticky(const tdist__tp_t *tp)
-{
-    return tdist__error(tp->err, "%s", tp->errmsg);
-}
-
-static void finish(tdist__tp_req_t *req, tdist_status_t st) { tdist__tp_req_finish(req, st); }
-
-/* Fail the transport with st and a message (first failure wins): every
- * pending request finishes with st. Returns the sticky status. */
-static tdist_status_t fail(tdist__tp_t *tp, tdist_status_t st, const char *fmt, ...)
-    TDIST_PRINTF(3, 4);
-static tdist_status_t fail(tdist__tp_t *tp, tdist_status_t st, const char *fmt, ...)
-{
-    if (tp->err == TDIST_OK) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(tp->errmsg, sizeof tp->errmsg, fmt, ap);
-        va_end(ap);
-        tp->err = st;
-        TDIST_LOGW("%s", tp->errmsg);
-        for (int p = 0; p < tp->size; p++) {
-            channel_t *c = &tp->ch[p];
-            for (tdist__tp_req_t *r = c->sq_head, *nx; r; r = nx) {
-                nx = r->next;
-                finish(r, st);
-            }
-            for (tdist__tp_req_t *r = c->rq_head, *nx; r; r = nx) {
-                nx = r->next;
-                finish(r, st);
-            }
-            c->sq_head = c->sq_tail = c->rq_head = c->rq_tail = NULL;
-        }
-    }
-    return sticky(tp);
-}
-
-static tdist_status_t fail_aborted(tdist__tp_t *tp)
-{
-    return fail(tp, TDIST_ERR_ABORTED, "rank %d: transport aborted", tp->rank);
-}
-
 /* ------------------------------------------------------------- listen */
 
+/* Open the listening socket on ss and the abort eventfd. */
+static tdist_status_t open_listener(tcp_tp_t *t, struct sockaddr_storage *ss, socklen_t sl)
+{
+    int rank = t->b.rank;
+    char where[ADDR_LEN], who[48];
+    tdist__net_sockaddr_str(ss, where, sizeof where);
+    const char *failed = "";
+    t->listen_fd = tdist__net_listen_fd(ss, sl, 128, 0, &failed);
+    if (t->listen_fd < 0) {
+        int e = errno;
+        snprintf(who, sizeof who, "rank %d: transport ", rank);
+        return tdist__net_listen_error(e, failed, who, where);
+    }
+    tdist__net_sockaddr_str(ss, t->b.addr, sizeof t->b.addr);
+    t->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (t->wake_fd < 0) return tdist__error_errno(errno, "rank %d: transport eventfd", rank);
+    TDIST_LOGD("rank %d: transport listening on %s", rank, t->b.addr);
+    return TDIST_OK;
+}
+
 tdist_status_t tdist__tcp_listen(tdist__tp_kind_t kind, int rank, int size,
-                                const tdist__tp_opts_t *opts, tdist__tp_t **out)
+                                 const tdist__tp_opts_t *opts, tdist__tp_t **out)
 {
     static const char fn[] = "tdist__tp_listen";
     TDIST_ARG_CHECK(out != NULL, fn);
     TDIST_ARG_CHECK(opts != NULL && opts->bind_addr != NULL, fn);
-    if (kind != TDIST__TP_TCP)
-        return tdist__error(TDIST_ERR_NOT_SUPPORTED, "%s: transport kind %d is not supported", fn,
-                            (int)kind);
     if (size < 1 || size > 65536 || rank < 0 || rank >= size)
         return tdist__error(TDIST_ERR_INVALID_ARG, "%s: rank %d of size %d is out of range", fn,
                             rank, size);
     struct sockaddr_storage ss;
     socklen_t sl;
-    if (!parse_ip(opts->bind_addr, strlen(opts->bind_addr), 0, &ss, &sl))
+    if (!tdist__net_parse_ip(opts->bind_addr, strlen(opts->bind_addr), 0, &ss, &sl))
         return tdist__error(TDIST_ERR_INVALID_ARG,
                             "%s: rank %d: bind address \"%.80s\" is not a numeric IPv4 or IPv6 "
                             "address",
                             fn, rank, opts->bind_addr);
 
-    tdist__tp_t *tp = calloc(1, sizeof *tp);
-    channel_t *ch = calloc((size_t)size, sizeof *ch);
-    struct pollfd *pfd = calloc((size_t)size + 1, sizeof *pfd);
-    int *pfd_peer = calloc((size_t)size + 1, sizeof *pfd_peer);
-    if (!tp || !ch || !pfd || !pfd_peer) {
-        free(tp);
-        free(ch);
-        free(pfd);
-        free(pfd_peer);
+    tcp_tp_t *t = calloc(1, sizeof *t);
+    if (!t)
         return tdist__error(TDIST_ERR_NO_MEMORY, "%s: rank %d: out of memory for %d channels", fn,
                             rank, size);
+    t->listen_fd = t->wake_fd = -1;
+    tdist_status_t st = tdist__tp_base_init(&t->b, kind, rank, size, opts->tag);
+    if (st == TDIST_OK && !(t->conn = calloc((size_t)size, sizeof *t->conn)))
+        st = tdist__error(TDIST_ERR_NO_MEMORY, "%s: rank %d: out of memory for %d channels", fn,
+                          rank, size);
+    if (st == TDIST_OK) {
+        for (int p = 0; p < size; p++) t->conn[p].fd = -1;
+        st = open_listener(t, &ss, sl);
     }
-    tp->kind = kind;
-    tp->rank = rank;
-    tp->size = size;
-    tp->tag = opts->tag;
-    tp->ch = ch;
-    tp->pfd = pfd;
-    tp->pfd_peer = pfd_peer;
-    tp->wake_fd = -1;
-    atomic_init(&tp->aborted, false);
-    for (int p = 0; p < size; p++) ch[p].fd = -1;
-
-    char where[ADDR_LEN];
-    sockaddr_str(&ss, where, sizeof where);
-    tdist_status_t st;
-    tp->listen_fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (tp->listen_fd < 0) {
-        st = tdist__error_errno(errno, "rank %d: transport listen on %s: socket", rank, where);
-        goto fail;
+    if (st != TDIST_OK) {
+        tdist__tcp_destroy(&t->b);
+        return st;
     }
-    int one = 1;
-    if (ss.ss_family == AF_INET6)
-        setsockopt(tp->listen_fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
-    if (bind(tp->listen_fd, (struct sockaddr *)&ss, sl) != 0) {
-        st = tdist__error_errno(errno, "rank %d: transport cannot bind %s", rank, where);
-        goto fail;
-    }
-    if (listen(tp->listen_fd, 128) != 0) {
-        st = tdist__error_errno(errno, "rank %d: transport listen on %s", rank, where);
-        goto fail;
-    }
-    sl = sizeof ss;
-    if (getsockname(tp->listen_fd, (struct sockaddr *)&ss, &sl) != 0) {
-        st = tdist__error_errno(errno, "rank %d: transport getsockname for %s", rank, where);
-        goto fail;
-    }
-    sockaddr_str(&ss, tp->addr, sizeof tp->addr);
-    tp->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (tp->wake_fd < 0) {
-        st = tdist__error_errno(errno, "rank %d: transport eventfd", rank);
-        goto fail;
-    }
-    TDIST_LOGD("rank %d: transport listening on %s", rank, tp->addr);
-    *out = tp;
+    *out = &t->b;
     return TDIST_OK;
-fail:
-    tdist__tcp_destroy(tp);
-    return st;
 }
-
-const char *tdist__tcp_address(const tdist__tp_t *tp) { return tp ? tp->addr : NULL; }
 
 /* ------------------------------------------------------------ connect */
 
@@ -364,13 +220,22 @@ typedef struct pending {
     char from[ADDR_LEN]; /* incoming: the remote socket address */
 } pending_t;
 
-static void set_problem(channel_t *c, const char *fmt, ...) TDIST_PRINTF(2, 3);
-static void set_problem(channel_t *c, const char *fmt, ...)
+/* Set-up's state: every connection under way, and the poll set over them. */
+typedef struct setup {
+    pending_t *out;     /* nout entries: out[r] dials rank r */
+    pending_t *in;      /* MAX_INCOMING accepted connections */
+    struct pollfd *pfd; /* 2 + nout + MAX_INCOMING entries */
+    pending_t **pfd_p;  /* the connection of each pfd entry (NULL: wake_fd, listen_fd) */
+    int nout;           /* this rank's number: it dials ranks 0..rank-1 */
+    int missing;        /* peers not up yet */
+    int64_t start;
+} setup_t;
+
+/* Channel to peer is up on fd. */
+static void chan_up(tcp_tp_t *t, int peer, int fd)
 {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(c->problem, sizeof c->problem, fmt, ap);
-    va_end(ap);
+    t->conn[peer].fd = fd;
+    t->b.chan[peer].up = true;
 }
 
 /* An outgoing attempt failed: close it and try again after RETRY_MS. */
@@ -380,60 +245,40 @@ static void out_retry(pending_t *p, int64_t now)
     p->retry_at = now + RETRY_MS;
 }
 
-/* Start a nonblocking connect to peer. */
-static void out_start(tdist__tp_t *tp, pending_t *p, int64_t now)
+/* Start a nonblocking connect to the peer of p. */
+static void out_start(tcp_tp_t *t, pending_t *p, int64_t now)
 {
-    channel_t *c = &tp->ch[p->peer];
     struct sockaddr_storage ss;
     socklen_t sl;
-    parse_addr(c->addr, &ss, &sl); /* checked by tdist__tp_connect */
-    p->fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    /* checked by tdist__tcp_connect */
+    tdist__net_parse_ip_port(t->b.chan[p->peer].label, &ss, &sl);
+    bool pending = false;
+    const char *failed = "";
+    p->fd = tdist__net_connect_start((struct sockaddr *)&ss, sl, &pending, &failed);
     if (p->fd < 0) {
-        set_problem(c, "socket: %s", strerror(errno));
+        tdist__tp_set_problem(&t->b, p->peer, "%s: %s", failed, strerror(errno));
         out_retry(p, now);
         return;
     }
-    int one = 1;
-    setsockopt(p->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    hs_encode(p->outf, HS_HELLO, tp->tag, tp->size, tp->rank, p->peer);
+    hs_encode(p->outf, HS_HELLO, t->b.tag, t->b.size, t->b.rank, p->peer);
     p->out_done = p->in_done = 0;
-    int rc;
-    TDIST_SYSCALL(rc, connect(p->fd, (struct sockaddr *)&ss, sl));
-    if (rc == 0) {
-        p->phase = PH_SEND;
-    } else if (errno == EINPROGRESS) {
-        p->phase = PH_CONNECTING;
-    } else {
-        set_problem(c, "connect: %s", strerror(errno));
-        out_retry(p, now);
-    }
+    p->phase = pending ? PH_CONNECTING : PH_SEND;
 }
 
-/* Advance an outgoing set-up. Returns true when the channel is up. */
-static bool out_step(tdist__tp_t *tp, pending_t *p, int64_t now)
+/* Advance the dialling side's handshake: send the HELLO, then read the
+ * ACK. Returns 1 once the whole ACK is here, 0 to wait for the socket, -1
+ * when the attempt failed (retried later). */
+static int out_exchange(tcp_tp_t *t, pending_t *p, int64_t now)
 {
-    channel_t *c = &tp->ch[p->peer];
-    if (p->phase == PH_CONNECTING) {
-        int err = 0;
-        socklen_t sl = sizeof err;
-        if (getsockopt(p->fd, SOL_SOCKET, SO_ERROR, &err, &sl) != 0) err = errno;
-        if (err == EINPROGRESS || err == EALREADY) return false;
-        if (err != 0) {
-            set_problem(c, "connect: %s", strerror(err));
-            out_retry(p, now);
-            return false;
-        }
-        p->phase = PH_SEND;
-    }
     while (p->phase == PH_SEND) {
         ssize_t n = send(p->fd, p->outf + p->out_done, HS_LEN - p->out_done,
                          MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
         if (n < 0) {
-            set_problem(c, "sending the handshake: %s", strerror(errno));
+            tdist__tp_set_problem(&t->b, p->peer, "sending the handshake: %s", strerror(errno));
             out_retry(p, now);
-            return false;
+            return -1;
         }
         p->out_done += (size_t)n;
         if (p->out_done == HS_LEN) p->phase = PH_RECV;
@@ -442,117 +287,140 @@ static bool out_step(tdist__tp_t *tp, pending_t *p, int64_t now)
         ssize_t n = recv(p->fd, p->inf + p->in_done, HS_LEN - p->in_done, MSG_DONTWAIT);
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            set_problem(c, "connected, but no handshake reply yet (has it called connect?)");
-            return false;
+            tdist__tp_set_problem(&t->b, p->peer, "connected, but no handshake reply yet (has "
+                                  "it called connect?)");
+            return 0;
         }
         if (n <= 0) {
-            set_problem(c, "it closed the connection during the handshake (%s; tag, size or "
-                           "rank mismatch, or a stale address?)",
-                        n == 0 ? "EOF" : strerror(errno));
+            tdist__tp_set_problem(&t->b, p->peer, "it closed the connection during the "
+                                  "handshake (%s; tag, size or rank mismatch, or a stale "
+                                  "address?)",
+                                  n == 0 ? "EOF" : strerror(errno));
             out_retry(p, now);
+            return -1;
+        }
+        p->in_done += (size_t)n;
+    }
+    return 1;
+}
+
+/* Advance an outgoing set-up. Returns true when the channel is up. */
+static bool out_step(tcp_tp_t *t, pending_t *p, int64_t now)
+{
+    const char *addr = t->b.chan[p->peer].label;
+    if (p->phase == PH_CONNECTING) {
+        int err = tdist__net_connect_result(p->fd);
+        if (err == EINPROGRESS || err == EALREADY) return false;
+        if (err != 0) {
+            tdist__tp_set_problem(&t->b, p->peer, "connect: %s", strerror(err));
+            out_retry(p, now);
+            return false;
+        }
+        p->phase = PH_SEND;
+    }
+    if (out_exchange(t, p, now) <= 0) return false;
+    char why[200];
+    int from = -1;
+    if (!hs_check(&t->b, p->inf, HS_ACK, &from, why, sizeof why) || from != p->peer) {
+        if (from != p->peer && from >= 0)
+            snprintf(why, sizeof why, "the listener answered as rank %d", from);
+        TDIST_LOGW("rank %d: transport set-up: bad handshake reply from peer rank %d (%s): %s",
+                   t->b.rank, p->peer, addr, why);
+        tdist__tp_set_problem(&t->b, p->peer, "bad handshake reply: %s", why);
+        out_retry(p, now);
+        return false;
+    }
+    chan_up(t, p->peer, p->fd);
+    p->fd = -1;
+    TDIST_LOGD("rank %d: transport channel to peer rank %d (%s) is up", t->b.rank, p->peer, addr);
+    return true;
+}
+
+/* Reject an incoming connection during set-up (logged, closed). */
+static void in_reject(tcp_tp_t *t, pending_t *p, const char *why)
+{
+    TDIST_LOGW("rank %d: transport set-up: rejected a connection from %s: %s", t->b.rank, p->from,
+               why);
+    if (p->peer >= 0) t->conn[p->peer].claimed = false;
+    close_fd(&p->fd);
+}
+
+/* Read and check an accepted connection's HELLO and claim its rank.
+ * Returns true once the ACK is ready to go; false to wait for the socket
+ * or when the connection was rejected (then p->fd < 0). */
+static bool in_hello(tcp_tp_t *t, pending_t *p)
+{
+    while (p->in_done < HS_LEN) {
+        ssize_t n = recv(p->fd, p->inf + p->in_done, HS_LEN - p->in_done, MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
+        if (n <= 0) {
+            in_reject(t, p, n == 0 ? "closed before its handshake was complete" : strerror(errno));
             return false;
         }
         p->in_done += (size_t)n;
     }
     char why[200];
     int from = -1;
-    if (!hs_check(tp, p->inf, HS_ACK, &from, why, sizeof why) || from != p->peer) {
-        if (from != p->peer && from >= 0)
-            snprintf(why, sizeof why, "the listener answered as rank %d", from);
-        TDIST_LOGW("rank %d: transport set-up: bad handshake reply from peer rank %d (%s): %s",
-                   tp->rank, p->peer, c->addr, why);
-        set_problem(c, "bad handshake reply: %s", why);
-        out_retry(p, now);
+    if (!hs_check(&t->b, p->inf, HS_HELLO, &from, why, sizeof why)) {
+        in_reject(t, p, why);
         return false;
     }
-    c->fd = p->fd;
-    p->fd = -1;
-    TDIST_LOGD("rank %d: transport channel to peer rank %d (%s) is up", tp->rank, p->peer,
-               c->addr);
+    if (from <= t->b.rank) {
+        snprintf(why, sizeof why, "rank %d must accept rank %d's connection, not the reverse", from,
+                 t->b.rank);
+        in_reject(t, p, why);
+        return false;
+    }
+    if (t->conn[from].fd >= 0 || t->conn[from].claimed) {
+        snprintf(why, sizeof why, "a second connection claiming rank %d", from);
+        in_reject(t, p, why);
+        return false;
+    }
+    p->peer = from;
+    t->conn[from].claimed = true;
+    hs_encode(p->outf, HS_ACK, t->b.tag, t->b.size, t->b.rank, from);
+    p->phase = PH_SEND;
     return true;
-}
-
-/* Reject an incoming connection during set-up (logged, closed). */
-static void in_reject(tdist__tp_t *tp, pending_t *p, const char *why)
-{
-    TDIST_LOGW("rank %d: transport set-up: rejected a connection from %s: %s", tp->rank, p->from,
-               why);
-    if (p->peer >= 0) tp->ch[p->peer].claimed = false;
-    close_fd(&p->fd);
 }
 
 /* Advance an accepted connection. Returns the peer rank whose channel is
  * now up, or -1. */
-static int in_step(tdist__tp_t *tp, pending_t *p)
+static int in_step(tcp_tp_t *t, pending_t *p)
 {
-    if (p->phase == PH_RECV) {
-        while (p->in_done < HS_LEN) {
-            ssize_t n = recv(p->fd, p->inf + p->in_done, HS_LEN - p->in_done, MSG_DONTWAIT);
-            if (n < 0 && errno == EINTR) continue;
-            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return -1;
-            if (n <= 0) {
-                in_reject(tp, p, n == 0 ? "closed before its handshake was complete"
-                                        : strerror(errno));
-                return -1;
-            }
-            p->in_done += (size_t)n;
-        }
-        char why[200];
-        int from = -1;
-        if (!hs_check(tp, p->inf, HS_HELLO, &from, why, sizeof why)) {
-            in_reject(tp, p, why);
-            return -1;
-        }
-        if (from <= tp->rank) {
-            snprintf(why, sizeof why, "rank %d must accept rank %d's connection, not the reverse",
-                     from, tp->rank);
-            in_reject(tp, p, why);
-            return -1;
-        }
-        if (tp->ch[from].fd >= 0 || tp->ch[from].claimed) {
-            snprintf(why, sizeof why, "a second connection claiming rank %d", from);
-            in_reject(tp, p, why);
-            return -1;
-        }
-        p->peer = from;
-        tp->ch[from].claimed = true;
-        hs_encode(p->outf, HS_ACK, tp->tag, tp->size, tp->rank, from);
-        p->phase = PH_SEND;
-    }
+    if (p->phase == PH_RECV && !in_hello(t, p)) return -1;
     while (p->out_done < HS_LEN) {
         ssize_t n = send(p->fd, p->outf + p->out_done, HS_LEN - p->out_done,
                          MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return -1;
         if (n < 0) {
-            in_reject(tp, p, strerror(errno));
+            in_reject(t, p, strerror(errno));
             return -1;
         }
         p->out_done += (size_t)n;
     }
     int peer = p->peer;
-    channel_t *c = &tp->ch[peer];
-    c->fd = p->fd;
-    c->claimed = false;
+    chan_up(t, peer, p->fd);
+    t->conn[peer].claimed = false;
     p->fd = -1;
-    int one = 1;
-    setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    TDIST_LOGD("rank %d: transport channel from peer rank %d (%s, socket %s) is up", tp->rank,
-               peer, c->addr, p->from);
+    tdist__net_nodelay(t->conn[peer].fd);
+    TDIST_LOGD("rank %d: transport channel from peer rank %d (%s, socket %s) is up", t->b.rank,
+               peer, t->b.chan[peer].label, p->from);
     return peer;
 }
 
 /* Accept every waiting connection into a free in[] slot. */
-static void accept_all(tdist__tp_t *tp, pending_t *in)
+static void accept_all(tcp_tp_t *t, pending_t *in)
 {
     for (int guard = 0; guard < 1024; guard++) {
         struct sockaddr_storage ss;
         socklen_t sl = sizeof ss;
-        int fd = accept4(tp->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd = accept4(t->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED) continue;
             if (errno != EAGAIN && errno != EWOULDBLOCK)
-                TDIST_LOGW("rank %d: transport set-up: accept on %s: %s", tp->rank, tp->addr,
+                TDIST_LOGW("rank %d: transport set-up: accept on %s: %s", t->b.rank, t->b.addr,
                            strerror(errno));
             return;
         }
@@ -560,11 +428,11 @@ static void accept_all(tdist__tp_t *tp, pending_t *in)
         for (int i = 0; i < MAX_INCOMING && slot < 0; i++)
             if (in[i].fd < 0) slot = i;
         char from[ADDR_LEN];
-        sockaddr_str(&ss, from, sizeof from);
+        tdist__net_sockaddr_str(&ss, from, sizeof from);
         if (slot < 0) {
             TDIST_LOGW("rank %d: transport set-up: rejected a connection from %s: %d "
                        "handshakes already pending",
-                       tp->rank, from, MAX_INCOMING);
+                       t->b.rank, from, MAX_INCOMING);
             close(fd);
             continue;
         }
@@ -577,277 +445,238 @@ static void accept_all(tdist__tp_t *tp, pending_t *in)
     }
 }
 
-/* The deadline passed: one message naming every missing peer. */
-static tdist_status_t connect_timeout(tdist__tp_t *tp, int64_t start)
+/* Check every peer's address and keep it as the peer's label; note what
+ * set-up waits for from each peer until it says more. */
+static tdist_status_t take_addrs(tcp_tp_t *t, const char *const *addrs)
 {
-    char msg[ERRMSG_LEN];
-    size_t used = 0;
-    int missing = 0;
-    used += (size_t)snprintf(msg, sizeof msg,
-                             "rank %d: transport set-up timed out after %lld ms; missing peer "
-                             "ranks:",
-                             tp->rank, (long long)(tdist__now_ms() - start));
-    for (int r = 0; r < tp->size && used < sizeof msg; r++) {
-        channel_t *c = &tp->ch[r];
-        if (r == tp->rank || c->fd >= 0) continue;
-        const char *problem = c->problem[0] ? c->problem
-                              : r < tp->rank ? "no connection to it yet"
-                                             : "it has not connected to this rank";
-        used += (size_t)snprintf(msg + used, sizeof msg - used, "%s peer rank %d (%s): %s",
-                                 missing ? ";" : "", r, c->addr, problem);
-        missing++;
+    tdist__tp_t *tp = &t->b;
+    for (int r = 0; r < tp->size; r++) {
+        tdist__tp_chan_t *c = &tp->chan[r];
+        if (r == tp->rank) continue;
+        struct sockaddr_storage ss;
+        socklen_t sl;
+        if (!addrs[r] || strlen(addrs[r]) >= ADDR_LEN ||
+            !tdist__net_parse_ip_port(addrs[r], &ss, &sl))
+            return tdist__error(TDIST_ERR_INVALID_ARG,
+                                "tdist__tp_connect: rank %d: address of peer rank %d \"%.80s\" is "
+                                "not \"ip:port\" or \"[ip6]:port\"",
+                                tp->rank, r, addrs[r] ? addrs[r] : "(null)");
+        snprintf(c->label, sizeof c->label, "%s", addrs[r]);
+        snprintf(c->problem, sizeof c->problem, "%s",
+                 r < tp->rank ? "no connection to it yet" : "it has not connected to this rank");
     }
-    return fail(tp, TDIST_ERR_TIMEOUT, "%s", msg);
+    return TDIST_OK;
+}
+
+/* Allocate set-up's state: nothing is connecting yet. */
+static tdist_status_t setup_begin(tcp_tp_t *t, setup_t *s)
+{
+    s->nout = t->b.rank;
+    s->missing = t->b.size - 1;
+    int nfds = 2 + s->nout + MAX_INCOMING;
+    s->out = calloc((size_t)TDIST_MAX(s->nout, 1), sizeof *s->out);
+    s->in = calloc(MAX_INCOMING, sizeof *s->in);
+    s->pfd = calloc((size_t)nfds, sizeof *s->pfd);
+    s->pfd_p = calloc((size_t)nfds, sizeof *s->pfd_p);
+    if (!s->out || !s->in || !s->pfd || !s->pfd_p) {
+        free(s->out);
+        free(s->in);
+        free(s->pfd);
+        free(s->pfd_p);
+        return tdist__error(TDIST_ERR_NO_MEMORY, "tdist__tp_connect: rank %d: out of memory",
+                            t->b.rank);
+    }
+    s->start = tdist__now_ms();
+    for (int r = 0; r < s->nout; r++) {
+        s->out[r].fd = -1;
+        s->out[r].peer = r;
+        s->out[r].retry_at = s->start;
+    }
+    for (int i = 0; i < MAX_INCOMING; i++) s->in[i].fd = -1;
+    return TDIST_OK;
+}
+
+/* Close every connection set-up still holds (an accepted one that never
+ * finished its handshake is logged when set-up succeeded) and free. */
+static void setup_end(tcp_tp_t *t, setup_t *s, tdist_status_t st)
+{
+    for (int r = 0; r < s->nout; r++) close_fd(&s->out[r].fd);
+    for (int i = 0; i < MAX_INCOMING; i++) {
+        if (s->in[i].fd >= 0 && st == TDIST_OK)
+            TDIST_LOGW("rank %d: transport set-up: closing a connection from %s that never "
+                       "completed its handshake",
+                       t->b.rank, s->in[i].from);
+        close_fd(&s->in[i].fd);
+    }
+    free(s->out);
+    free(s->in);
+    free(s->pfd);
+    free(s->pfd_p);
+}
+
+/* Dial the peers whose retry is due. Returns when set-up must look again
+ * at the latest: the next retry, or deadline_ms. */
+static int64_t dial_due(tcp_tp_t *t, setup_t *s, int64_t now, int64_t deadline_ms)
+{
+    int64_t wake_at = deadline_ms;
+    for (int r = 0; r < s->nout; r++) {
+        pending_t *p = &s->out[r];
+        if (t->conn[r].fd >= 0 || p->fd >= 0) continue;
+        if (now >= p->retry_at) out_start(t, p, now);
+        if (p->fd >= 0 && p->phase == PH_SEND && out_step(t, p, now)) s->missing--;
+        if (p->fd < 0 && t->conn[r].fd < 0) wake_at = TDIST_MIN(wake_at, p->retry_at);
+    }
+    return wake_at;
+}
+
+/* Set-up's poll set: the abort eventfd, the listening socket, then every
+ * connection under way. Returns its size. */
+static int setup_pfd(tcp_tp_t *t, setup_t *s)
+{
+    int n = 0;
+    s->pfd[n] = (struct pollfd){.fd = t->wake_fd, .events = POLLIN};
+    s->pfd_p[n++] = NULL;
+    s->pfd[n] = (struct pollfd){.fd = t->listen_fd, .events = POLLIN};
+    s->pfd_p[n++] = NULL;
+    for (int r = 0; r < s->nout; r++) {
+        pending_t *p = &s->out[r];
+        if (p->fd < 0) continue;
+        s->pfd[n] = (struct pollfd){.fd = p->fd, .events = p->phase == PH_RECV ? POLLIN : POLLOUT};
+        s->pfd_p[n++] = p;
+    }
+    for (int i = 0; i < MAX_INCOMING; i++) {
+        pending_t *p = &s->in[i];
+        if (p->fd < 0) continue;
+        s->pfd[n] = (struct pollfd){.fd = p->fd, .events = p->phase == PH_RECV ? POLLIN : POLLOUT};
+        s->pfd_p[n++] = p;
+    }
+    return n;
+}
+
+/* Serve what a poll over setup_pfd's n entries found ready. */
+static void setup_serve(tcp_tp_t *t, setup_t *s, int n)
+{
+    int64_t now = tdist__now_ms();
+    if (s->pfd[1].revents) accept_all(t, s->in);
+    for (int i = 2; i < n; i++) {
+        pending_t *p = s->pfd_p[i];
+        if (!s->pfd[i].revents || p->fd < 0) continue;
+        if (p >= s->out && p < s->out + s->nout) {
+            if (out_step(t, p, now)) s->missing--;
+        } else if (in_step(t, p) >= 0) {
+            s->missing--;
+        }
+    }
 }
 
 tdist_status_t tdist__tcp_connect(tdist__tp_t *tp, const char *const *addrs, int64_t deadline_ms)
 {
-    static const char fn[] = "tdist__tp_connect";
-    TDIST_ARG_CHECK(tp != NULL, fn);
-    TDIST_ARG_CHECK(addrs != NULL, fn);
-    if (tp->err != TDIST_OK) return sticky(tp);
-    if (tp->connected || tp->listen_fd < 0)
-        return tdist__error(TDIST_ERR_INVALID_ARG, "%s: rank %d: already connected", fn, tp->rank);
-    for (int r = 0; r < tp->size; r++) {
-        if (r == tp->rank) {
-            snprintf(tp->ch[r].addr, ADDR_LEN, "%s", tp->addr);
-            continue;
-        }
-        struct sockaddr_storage ss;
-        socklen_t sl;
-        if (!addrs[r] || strlen(addrs[r]) >= ADDR_LEN || !parse_addr(addrs[r], &ss, &sl))
-            return tdist__error(TDIST_ERR_INVALID_ARG,
-                                "%s: rank %d: address of peer rank %d \"%.80s\" is not "
-                                "\"ip:port\" or \"[ip6]:port\"",
-                                fn, tp->rank, r, addrs[r] ? addrs[r] : "(null)");
-        snprintf(tp->ch[r].addr, ADDR_LEN, "%s", addrs[r]);
-    }
-
-    int nout = tp->rank; /* outgoing to ranks 0..rank-1 */
-    int nfds = 2 + nout + MAX_INCOMING;
-    pending_t *out = calloc((size_t)TDIST_MAX(nout, 1), sizeof *out);
-    pending_t *in = calloc(MAX_INCOMING, sizeof *in);
-    struct pollfd *pfd = calloc((size_t)nfds, sizeof *pfd);
-    pending_t **pfd_p = calloc((size_t)nfds, sizeof *pfd_p);
-    if (!out || !in || !pfd || !pfd_p) {
-        free(out);
-        free(in);
-        free(pfd);
-        free(pfd_p);
-        return tdist__error(TDIST_ERR_NO_MEMORY, "%s: rank %d: out of memory", fn, tp->rank);
-    }
-    int64_t start = tdist__now_ms();
-    for (int r = 0; r < nout; r++) {
-        out[r].fd = -1;
-        out[r].peer = r;
-        out[r].retry_at = start;
-    }
-    for (int i = 0; i < MAX_INCOMING; i++) in[i].fd = -1;
-
+    tcp_tp_t *t = TCP(tp);
+    TDIST_CHECK(take_addrs(t, addrs));
+    setup_t s = {.out = NULL};
+    TDIST_CHECK(setup_begin(t, &s));
     tdist_status_t st = TDIST_OK;
-    int missing = tp->size - 1;
     for (;;) {
         if (atomic_load(&tp->aborted)) {
-            st = fail_aborted(tp);
+            st = tdist__tp_fail_aborted(tp);
             break;
         }
         int64_t now = tdist__now_ms();
-        int64_t wake_at = deadline_ms;
-        for (int r = 0; r < nout; r++) {
-            pending_t *p = &out[r];
-            if (tp->ch[r].fd >= 0 || p->fd >= 0) continue;
-            if (now >= p->retry_at) out_start(tp, p, now);
-            if (p->fd >= 0 && p->phase == PH_SEND && out_step(tp, p, now)) missing--;
-            if (p->fd < 0 && tp->ch[r].fd < 0) wake_at = TDIST_MIN(wake_at, p->retry_at);
-        }
-        if (missing == 0) break;
+        int64_t wake_at = dial_due(t, &s, now, deadline_ms);
+        if (s.missing == 0) break;
         if (now >= deadline_ms) {
-            st = connect_timeout(tp, start);
+            st = tdist__tp_setup_timeout(tp, "transport", s.start);
             break;
         }
-        int n = 0;
-        pfd[n] = (struct pollfd){.fd = tp->wake_fd, .events = POLLIN};
-        pfd_p[n++] = NULL;
-        pfd[n] = (struct pollfd){.fd = tp->listen_fd, .events = POLLIN};
-        pfd_p[n++] = NULL;
-        for (int r = 0; r < nout; r++) {
-            if (out[r].fd < 0) continue;
-            pfd[n] = (struct pollfd){.fd = out[r].fd,
-                                     .events = out[r].phase == PH_RECV ? POLLIN : POLLOUT};
-            pfd_p[n++] = &out[r];
-        }
-        for (int i = 0; i < MAX_INCOMING; i++) {
-            if (in[i].fd < 0) continue;
-            pfd[n] = (struct pollfd){.fd = in[i].fd,
-                                     .events = in[i].phase == PH_RECV ? POLLIN : POLLOUT};
-            pfd_p[n++] = &in[i];
-        }
-        int rc = poll(pfd, (nfds_t)n, tdist__ms_left(wake_at));
+        int n = setup_pfd(t, &s);
+        int rc = poll(s.pfd, (nfds_t)n, tdist__ms_left(wake_at));
         if (rc < 0 && errno != EINTR) {
-            st = fail(tp, TDIST_ERR_SYSTEM, "rank %d: transport set-up: poll: %s", tp->rank,
-                      strerror(errno));
+            st = tdist__tp_fail(tp, TDIST_ERR_SYSTEM, "rank %d: transport set-up: poll: %s",
+                                tp->rank, strerror(errno));
             break;
         }
-        if (rc <= 0) continue;
-        now = tdist__now_ms();
-        if (pfd[1].revents) accept_all(tp, in);
-        for (int i = 2; i < n; i++) {
-            pending_t *p = pfd_p[i];
-            if (!pfd[i].revents || p->fd < 0) continue;
-            if (p >= out && p < out + nout) {
-                if (out_step(tp, p, now)) missing--;
-            } else if (in_step(tp, p) >= 0) {
-                missing--;
-            }
-        }
+        if (rc > 0) setup_serve(t, &s, n);
     }
-    for (int r = 0; r < nout; r++) close_fd(&out[r].fd);
-    for (int i = 0; i < MAX_INCOMING; i++) {
-        if (in[i].fd >= 0 && st == TDIST_OK)
-            TDIST_LOGW("rank %d: transport set-up: closing a connection from %s that never "
-                       "completed its handshake",
-                       tp->rank, in[i].from);
-        close_fd(&in[i].fd);
-    }
-    free(out);
-    free(in);
-    free(pfd);
-    free(pfd_p);
+    setup_end(t, &s, st);
     if (st != TDIST_OK) return st;
-    close_fd(&tp->listen_fd); /* every peer is here; nobody else may join */
+    close_fd(&t->listen_fd); /* every peer is here; nobody else may join */
     tp->connected = true;
     TDIST_LOGD("rank %d: transport mesh of %d ranks up in %lld ms", tp->rank, tp->size,
-               (long long)(tdist__now_ms() - start));
+               (long long)(tdist__now_ms() - s.start));
     return TDIST_OK;
 }
 
 /* --------------------------------------------------------------- data */
 
-static tdist_status_t post(tdist__tp_t *tp, tdist__tp_req_t *req, int peer, void *buf,
-                           size_t len, bool is_send, const char *fn)
-{
-    TDIST_ARG_CHECK(tp != NULL, fn);
-    TDIST_CHECK(tdist__tp_check_post(tp->rank, tp->size, req != NULL, peer, buf, len, fn));
-    if (tp->err != TDIST_OK) return sticky(tp);
-    if (atomic_load(&tp->aborted)) return fail_aborted(tp);
-    if (!tp->connected)
-        return tdist__error(TDIST_ERR_INVALID_ARG, "%s: rank %d: transport is not connected", fn,
-                            tp->rank);
-    channel_t *c = &tp->ch[peer];
-    if (is_send)
-        tdist__tp_req_enqueue(req, peer, buf, len, true, &c->sq_head, &c->sq_tail);
-    else
-        tdist__tp_req_enqueue(req, peer, buf, len, false, &c->rq_head, &c->rq_tail);
-    return TDIST_OK;
-}
-
-tdist_status_t tdist__tcp_post_send(tdist__tp_t *tp, tdist__tp_req_t *req, int peer,
-                                   const void *buf, size_t len)
-{
-    return post(tp, req, peer, (void *)buf, len, true, "tdist__tp_post_send");
-}
-
-tdist_status_t tdist__tcp_post_recv(tdist__tp_t *tp, tdist__tp_req_t *req, int peer, void *buf,
-                                   size_t len)
-{
-    return post(tp, req, peer, buf, len, false, "tdist__tp_post_recv");
-}
-
 /* The peer is gone (err 0: EOF): fail the transport naming it. */
-static tdist_status_t peer_lost(tdist__tp_t *tp, int peer, const tdist__tp_req_t *req, int err)
+static void peer_lost(tcp_tp_t *t, int peer, const tdist__tp_req_t *req, int err)
 {
-    channel_t *c = &tp->ch[peer];
-    char what[96] = "";
-    if (req)
-        snprintf(what, sizeof what, " (%s %zu bytes, %zu done)",
-                 req->is_send ? "sending" : "receiving", req->len, req->done);
-    if (err == 0)
-        return fail(tp, TDIST_ERR_CONNECTION, "rank %d: peer rank %d (%s) closed the connection%s",
-                    tp->rank, peer, c->addr, what);
-    if (err == ECONNRESET || err == EPIPE)
-        return fail(tp, TDIST_ERR_CONNECTION,
-                    "rank %d: peer rank %d (%s) closed the connection: %s%s", tp->rank, peer,
-                    c->addr, strerror(err), what);
-    tdist_status_t st = err == ENOMEM || err == ENOBUFS ? TDIST_ERR_NO_MEMORY : TDIST_ERR_CONNECTION;
-    return fail(tp, st, "rank %d: peer rank %d (%s): socket error: %s%s", tp->rank, peer, c->addr,
-                strerror(err), what);
+    char how[160];
+    tdist_status_t st = TDIST_ERR_CONNECTION;
+    if (err == 0) {
+        snprintf(how, sizeof how, " closed the connection");
+    } else if (err == ECONNRESET || err == EPIPE) {
+        snprintf(how, sizeof how, " closed the connection: %s", strerror(err));
+    } else {
+        snprintf(how, sizeof how, ": socket error: %s", strerror(err));
+        if (err == ENOMEM || err == ENOBUFS) st = TDIST_ERR_NO_MEMORY;
+    }
+    tdist__tp_fail_peer(&t->b, st, peer, req, how);
 }
 
-/* Push queued sends to peer until the socket is full. Returns whether a
- * byte moved; on a failure the transport is failed (tp->err). */
-static bool drive_send(tdist__tp_t *tp, int peer)
+/* Move bytes of peer's queued sends (is_send) into its socket until the
+ * socket is full, or of its socket into the queued receives, never reading
+ * past them. Returns whether a byte moved; on a failure the transport is
+ * failed (its err). */
+static bool drive(tcp_tp_t *t, int peer, bool is_send)
 {
-    channel_t *c = &tp->ch[peer];
+    tdist__tp_chan_t *q = &t->b.chan[peer];
+    const conn_t *c = &t->conn[peer];
+    tdist__tp_req_t **head = is_send ? &q->sq_head : &q->rq_head;
+    tdist__tp_req_t **tail = is_send ? &q->sq_tail : &q->rq_tail;
     bool moved = false;
-    while (c->sq_head && tp->err == TDIST_OK) {
-        tdist__tp_req_t *req = c->sq_head;
-        if (c->peer_closed) {
-            peer_lost(tp, peer, req, 0);
+    while (*head && t->b.err == TDIST_OK) {
+        tdist__tp_req_t *req = *head;
+        if (is_send && c->peer_closed) {
+            peer_lost(t, peer, req, 0);
             break;
         }
-        ssize_t n = send(c->fd, req->buf + req->done, req->len - req->done,
-                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        uint8_t *at = req->buf + req->done;
+        size_t left = req->len - req->done;
+        ssize_t n = is_send ? send(c->fd, at, left, MSG_NOSIGNAL | MSG_DONTWAIT)
+                            : recv(c->fd, at, left, MSG_DONTWAIT);
         if (n < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-            peer_lost(tp, peer, req, errno);
+            peer_lost(t, peer, req, errno);
+            break;
+        }
+        if (n == 0 && !is_send) { /* EOF */
+            peer_lost(t, peer, req, 0);
             break;
         }
         moved = true;
-        req->done += (size_t)n;
-        if (req->done == req->len) {
-            c->sq_head = req->next;
-            if (!c->sq_head) c->sq_tail = NULL;
-            finish(req, TDIST_OK);
-        }
+        tdist__tp_req_moved(req, (size_t)n, head, tail);
     }
     return moved;
 }
 
-/* Fill queued receives from peer with what the socket holds, never
- * reading past the posted receives. Same conventions as drive_send. */
-static bool drive_recv(tdist__tp_t *tp, int peer)
+/* The poll set, in the shared pfd: the abort eventfd first, then every
+ * channel with work (sends want POLLOUT, receives POLLIN); an idle channel
+ * is watched for the peer closing it (POLLRDHUP), which is noted and
+ * becomes an error only when a request needs that peer. Returns its size. */
+static int fill_pfd(tcp_tp_t *t)
 {
-    channel_t *c = &tp->ch[peer];
-    bool moved = false;
-    while (c->rq_head && tp->err == TDIST_OK) {
-        tdist__tp_req_t *req = c->rq_head;
-        ssize_t n = recv(c->fd, req->buf + req->done, req->len - req->done, MSG_DONTWAIT);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-            peer_lost(tp, peer, req, errno);
-            break;
-        }
-        if (n == 0) {
-            peer_lost(tp, peer, req, 0);
-            break;
-        }
-        moved = true;
-        req->done += (size_t)n;
-        if (req->done == req->len) {
-            c->rq_head = req->next;
-            if (!c->rq_head) c->rq_tail = NULL;
-            finish(req, TDIST_OK);
-        }
-    }
-    return moved;
-}
-
-/* The poll set, in tp->pfd: the abort eventfd first, then every channel
- * with work (sends want POLLOUT, receives POLLIN); an idle channel is
- * watched for the peer closing it (POLLRDHUP), which is noted and becomes
- * an error only when a request needs that peer. Returns its size. */
-static int fill_pfd(tdist__tp_t *tp)
-{
+    tdist__tp_t *tp = &t->b;
     int n = 0;
-    tp->pfd[n] = (struct pollfd){.fd = tp->wake_fd, .events = POLLIN};
+    tp->pfd[n] = (struct pollfd){.fd = t->wake_fd, .events = POLLIN};
     tp->pfd_peer[n++] = -1;
     for (int p = 0; p < tp->size; p++) {
-        channel_t *c = &tp->ch[p];
+        const tdist__tp_chan_t *q = &tp->chan[p];
+        const conn_t *c = &t->conn[p];
         if (p == tp->rank || c->fd < 0) continue;
-        short ev = (short)((c->sq_head ? POLLOUT : 0) | (c->rq_head ? POLLIN : 0));
-        if (!c->rq_head && !c->peer_closed) ev |= POLLRDHUP;
+        short ev = (short)((q->sq_head ? POLLOUT : 0) | (q->rq_head ? POLLIN : 0));
+        if (!q->rq_head && !c->peer_closed) ev |= POLLRDHUP;
         if (!ev) continue;
         tp->pfd[n] = (struct pollfd){.fd = c->fd, .events = ev};
         tp->pfd_peer[n++] = p;
@@ -857,35 +686,31 @@ static int fill_pfd(tdist__tp_t *tp)
 
 /* Drive the channels a poll over fill_pfd's n entries found ready.
  * Returns whether a byte moved. */
-static bool serve_ready(tdist__tp_t *tp, int n)
+static bool serve_ready(tcp_tp_t *t, int n)
 {
+    tdist__tp_t *tp = &t->b;
     bool moved = false;
     for (int i = 1; i < n && tp->err == TDIST_OK; i++) {
         short re = tp->pfd[i].revents;
         if (!re) continue;
         int p = tp->pfd_peer[i];
-        channel_t *c = &tp->ch[p];
-        if (!c->rq_head && (re & (POLLRDHUP | POLLHUP | POLLERR))) {
+        const tdist__tp_chan_t *q = &tp->chan[p];
+        if (!q->rq_head && (re & (POLLRDHUP | POLLHUP | POLLERR))) {
             /* Closed or reset while we expect nothing from it: not an
              * error yet (it may have finished and left); a send to it or
              * a receive it cannot satisfy will fail. */
-            c->peer_closed = true;
-            TDIST_LOGD("rank %d: peer rank %d (%s) closed its channel", tp->rank, p, c->addr);
+            t->conn[p].peer_closed = true;
+            TDIST_LOGD("rank %d: peer rank %d (%s) closed its channel", tp->rank, p, q->label);
         }
-        if (c->sq_head) moved |= drive_send(tp, p);
-        if (c->rq_head) moved |= drive_recv(tp, p);
+        if (q->sq_head) moved |= drive(t, p, true);
+        if (q->rq_head) moved |= drive(t, p, false);
     }
     return moved;
 }
 
 tdist_status_t tdist__tcp_progress(tdist__tp_t *tp, int timeout_ms)
 {
-    TDIST_ARG_CHECK(tp != NULL, "tdist__tp_progress");
-    if (tp->err != TDIST_OK) return sticky(tp);
-    if (atomic_load(&tp->aborted)) return fail_aborted(tp);
-    if (!tp->connected)
-        return tdist__error(TDIST_ERR_INVALID_ARG, "tdist__tp_progress: rank %d: transport is not "
-                            "connected", tp->rank);
+    tcp_tp_t *t = TCP(tp);
     /* First try every channel with work without waiting: a send usually
      * goes straight into the socket. */
     bool moved = false;
@@ -893,28 +718,26 @@ tdist_status_t tdist__tcp_progress(tdist__tp_t *tp, int timeout_ms)
     for (int round = 0;; round++) {
         if (round == 0) {
             for (int p = 0; p < tp->size && tp->err == TDIST_OK; p++) {
-                if (tp->ch[p].sq_head) moved |= drive_send(tp, p);
-                if (tp->ch[p].rq_head) moved |= drive_recv(tp, p);
+                if (tp->chan[p].sq_head) moved |= drive(t, p, true);
+                if (tp->chan[p].rq_head) moved |= drive(t, p, false);
             }
         } else {
             /* one poll() tells which channels can move, instead of a
              * send or receive per channel that mostly finds EAGAIN */
-            int n = fill_pfd(tp);
+            int n = fill_pfd(t);
             int rc = poll(tp->pfd, (nfds_t)n, 0);
             if (rc < 0 && errno != EINTR)
-                return fail(tp, TDIST_ERR_SYSTEM, "rank %d: transport poll: %s", tp->rank,
-                            strerror(errno));
-            if (rc > 0) moved |= serve_ready(tp, n);
+                return tdist__tp_fail(tp, TDIST_ERR_SYSTEM, "rank %d: transport poll: %s",
+                                      tp->rank, strerror(errno));
+            if (rc > 0) moved |= serve_ready(t, n);
         }
-        if (tp->err != TDIST_OK) return sticky(tp);
+        if (tp->err != TDIST_OK) return tdist__tp_sticky(tp);
         if (moved || timeout_ms == 0) return TDIST_OK;
         /* Retry, yielding, for up to SPIN_NS before sleeping in poll(): a
          * reply that is microseconds away costs less than a sleep and a
          * wake-up, and a rank that shares its core with the peer it waits
          * for hands it the CPU at once (as the shm transport's waits do).
-         * A spin of 20 us that then stopped spinning for the next 64
-         * sleeps made most waits of 4 ranks on 2 cores a wake-up
-         * (docs/transport.md has the figures). */
+         * docs/transport.md, "Progress model", says why this long. */
         uint64_t now = tdist__now_ns();
         if (round == 0) spin_until = now + SPIN_NS;
         if (now >= spin_until || atomic_load(&tp->aborted)) break;
@@ -922,140 +745,35 @@ tdist_status_t tdist__tcp_progress(tdist__tp_t *tp, int timeout_ms)
     }
 
     /* Then sleep in one poll (fill_pfd says what it watches). */
-    int n = fill_pfd(tp);
+    int n = fill_pfd(t);
     int rc = poll(tp->pfd, (nfds_t)n, timeout_ms < 0 ? -1 : timeout_ms);
     if (rc < 0) {
         if (errno == EINTR) return TDIST_OK;
-        return fail(tp, TDIST_ERR_SYSTEM, "rank %d: transport poll: %s", tp->rank,
-                    strerror(errno));
+        return tdist__tp_fail(tp, TDIST_ERR_SYSTEM, "rank %d: transport poll: %s", tp->rank,
+                              strerror(errno));
     }
-    if (atomic_load(&tp->aborted)) return fail_aborted(tp);
-    serve_ready(tp, n);
-    return tp->err != TDIST_OK ? sticky(tp) : TDIST_OK;
+    if (atomic_load(&tp->aborted)) return tdist__tp_fail_aborted(tp);
+    serve_ready(t, n);
+    return tp->err != TDIST_OK ? tdist__tp_sticky(tp) : TDIST_OK;
 }
 
-/* The deadline passed: name every peer still owed bytes by reqs. */
-static tdist_status_t wait_timeout(tdist__tp_t *tp, tdist__tp_req_t *const *reqs, size_t n,
-                                   int64_t start)
-{
-    char msg[ERRMSG_LEN];
-    size_t used = (size_t)snprintf(msg, sizeof msg,
-                                   "rank %d: transport wait timed out after %lld ms; still owed:",
-                                   tp->rank, (long long)(tdist__now_ms() - start));
-    size_t listed = 0, open = 0;
-    for (size_t i = 0; i < n; i++) {
-        const tdist__tp_req_t *r = reqs[i];
-        if (r->finished) continue;
-        open++;
-        if (listed == 8 || used >= sizeof msg) continue;
-        used += (size_t)snprintf(msg + used, sizeof msg - used, "%s %s peer rank %d (%s) %zu/%zu bytes",
-                                 listed ? ";" : "", r->is_send ? "send to" : "receive from",
-                                 r->peer, tp->ch[r->peer].addr, r->done, r->len);
-        listed++;
-    }
-    if (open > listed && used < sizeof msg)
-        snprintf(msg + used, sizeof msg - used, "; and %zu more", open - listed);
-    return tdist__error(TDIST_ERR_TIMEOUT, "%s", msg);
-}
+/* ------------------------------------------------------ abort, destroy */
 
-tdist_status_t tdist__tcp_wait(tdist__tp_t *tp, tdist__tp_req_t *const *reqs, size_t n,
-                              int64_t deadline_ms)
+void tdist__tcp_wake(tdist__tp_t *tp)
 {
-    static const char fn[] = "tdist__tp_wait";
-    TDIST_ARG_CHECK(tp != NULL, fn);
-    TDIST_ARG_CHECK(reqs != NULL || n == 0, fn);
-    for (size_t i = 0; i < n; i++)
-        if (!reqs[i])
-            return tdist__error(TDIST_ERR_INVALID_ARG, "%s: rank %d: request %zu is NULL", fn,
-                                tp->rank, i);
-    int64_t start = tdist__now_ms();
-    for (;;) {
-        size_t open = 0;
-        tdist_status_t worst = TDIST_OK;
-        for (size_t i = 0; i < n; i++) {
-            if (!reqs[i]->finished)
-                open++;
-            else if (reqs[i]->status != TDIST_OK)
-                worst = reqs[i]->status;
-        }
-        if (worst != TDIST_OK)
-            return tp->err != TDIST_OK ? sticky(tp)
-                                       : tdist__error(worst, "rank %d: a request failed", tp->rank);
-        if (open == 0) return TDIST_OK;
-        if (tp->err != TDIST_OK) return sticky(tp);
-        int64_t now = tdist__now_ms();
-        bool late = now >= deadline_ms;
-        TDIST_CHECK(tdist__tcp_progress(tp, late ? 0 : tdist__ms_left(deadline_ms)));
-        if (late) {
-            bool all = true;
-            for (size_t i = 0; i < n; i++) all = all && reqs[i]->finished;
-            if (!all) return wait_timeout(tp, reqs, n, start);
-        }
-    }
-}
-
-/* Wait for reqs posted by a blocking convenience. Their memory is on the
- * caller's stack, so they cannot stay posted after a timeout: a timeout
- * fails the transport (the byte streams' positions are lost). */
-static tdist_status_t wait_blocking(tdist__tp_t *tp, tdist__tp_req_t *const *reqs, size_t n,
-                                    int64_t deadline_ms)
-{
-    tdist_status_t st = tdist__tcp_wait(tp, reqs, n, deadline_ms);
-    if (st == TDIST_ERR_TIMEOUT)
-        return fail(tp, TDIST_ERR_TIMEOUT, "%s (a blocking call timed out: the transport is failed)",
-                    tdist_last_error());
-    return st;
-}
-
-tdist_status_t tdist__tcp_send(tdist__tp_t *tp, int peer, const void *buf, size_t len,
-                              int64_t deadline_ms)
-{
-    tdist__tp_req_t req, *r = &req;
-    TDIST_CHECK(tdist__tcp_post_send(tp, &req, peer, buf, len));
-    return wait_blocking(tp, &r, 1, deadline_ms);
-}
-
-tdist_status_t tdist__tcp_recv(tdist__tp_t *tp, int peer, void *buf, size_t len,
-                              int64_t deadline_ms)
-{
-    tdist__tp_req_t req, *r = &req;
-    TDIST_CHECK(tdist__tcp_post_recv(tp, &req, peer, buf, len));
-    return wait_blocking(tp, &r, 1, deadline_ms);
-}
-
-tdist_status_t tdist__tcp_sendrecv(tdist__tp_t *tp, int to, const void *sbuf, size_t slen,
-                                  int from, void *rbuf, size_t rlen, int64_t deadline_ms)
-{
-    tdist__tp_req_t sreq, rreq, *rs[2] = {&sreq, &rreq};
-    TDIST_CHECK(tdist__tcp_post_send(tp, &sreq, to, sbuf, slen));
-    tdist_status_t st = tdist__tcp_post_recv(tp, &rreq, from, rbuf, rlen);
-    if (st != TDIST_OK) {
-        if (!sreq.finished)
-            return fail(tp, st, "%s (the send half was posted: the transport is failed)",
-                        tdist_last_error());
-        return st;
-    }
-    return wait_blocking(tp, rs, 2, deadline_ms);
-}
-
-void tdist__tcp_abort(tdist__tp_t *tp)
-{
-    if (!tp) return;
-    atomic_store(&tp->aborted, true);
     uint64_t one = 1;
     ssize_t rc;
-    TDIST_SYSCALL(rc, write(tp->wake_fd, &one, sizeof one));
+    TDIST_SYSCALL(rc, write(TCP(tp)->wake_fd, &one, sizeof one));
     (void)rc; /* EAGAIN: the counter is already non-zero, a wake-up is pending */
 }
 
 void tdist__tcp_destroy(tdist__tp_t *tp)
 {
-    if (!tp) return;
-    for (int p = 0; p < tp->size; p++) close_fd(&tp->ch[p].fd);
-    close_fd(&tp->listen_fd);
-    close_fd(&tp->wake_fd);
-    free(tp->ch);
-    free(tp->pfd);
-    free(tp->pfd_peer);
-    free(tp);
+    tcp_tp_t *t = TCP(tp);
+    for (int p = 0; t->conn && p < tp->size; p++) close_fd(&t->conn[p].fd);
+    close_fd(&t->listen_fd);
+    close_fd(&t->wake_fd);
+    free(t->conn);
+    tdist__tp_base_fini(tp);
+    free(t);
 }

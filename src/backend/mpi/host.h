@@ -52,5 +52,8 @@ extern const tdist__host_t *tdist__host;
 #define tdist__fp_describe (tdist__host->tdist__fp_describe)
 #define tdist__fnv1a (tdist__host->tdist__fnv1a)
 #define tdist__world_next_group (tdist__host->tdist__world_next_group)
+#define tdist__net_parse_ip (tdist__host->tdist__net_parse_ip)
+#define tdist__net_listen_fd (tdist__host->tdist__net_listen_fd)
+#define tdist__net_sockaddr_port (tdist__host->tdist__net_sockaddr_port)
 
 #endif /* TDIST_BACKEND_MPI_HOST_H */

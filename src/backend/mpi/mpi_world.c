@@ -20,9 +20,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include <arpa/inet.h>
 #include <mpi.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -103,40 +101,23 @@ static tdist_status_t ensure_mpi(void)
     return TDIST_OK;
 }
 
-/* Rank 0: a listening socket on host, port 0. */
+/* Rank 0: a listening socket on host (a numeric address), port 0. */
 static tdist_status_t listen_on(const char *host, int *fd_out, int *port_out)
 {
     struct sockaddr_storage ss;
-    memset(&ss, 0, sizeof ss);
     socklen_t len;
-    int fam;
-    struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
-    struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
-    if (inet_pton(AF_INET, host, &s4->sin_addr) == 1) {
-        fam = AF_INET;
-        s4->sin_family = AF_INET;
-        len = sizeof *s4;
-    } else if (inet_pton(AF_INET6, host, &s6->sin6_addr) == 1) {
-        fam = AF_INET6;
-        s6->sin6_family = AF_INET6;
-        len = sizeof *s6;
-    } else {
+    if (!tdist__net_parse_ip(host, strlen(host), 0, &ss, &len))
         return tdist__error(TDIST_ERR_INVALID_ARG, "tdist_init(mpi://): \"%s\" is not a numeric "
                                                    "address", host);
-    }
-    int fd = socket(fam, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return tdist__error_errno(errno, "tdist_init(mpi://): socket");
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, (struct sockaddr *)&ss, len) != 0 || listen(fd, 1024) != 0 ||
-        getsockname(fd, (struct sockaddr *)&ss, &len) != 0) {
-        int e = errno;
-        close(fd);
-        return tdist__error_errno(e, "tdist_init(mpi://): rank 0 cannot listen on %s port 0 for "
-                                     "the store", host);
-    }
+    const char *failed = "";
+    int fd = tdist__net_listen_fd(&ss, len, 1024, TDIST__NET_REUSEADDR, &failed);
+    if (fd < 0 && strcmp(failed, "socket") == 0)
+        return tdist__error_errno(errno, "tdist_init(mpi://): socket");
+    if (fd < 0)
+        return tdist__error_errno(errno, "tdist_init(mpi://): rank 0 cannot listen on %s port 0 "
+                                         "for the store", host);
     *fd_out = fd;
-    *port_out = ntohs(fam == AF_INET ? s4->sin_port : s6->sin6_port);
+    *port_out = tdist__net_sockaddr_port(&ss);
     return TDIST_OK;
 }
 
@@ -146,6 +127,79 @@ typedef struct where {
     char host[120];
     char msg[376];
 } where_t;
+
+/* Another MPI's launcher (Open MPI's mpirun starting an MPICH build, or
+ * MPICH's mpiexec an Open MPI one): MPI_Init makes every process a
+ * singleton, N separate jobs of 1 rank. size: MPI_COMM_WORLD's size; the
+ * error names the launcher's variable and the MPI tdist is linked with. */
+static tdist_status_t refuse_foreign_launcher(int size)
+{
+    const char *lvar = NULL;
+    long lsize = launcher_size(&lvar);
+    if (size != 1 || lsize <= 1) return TDIST_OK;
+    char ver[MPI_MAX_LIBRARY_VERSION_STRING] = "";
+    int vlen = 0;
+    MPI_Get_library_version(ver, &vlen);
+    ver[strcspn(ver, ",\n")] = '\0'; /* "Open MPI v4.1.4", "MPICH Version:\t4.0.2" */
+    for (char *p = ver; *p; p++)
+        if (*p == '\t') *p = ' ';
+    return tdist__error(TDIST_ERR_MISMATCH,
+                        "tdist_init(mpi://): %s=%ld, but MPI_COMM_WORLD has 1 rank: another "
+                        "MPI's launcher started this job, not the one of the MPI tdist is "
+                        "linked with (%.120s); start it with that MPI's mpiexec (tdistrun: "
+                        "set TDIST_MPIRUN)",
+                        lvar, lsize, ver);
+}
+
+/* Rank 0 opens the store's listening socket (*fd) and every rank receives
+ * its address, or rank 0's failure, in *wh (MPI_Bcast on c). Returns the
+ * broadcast's MPI code. */
+static int share_store_address(MPI_Comm c, int rank, int size, where_t *wh, int *fd)
+{
+    int local = 1;
+    MPI_Comm node;
+    int rc = MPI_Comm_split_type(c, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+    if (rc == MPI_SUCCESS) {
+        MPI_Comm_size(node, &local);
+        MPI_Comm_free(&node);
+    }
+    int one_node = local == size, all_one = 0;
+    /* the store's host must be reachable by every rank: 127.0.0.1 only if
+     * every rank said it shares rank 0's node */
+    MPI_Allreduce(&one_node, &all_one, 1, MPI_INT, MPI_MIN, c);
+
+    memset(wh, 0, sizeof *wh);
+    if (rank == 0) {
+        const char *host = "127.0.0.1";
+        char addr[TDIST__IFADDR_MAX], ifname[TDIST__IFNAME_MAX];
+        const char *how = "";
+        tdist_status_t st = TDIST_OK;
+        if (!all_one) {
+            st = tdist__iface_select(NULL, 0, addr, sizeof addr, ifname, sizeof ifname, &how);
+            host = addr;
+        }
+        int port = 0;
+        if (st == TDIST_OK) st = listen_on(host, fd, &port);
+        wh->status = st;
+        wh->port = port;
+        snprintf(wh->host, sizeof wh->host, "%s", host);
+        if (st != TDIST_OK) snprintf(wh->msg, sizeof wh->msg, "%s", tdist_last_error());
+    }
+    return MPI_Bcast(wh, (int)sizeof *wh, MPI_BYTE, 0, c);
+}
+
+/* tcp://host:port?rank=R&world_size=N of the store in wh (an IPv6 host
+ * in brackets). */
+static void store_url(char *tcp, size_t cap, where_t *wh, int rank, int size)
+{
+    wh->host[sizeof wh->host - 1] = '\0';
+    if (strchr(wh->host, ':'))
+        snprintf(tcp, cap, "tcp://[%s]:%d?rank=%d&world_size=%d", wh->host, (int)wh->port, rank,
+                 size);
+    else
+        snprintf(tcp, cap, "tcp://%s:%d?rank=%d&world_size=%d", wh->host, (int)wh->port, rank,
+                 size);
+}
 
 tdist_status_t tdist__mpim_world_init(const char *url, const tdist_init_opts_t *opts,
                                      tdist_world_t **out)
@@ -169,60 +223,17 @@ tdist_status_t tdist__mpim_world_init(const char *url, const tdist_init_opts_t *
     int rc = MPI_Comm_dup(MPI_COMM_WORLD, &c);
     if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Comm_dup(MPI_COMM_WORLD)");
     MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
-    int rank = 0, size = 1, local = 1;
+    int rank = 0, size = 1;
     MPI_Comm_rank(c, &rank);
     MPI_Comm_size(c, &size);
-    /* another MPI's launcher (Open MPI's mpirun starting an MPICH build, or
-     * MPICH's mpiexec an Open MPI one): MPI_Init makes every process a
-     * singleton, N separate jobs of 1 rank; refuse on every rank */
-    const char *lvar = NULL;
-    long lsize = launcher_size(&lvar);
-    if (size == 1 && lsize > 1) {
-        char ver[MPI_MAX_LIBRARY_VERSION_STRING] = "";
-        int vlen = 0;
-        MPI_Get_library_version(ver, &vlen);
-        ver[strcspn(ver, ",\n")] = '\0'; /* "Open MPI v4.1.4", "MPICH Version:\t4.0.2" */
-        for (char *p = ver; *p; p++)
-            if (*p == '\t') *p = ' ';
+    st = refuse_foreign_launcher(size); /* on every rank alike */
+    if (st != TDIST_OK) {
         MPI_Comm_free(&c);
-        return tdist__error(TDIST_ERR_MISMATCH,
-                            "tdist_init(mpi://): %s=%ld, but MPI_COMM_WORLD has 1 rank: another "
-                            "MPI's launcher started this job, not the one of the MPI tdist is "
-                            "linked with (%.120s); start it with that MPI's mpiexec (tdistrun: "
-                            "set TDIST_MPIRUN)",
-                            lvar, lsize, ver);
+        return st;
     }
-    MPI_Comm node;
-    rc = MPI_Comm_split_type(c, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
-    if (rc == MPI_SUCCESS) {
-        MPI_Comm_size(node, &local);
-        MPI_Comm_free(&node);
-    }
-    int one_node = local == size, all_one = 0;
-    /* the store's host must be reachable by every rank: 127.0.0.1 only if
-     * every rank said it shares rank 0's node */
-    MPI_Allreduce(&one_node, &all_one, 1, MPI_INT, MPI_MIN, c);
-
     where_t wh;
-    memset(&wh, 0, sizeof wh);
     int fd = -1;
-    if (rank == 0) {
-        const char *host = "127.0.0.1";
-        char addr[TDIST__IFADDR_MAX], ifname[TDIST__IFNAME_MAX];
-        const char *how = "";
-        st = TDIST_OK;
-        if (!all_one) {
-            st = tdist__iface_select(NULL, 0, addr, sizeof addr, ifname, sizeof ifname, &how);
-            host = addr;
-        }
-        int port = 0;
-        if (st == TDIST_OK) st = listen_on(host, &fd, &port);
-        wh.status = st;
-        wh.port = port;
-        snprintf(wh.host, sizeof wh.host, "%s", host);
-        if (st != TDIST_OK) snprintf(wh.msg, sizeof wh.msg, "%s", tdist_last_error());
-    }
-    rc = MPI_Bcast(&wh, (int)sizeof wh, MPI_BYTE, 0, c);
+    rc = share_store_address(c, rank, size, &wh, &fd);
     MPI_Comm_free(&c);
     if (rc != MPI_SUCCESS) {
         if (fd >= 0) close(fd);
@@ -240,13 +251,7 @@ tdist_status_t tdist__mpim_world_init(const char *url, const tdist_init_opts_t *
                             o.rank, o.world_size, rank, size);
     }
     char tcp[256];
-    wh.host[sizeof wh.host - 1] = '\0';
-    if (strchr(wh.host, ':'))
-        snprintf(tcp, sizeof tcp, "tcp://[%s]:%d?rank=%d&world_size=%d", wh.host, (int)wh.port,
-                 rank, size);
-    else
-        snprintf(tcp, sizeof tcp, "tcp://%s:%d?rank=%d&world_size=%d", wh.host, (int)wh.port, rank,
-                 size);
+    store_url(tcp, sizeof tcp, &wh, rank, size);
     o.rank = -1;
     o.world_size = -1;
     o.listen_fd = rank == 0 ? fd : -1;

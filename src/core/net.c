@@ -1,17 +1,18 @@
-/* store/net.c — socket helpers for the TCP store (see net.h). */
-#include <fcntl.h>
+/* core/net.c — socket helpers for every layer (see net.h). */
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
-#include "store/net.h"
+#include "core/net.h"
 
 #define RETRY_INTERVAL_MS 50
+
+/* ------------------------------------------------------------ addresses */
 
 const char *tdist__net_addr_str(const char *host, uint16_t port, char *buf, size_t n)
 {
@@ -21,6 +22,139 @@ const char *tdist__net_addr_str(const char *host, uint16_t port, char *buf, size
         snprintf(buf, n, "%s:%u", host ? host : "(null)", (unsigned)port);
     return buf;
 }
+
+void tdist__net_sockaddr_str(const struct sockaddr_storage *ss, char *buf, size_t n)
+{
+    char ip[INET6_ADDRSTRLEN] = "?";
+    if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
+        inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof ip);
+        snprintf(buf, n, "[%s]:%u", ip, (unsigned)ntohs(a->sin6_port));
+    } else {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
+        inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
+        snprintf(buf, n, "%s:%u", ip, (unsigned)ntohs(a->sin_port));
+    }
+}
+
+uint16_t tdist__net_sockaddr_port(const struct sockaddr_storage *ss)
+{
+    return ss->ss_family == AF_INET6 ? ntohs(((const struct sockaddr_in6 *)ss)->sin6_port)
+                                     : ntohs(((const struct sockaddr_in *)ss)->sin_port);
+}
+
+bool tdist__net_parse_ip(const char *s, size_t len, uint16_t port, struct sockaddr_storage *ss,
+                         socklen_t *sl)
+{
+    char ip[INET6_ADDRSTRLEN + 2];
+    if (len >= 2 && s[0] == '[' && s[len - 1] == ']') {
+        s++;
+        len -= 2;
+    }
+    if (len == 0 || len >= sizeof ip) return false;
+    memcpy(ip, s, len);
+    ip[len] = '\0';
+    memset(ss, 0, sizeof *ss);
+    struct sockaddr_in *a4 = (struct sockaddr_in *)ss;
+    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)ss;
+    if (inet_pton(AF_INET, ip, &a4->sin_addr) == 1) {
+        a4->sin_family = AF_INET;
+        a4->sin_port = htons(port);
+        *sl = sizeof *a4;
+        return true;
+    }
+    if (inet_pton(AF_INET6, ip, &a6->sin6_addr) == 1) {
+        a6->sin6_family = AF_INET6;
+        a6->sin6_port = htons(port);
+        *sl = sizeof *a6;
+        return true;
+    }
+    return false;
+}
+
+bool tdist__net_parse_ip_port(const char *s, struct sockaddr_storage *ss, socklen_t *sl)
+{
+    const char *colon = strrchr(s, ':');
+    if (!colon || colon == s) return false;
+    /* more than one ':' is an IPv6 literal, which needs its brackets */
+    if (strchr(s, ':') != colon && !(s[0] == '[' && colon[-1] == ']')) return false;
+    int64_t port;
+    if (tdist__parse_int(colon + 1, 1, 65535, &port) != 0) return false;
+    return tdist__net_parse_ip(s, (size_t)(colon - s), (uint16_t)port, ss, sl);
+}
+
+/* --------------------------------------------------------------- sockets */
+
+void tdist__net_nodelay(int fd)
+{
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+/* Close fd keeping errno; returns -1. */
+static int close_keep_errno(int fd)
+{
+    int e = errno;
+    close(fd);
+    errno = e;
+    return -1;
+}
+
+int tdist__net_listen_fd(struct sockaddr_storage *ss, socklen_t sl, int backlog, unsigned flags,
+                         const char **failed)
+{
+    int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        *failed = "socket";
+        return -1;
+    }
+    int one = 1;
+    if (flags & TDIST__NET_REUSEADDR) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (ss->ss_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    if (bind(fd, (struct sockaddr *)ss, sl) != 0) {
+        *failed = "bind";
+        return close_keep_errno(fd);
+    }
+    if (listen(fd, backlog) != 0) {
+        *failed = "listen";
+        return close_keep_errno(fd);
+    }
+    socklen_t len = sizeof *ss;
+    if (getsockname(fd, (struct sockaddr *)ss, &len) != 0) {
+        *failed = "getsockname";
+        return close_keep_errno(fd);
+    }
+    return fd;
+}
+
+int tdist__net_connect_start(const struct sockaddr *sa, socklen_t sl, bool *pending,
+                             const char **failed)
+{
+    int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        *failed = "socket";
+        return -1;
+    }
+    tdist__net_nodelay(fd);
+    int rc;
+    TDIST_SYSCALL(rc, connect(fd, sa, sl));
+    if (rc != 0 && errno != EINPROGRESS) {
+        *failed = "connect";
+        return close_keep_errno(fd);
+    }
+    *pending = rc != 0;
+    return fd;
+}
+
+int tdist__net_connect_result(int fd)
+{
+    int err = 0;
+    socklen_t sl = sizeof err;
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &sl) != 0) return errno;
+    return err;
+}
+
+/* ------------------------------------------ the store's blocking client */
 
 /* Resolve host:port (numeric port) for a stream socket. passive: for
  * bind. Returns TDIST_OK with *res to release with freeaddrinfo.
@@ -48,6 +182,16 @@ static tdist_status_t resolve(const char *host, uint16_t port, bool passive, str
     return TDIST_OK;
 }
 
+tdist_status_t tdist__net_listen_error(int err, const char *failed, const char *who,
+                                      const char *addr)
+{
+    if (strcmp(failed, "socket") == 0)
+        return tdist__error_errno(err, "%slisten on %s: socket", who, addr);
+    if (strcmp(failed, "bind") == 0) return tdist__error_errno(err, "%scannot bind %s", who, addr);
+    if (strcmp(failed, "listen") == 0) return tdist__error_errno(err, "%slisten on %s", who, addr);
+    return tdist__error_errno(err, "%sgetsockname for %s", who, addr);
+}
+
 tdist_status_t tdist__net_listen(const char *host, uint16_t port, int backlog, int *fd_out,
                                  uint16_t *port_out)
 {
@@ -57,45 +201,26 @@ tdist_status_t tdist__net_listen(const char *host, uint16_t port, int backlog, i
     TDIST_CHECK(resolve(host, port, true, &res));
     tdist_status_t st = TDIST_OK; /* the last failure, once there is one */
     for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                        ai->ai_protocol);
-        if (fd < 0) {
-            st = tdist__error_errno(errno, "listen on %s: socket", addr);
-            continue;
-        }
-        int one = 1;
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (ai->ai_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
-        if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
-            int e = errno;
-            close(fd);
-            if (e == EADDRINUSE) {
-                freeaddrinfo(res);
-                return tdist__error_errno(e, "cannot bind %s: address already in use", addr);
-            }
-            st = tdist__error_errno(e, "cannot bind %s", addr);
-            continue;
-        }
-        if (listen(fd, backlog) != 0) {
-            int e = errno;
-            close(fd);
-            st = tdist__error_errno(e, "listen on %s", addr);
-            if (e == EADDRINUSE) break;
-            continue;
-        }
         struct sockaddr_storage ss;
-        socklen_t sl = sizeof ss;
-        if (getsockname(fd, (struct sockaddr *)&ss, &sl) != 0) {
-            st = tdist__error_errno(errno, "getsockname for %s", addr);
-            close(fd);
-            continue;
+        if (ai->ai_addrlen > sizeof ss) continue;
+        memcpy(&ss, ai->ai_addr, ai->ai_addrlen);
+        const char *failed = "";
+        int fd = tdist__net_listen_fd(&ss, ai->ai_addrlen, backlog, TDIST__NET_REUSEADDR, &failed);
+        if (fd >= 0) {
+            freeaddrinfo(res);
+            *fd_out = fd;
+            *port_out = tdist__net_sockaddr_port(&ss);
+            return TDIST_OK;
         }
-        uint16_t p = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
-                                              : ntohs(((struct sockaddr_in *)&ss)->sin_port);
-        freeaddrinfo(res);
-        *fd_out = fd;
-        *port_out = p;
-        return TDIST_OK;
+        int e = errno;
+        bool in_use = e == EADDRINUSE;
+        if (in_use && strcmp(failed, "bind") == 0) {
+            /* another address of the name will not do better */
+            freeaddrinfo(res);
+            return tdist__error_errno(e, "cannot bind %s: address already in use", addr);
+        }
+        st = tdist__net_listen_error(e, failed, "", addr);
+        if (in_use) break;
     }
     freeaddrinfo(res);
     if (st == TDIST_OK) st = tdist__error(TDIST_ERR_SYSTEM, "listen on %s: no usable address", addr);
@@ -122,31 +247,19 @@ static int wait_fd(int fd, short events, int64_t deadline_ms)
  * (ETIMEDOUT when the deadline passed). */
 static int connect_once(const struct addrinfo *ai, int64_t deadline_ms)
 {
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0) return -1;
-    int rc;
-    TDIST_SYSCALL(rc, connect(fd, ai->ai_addr, ai->ai_addrlen));
-    if (rc != 0 && errno != EINPROGRESS) goto fail;
-    if (rc != 0) {
-        int w = wait_fd(fd, POLLOUT, deadline_ms);
-        if (w == 0) errno = ETIMEDOUT;
-        if (w <= 0) goto fail;
-        int err = 0;
-        socklen_t sl = sizeof err;
-        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &sl) != 0) goto fail;
-        if (err != 0) {
-            errno = err;
-            goto fail;
-        }
+    bool pending = false;
+    const char *failed;
+    int fd = tdist__net_connect_start(ai->ai_addr, ai->ai_addrlen, &pending, &failed);
+    if (fd < 0 || !pending) return fd;
+    int w = wait_fd(fd, POLLOUT, deadline_ms);
+    if (w == 0) errno = ETIMEDOUT;
+    if (w <= 0) return close_keep_errno(fd);
+    int err = tdist__net_connect_result(fd);
+    if (err != 0) {
+        errno = err;
+        return close_keep_errno(fd);
     }
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     return fd;
-fail:;
-    int e = errno;
-    close(fd);
-    errno = e;
-    return -1;
 }
 
 tdist_status_t tdist__net_connect(const char *host, uint16_t port, int64_t retry_deadline_ms,
