@@ -157,6 +157,504 @@ TDIST_API tdist_status_t tdist_compress_hook(void *state, const tdist_ddp_bucket
                                              tdist_ddp_hook_result_t *result);
 
 
+/* ------------------------------------------------ int8 quantised all_reduce */
+/* (src/algorithms/int8.c)
+ *
+ * A comm hook that reduces each f32 (or f64) DDP bucket as int8 codes with
+ * one f32 scale per block of values: about a quarter of the bytes of an
+ * f32 all_reduce. Like a reduce-scatter followed by an all_gather, on a
+ * group of W ranks (bucket->pg):
+ *
+ *  1. The bucket's n elements are cut into W shards, one per rank, in rank
+ *     order (the first n % W shards have one element more; with n < W some
+ *     are empty), and each shard into blocks of opts.block_size values (the
+ *     last one shorter). Each rank quantises its own gradient x (f64 rounded
+ *     to f32 first; plus its input residual with error feedback) block by
+ *     block: scale s = max|x| / 127 over the block's finite values (a block
+ *     of zeros has s = 0), code q = round(x / s), rounded half away from
+ *     zero, clamped to [-127, 127]. It sends rank p the codes and scales of
+ *     shard p (one asynchronous all_to_all of bytes).
+ *  2. In a continuation, rank p dequantises every rank's shard p (q * s in
+ *     f32), sums them in f32 in rank order 0, 1, ..., W-1, divides the sum
+ *     by bucket->divisor (a true f32 division: the quantised values are
+ *     the undivided gradients, so the averaging is the plain all_reduce's,
+ *     sum / divisor) (plus its sum residual with sum error feedback),
+ *     quantises the average the same way, and all_gathers it
+ *     (asynchronously).
+ *  3. In a second continuation every rank dequantises the gathered shards
+ *     into the bucket. The gathered bytes are the same on every rank and
+ *     so is the arithmetic: the result is bit-identical on every rank.
+ *
+ * Accuracy: per element, |result - exact average| <= (sum over ranks of
+ * their block scale s_r / 2) / divisor + s_f / 2 (s_f: the scale of the
+ * element's block of the average), up to f32 rounding of the sum (a few
+ * ulps of the values summed). Error feedback (opts) carries the
+ * quantisation error into the next iteration instead of losing it.
+ *
+ * Not finite values: code -128 marks a NaN or +-inf input value (it does
+ * not enter its block's scale); it dequantises to NaN, so the element is
+ * NaN in the result on every rank (an infinity is not kept as one; a sum
+ * that overflows f32 becomes NaN too). The other elements of the block are
+ * unaffected. A non-finite value carries no residual.
+ *
+ * Bytes: every rank sends each of the W-1 others one message of
+ * 4 * ceil(L / block) + L bytes (L = ceil(n / W), rounded up to a
+ * multiple of 4) in each collective: 2 * (W-1) * that per bucket, against
+ * 2 * (W-1) / W * 4 * n for a ring all_reduce of the f32 bucket; the ratio
+ * is about 1/4 + 1/block (0.254 with the default block of 256).
+ * tdist_int8_get_stats counts both.
+ *
+ * Correct by construction: the block size and the error-feedback options
+ * are agreed across the group on the state's first bucket (one small
+ * blocking all_gather, tdist_compress_hook's agreement); ranks that differ
+ * fail on every rank with TDIST_ERR_MISMATCH naming both ("comm hook
+ * mismatch: rank 0 runs int8_allreduce(block 256), rank 1 runs
+ * int8_allreduce(block 128) ...") before any gradient is sent.
+ *
+ * DDP and Join: works with no_sync, find_unused_parameters,
+ * gradient_as_bucket_view, f32 and f64 buckets, and under Join (a joined
+ * rank's reducer runs the hook on zeros with Join's divisor; with error
+ * feedback its residuals evolve as an active rank's with zero gradients,
+ * i.e. its pending residual is still delivered).
+ *
+ * Cost per bucket: staging of about 4 + 2 x (1 + 4 / block) bytes per
+ * element, plus 5 / W (kept by the state and reused); with error feedback
+ * 4 bytes per parameter element for each residual kept.
+ */
+
+/* The int8 hook's state. */
+typedef struct tdist_int8 tdist_int8_t;
+
+#define TDIST_INT8_DEFAULT_BLOCK 256
+#define TDIST_INT8_MAX_BLOCK (1 << 24)
+
+/* Options. Fill with tdist_int8_opts_init(); NULL means defaults. */
+typedef struct tdist_int8_opts {
+    /* Values per scale, 1 .. TDIST_INT8_MAX_BLOCK (default 256). Smaller
+     * blocks follow the gradient's magnitudes more closely and cost 4
+     * bytes of scale per block; 0 fails at create. */
+    size_t block_size;
+    /* Error feedback of the input: this rank's quantisation error of its
+     * gradient (input + residual - what was sent) is kept per parameter
+     * element and added to that element's gradient in the next
+     * synchronised iteration. Kept by parameter index, so it follows a
+     * parameter when the reducer rebuilds its buckets. Default false. */
+    bool error_feedback;
+    /* Error feedback of the average: the owner of a shard keeps the
+     * quantisation error of the averaged values it sends and adds it to
+     * the next iteration's average of those elements. When a bucket
+     * rebuild moves an element to another owner, its residual is dropped
+     * (once). Default false. */
+    bool sum_error_feedback;
+} tdist_int8_opts_t;
+
+/* Counters of one state since create (this rank's view). */
+typedef struct tdist_int8_stats {
+    uint64_t buckets;        /* bucket reductions completed */
+    uint64_t elements;       /* elements reduced, summed over buckets */
+    uint64_t bytes_sent;     /* bytes this rank sent: 2 * (W-1) * message bytes per bucket */
+    uint64_t f32_ring_bytes; /* what a ring all_reduce of the same f32 buckets sends per rank:
+                              * 2 * (W-1) * 4 * n / W per bucket (rounded down) */
+    uint64_t nonfinite_in;   /* non-finite values this rank quantised from its input */
+    uint64_t nonfinite_out;  /* non-finite averages in the shards this rank owned */
+} tdist_int8_stats_t;
+
+/* Fill *opts with the defaults (block 256, no error feedback). NULL does
+ * nothing. Thread-safe. */
+TDIST_API void tdist_int8_opts_init(tdist_int8_opts_t *opts);
+
+/* Create the state of an int8 quantised all_reduce hook. Does not
+ * communicate. TDIST_ERR_INVALID_ARG for a NULL out or a block size of 0
+ * or above TDIST_INT8_MAX_BLOCK; TDIST_ERR_NO_MEMORY. The caller owns *out
+ * (tdist_int8_destroy) and registers it with tdist_int8_register().
+ * Thread-safe. */
+TDIST_API tdist_status_t tdist_int8_hook_create(const tdist_int8_opts_t *opts,
+                                                tdist_int8_t **out);
+
+/* Free the state, its staging and its residuals. Call it after the
+ * reducer's last backward_end (or after tdist_ddp_destroy). NULL does
+ * nothing. */
+TDIST_API void tdist_int8_destroy(tdist_int8_t *st);
+
+/* Register st as ddp's comm hook: tdist_ddp_register_comm_hook(ddp, st,
+ * tdist_int8_hook), after checking that neither is NULL. Once, before the
+ * first forward_begin. Does not communicate. st is borrowed: it must
+ * outlive the reducer's last backward_end. Training thread. */
+TDIST_API tdist_status_t tdist_int8_register(tdist_ddp_t *ddp, tdist_int8_t *st);
+
+/* Copy st's counters into *out. Never blocks; not thread-safe against the
+ * hook (call it on the training thread, between iterations). */
+TDIST_API tdist_status_t tdist_int8_get_stats(const tdist_int8_t *st, tdist_int8_stats_t *out);
+
+/* The comm hook itself (a tdist_ddp_comm_hook_fn; state is a
+ * tdist_int8_t). Called by the reducer on its training thread; it blocks
+ * only on a state's first call (the agreement), otherwise it quantises the
+ * bucket, posts the all_to_all and returns; its continuations (inside
+ * backward_end) post the all_gather and write the result. bucket->buffer
+ * is read during the call and written by the last continuation. Errors
+ * name the rank, group, iteration and bucket: TDIST_ERR_INVALID_ARG for a
+ * NULL state, bucket or result, a bucket dtype other than f32/f64, a
+ * divisor < 1, parameters outside the bucket (before any communication);
+ * TDIST_ERR_NO_MEMORY (before any communication); TDIST_ERR_MISMATCH when
+ * the ranks' options differ; the collectives' errors. Not thread-safe for
+ * one state. */
+TDIST_API tdist_status_t tdist_int8_hook(void *state, const tdist_ddp_bucket_t *bucket,
+                                         tdist_ddp_hook_result_t *result);
+
+/* The quantisation alone, as the hook does it: n values of src in blocks
+ * of block (the last one shorter) into codes[n] and
+ * scales[ceil(n / block)]; and back, dst[i] = codes[i] * scale of its
+ * block (code -128: NaN). TDIST_ERR_INVALID_ARG for block 0 or a NULL
+ * buffer with n > 0. The caller owns every buffer; they must not overlap.
+ * Pure: never blocks, thread-safe. */
+TDIST_API tdist_status_t tdist_int8_quantize(int8_t *codes, float *scales, const float *src,
+                                             size_t n, size_t block);
+TDIST_API tdist_status_t tdist_int8_dequantize(float *dst, const int8_t *codes,
+                                               const float *scales, size_t n, size_t block);
+
+/* --------------------------------------------------------------- PowerSGD */
+/* (src/algorithms/powersgd.c, powersgd_kernels.c)
+ *
+ * PyTorch 1.13's powerSGD_hook and batched_powerSGD_hook (Vogels et al.,
+ * "PowerSGD: practical low-rank gradient compression") for the DDP
+ * reducer. Until start_powerSGD_iter iterations have run, each bucket is
+ * averaged exactly (fl(g / divisor), then a SUM all_reduce). From then on,
+ * each gradient matrix M (n x m: a parameter viewed as rows x count/rows)
+ * is sent as two thin factors: P = M Q (n x r) is summed and
+ * orthogonalised, Q = M^T P (m x r) is summed and divided by the divisor,
+ * and the bucket receives P Q^T. With error feedback, what the
+ * approximation lost is added to the next iteration's gradient; with warm
+ * start, Q is kept from one iteration to the next. The batched hook treats
+ * the whole bucket as one square matrix (zero-padded). Only f32 buckets.
+ *
+ * Differences from PyTorch (docs/algorithms.md, "PowerSGD", says more):
+ *  - tdist does not know tensor shapes: opts.param_rows gives shape[0] of
+ *    each parameter (0: 1-D, never compressed);
+ *  - the random initial Q comes from a documented counter-based generator
+ *    seeded by random_seed (the same on every rank), or from
+ *    opts.initial_q (tests against PyTorch feed its recorded values);
+ *  - error buffers and warm-start Q are kept per parameter, so they
+ *    survive the reducer's bucket rebuild;
+ *  - the state saves and loads (tdist_powersgd_save / _load);
+ *  - the uncompressed tensors of a bucket and its P travel in one
+ *    all_reduce; the reductions of consecutive buckets are pipelined;
+ *  - for rank > 2 tdist orthogonalises by Gram-Schmidt as for rank <= 2
+ *    (PyTorch calls LAPACK's QR: the same column space).
+ * PyTorch's quirk is kept by default: the error buffer covers the
+ * uncompressed tensors too (opts.error_feedback_uncompressed).
+ *
+ * Every rank's options are agreed on the first bucket (tdist's hook
+ * agreement: one small all_gather); ranks that differ fail together with
+ * TDIST_ERR_MISMATCH naming both. Bad options fail at create, before any
+ * communication. Under Join a joined rank runs the hook on zeros and its
+ * state evolves as an active rank's does. */
+
+/* The PowerSGD state tdist_powersgd_hook runs on. */
+typedef struct tdist_powersgd tdist_powersgd_t;
+
+/* Where an observer is called (opts.observe); data holds count floats. */
+typedef enum tdist_powersgd_stage {
+    TDIST_POWERSGD_P_LOCAL,   /* [uncompressed values | P], before the sum */
+    TDIST_POWERSGD_P_REDUCED, /* the same after the SUM (not divided) */
+    TDIST_POWERSGD_P_ORTHO,   /* P after orthogonalisation */
+    TDIST_POWERSGD_Q_USED,    /* Q as used for P = M Q (orthogonalised) */
+    TDIST_POWERSGD_Q_LOCAL,   /* Q = M^T P, before the sum */
+    TDIST_POWERSGD_Q_REDUCED, /* Q after the SUM and the division */
+    TDIST_POWERSGD_OUTPUT,    /* the bucket after decompression */
+    TDIST_POWERSGD_ERROR      /* the new error buffer (bucket order; batched: padded) */
+} tdist_powersgd_stage_t;
+
+/* Options. Fill with tdist_powersgd_opts_init(); every rank must pass the
+ * same ones. Arrays are copied at create. */
+typedef struct tdist_powersgd_opts {
+    int matrix_approximation_rank;   /* r >= 1; default 1 */
+    int64_t start_powerSGD_iter;     /* > 1; default 1000 */
+    /* A matrix is compressed iff (n + m) * r' * rate < n * m, with
+     * r' = min(n, m, r); >= 0 and finite. Default 2. */
+    double min_compression_rate;
+    bool use_error_feedback;         /* default true */
+    bool warm_start;                 /* default true */
+    float orthogonalization_epsilon; /* >= 0; default 0 */
+    uint64_t random_seed;            /* default 0 */
+    /* PyTorch's bmm batching of equal shapes: accepted and agreed, same
+     * results either way. Default false. */
+    bool batch_tensors_with_same_shape;
+    /* batched_powerSGD_hook: each bucket is one square matrix. Default
+     * false. */
+    bool batched;
+    /* shape[0] of parameter i (the index of tdist_ddp_create's array) for
+     * i < num_params; 0 (or i >= num_params) means 1-D, never compressed.
+     * Required unless batched (NULL: create fails). rows must divide the
+     * parameter's count (checked by the hook). */
+    const size_t *param_rows;
+    size_t num_params;
+    /* PyTorch's quirk (default true): the error buffer also holds
+     * g + e - average for the uncompressed tensors. false: their error is
+     * 0. */
+    bool error_feedback_uncompressed;
+    /* Injected initial Q (tests): initial_q[i], if i < num_initial_q and
+     * not NULL, holds m x r' floats (row-major) used instead of the
+     * generator each time Q of parameter i (batched: of bucket i, side x
+     * r') is randomised; it is orthogonalised as a drawn Q is. Borrowed
+     * (the sizes are known only at the first bucket): the arrays must
+     * stay valid for the state's life. Default NULL: the generator. */
+    const float *const *initial_q;
+    size_t num_initial_q;
+    /* Serial mode (for measurements): the hook waits for each all_reduce
+     * before returning, so no two buckets' reductions overlap. Agreed.
+     * Default false (pipelined). */
+    bool serial;
+    /* Optional observer, training thread, must not keep the pointers or
+     * issue collectives. NULL: none. */
+    void (*observe)(void *arg, const tdist_ddp_bucket_t *bucket, tdist_powersgd_stage_t stage,
+                    const float *data, size_t count);
+    void *observe_arg;
+} tdist_powersgd_opts_t;
+
+/* Fill *opts with the defaults above (PyTorch's). NULL does nothing.
+ * Thread-safe. */
+TDIST_API void tdist_powersgd_opts_init(tdist_powersgd_opts_t *opts);
+
+/* Create a state. Does not communicate. TDIST_ERR_INVALID_ARG (naming the
+ * option) for a NULL out, rank < 1, start_powerSGD_iter <= 1, a negative
+ * or non-finite rate or epsilon, or no param_rows for the unbatched hook;
+ * TDIST_ERR_NO_MEMORY. The caller owns *out (tdist_powersgd_destroy).
+ * Thread-safe. */
+TDIST_API tdist_status_t tdist_powersgd_create(const tdist_powersgd_opts_t *opts,
+                                               tdist_powersgd_t **out);
+
+/* Free the state and its buffers. Call it after the reducer's last
+ * backward_end (or after tdist_ddp_destroy). NULL does nothing. */
+TDIST_API void tdist_powersgd_destroy(tdist_powersgd_t *s);
+
+/* tdist_ddp_register_comm_hook(ddp, s, tdist_powersgd_hook) after checking
+ * both are not NULL. s is borrowed: it must outlive the reducer's last
+ * backward_end. Does not communicate. Training thread. */
+TDIST_API tdist_status_t tdist_powersgd_register(tdist_ddp_t *ddp, tdist_powersgd_t *s);
+
+/* The comm hook (state: a tdist_powersgd_t). Training thread; blocks on
+ * its first call (the agreement) and in serial mode, otherwise it posts
+ * the all_reduce of P (or of the bucket) and returns; the continuations
+ * post Q's and decompress. Errors name rank, group, iteration, bucket:
+ * TDIST_ERR_INVALID_ARG for a NULL argument, a non-f32 bucket, a divisor
+ * < 1, param_rows not dividing a count; TDIST_ERR_MISMATCH when the
+ * ranks' options differ; the all_reduce's error. Not thread-safe. */
+TDIST_API tdist_status_t tdist_powersgd_hook(void *state, const tdist_ddp_bucket_t *bucket,
+                                             tdist_ddp_hook_result_t *result);
+
+/* The hook's iteration count (PyTorch's state.iter): iterations whose
+ * last bucket was hooked. 0 for NULL. Does not block; training thread. */
+TDIST_API int64_t tdist_powersgd_iteration(const tdist_powersgd_t *s);
+
+/* Checkpointing: the iteration count, every
+ * parameter's error buffer and warm-start Q, the batched hook's per-bucket
+ * Q and padding error, and the bucket layout they were last used with.
+ * state_size: the bytes save needs now. save writes them to buf (cap
+ * bytes; TDIST_ERR_INVALID_ARG if too small) and *written (may be NULL).
+ * load restores a saved state into s, whose options must equal the
+ * saver's (TDIST_ERR_MISMATCH otherwise; a damaged or truncated buffer is
+ * TDIST_ERR_INVALID_ARG and leaves s unchanged). Call between iterations
+ * (never while a bucket's continuations are pending). Local: no
+ * communication, every rank saves and loads its own. Not thread-safe for
+ * one state; the caller owns buf. */
+TDIST_API size_t tdist_powersgd_state_size(const tdist_powersgd_t *s);
+TDIST_API tdist_status_t tdist_powersgd_save(const tdist_powersgd_t *s, void *buf, size_t cap,
+                                             size_t *written);
+TDIST_API tdist_status_t tdist_powersgd_load(tdist_powersgd_t *s, const void *buf, size_t len);
+
+
+/* ------------------------------- hook-then-optimizer, post-local-SGD hook */
+/* (src/algorithms/hook_optim.c, src/algorithms/post_local.c)
+ *
+ * Three comm hooks of PyTorch's torch.distributed.algorithms.ddp_comm_hooks:
+ *
+ *  - tdist_allreduce_div_hook: PyTorch's allreduce_hook. Every rank
+ *    divides its bucket by bucket->divisor, a true division fl(g / W),
+ *    then the bucket is all_reduced (SUM, asynchronously, on bucket->pg).
+ *    tdist_ddp_allreduce_hook (and DDP's built-in averaging) multiplies by
+ *    fl(1 / W) instead: a different rounding in about a third of the
+ *    elements when W is not a power of two.
+ *  - hook-then-optimizer (PyTorch's _hook_then_optimizer): any comm hook
+ *    (default tdist_allreduce_div_hook) followed, in the bucket's last
+ *    continuation, by the optimizer's step over that bucket's parameters
+ *    (tdist_optim_step_range), reading the reduced gradients in the bucket.
+ *    Bucket 0's parameters are updated while later buckets are still on
+ *    the wire; the training loop does not call tdist_optim_step. The
+ *    result is bit for bit the inner hook followed by a full
+ *    tdist_optim_step of the same optimizer.
+ *  - post-local SGD (PyTorch's post_localSGD_hook): global averaging (as
+ *    tdist_allreduce_div_hook) during the first start_localSGD_iter
+ *    iterations, then averaging inside a subgroup only (each rank divides
+ *    by the subgroup's size, SUM all_reduce on the subgroup). The model
+ *    averaging that usually goes with it is not part of the hook.
+ *
+ * Agreement, errors and threads as for every hook of this layer (top of
+ * this file): bad options fail at create; the hook's configuration is
+ * agreed on bucket->pg on the first bucket; errors name the hook, rank,
+ * group, iteration and bucket. DDP options, Join: see each hook below and
+ * docs/algorithms.md.
+ */
+
+/* tdist/optim.h's optimizer (the same typedef, repeated here). */
+typedef struct tdist_optim tdist_optim_t;
+
+/* PyTorch's allreduce_hook (a tdist_ddp_comm_hook_fn; state is unused and
+ * may be NULL): divides bucket->buffer in place by bucket->divisor (f32
+ * and f64: correctly rounded; f16 and bf16: in f32, rounded once), then
+ * posts a SUM all_reduce of it on bucket->pg and returns (result->work;
+ * no continuation). Does not block. TDIST_ERR_INVALID_ARG for a NULL
+ * bucket or result, a bucket without a group, a non-floating dtype or a
+ * divisor < 1 (before any communication); the all_reduce's error. Training
+ * thread (the reducer's). */
+TDIST_API tdist_status_t tdist_allreduce_div_hook(void *state, const tdist_ddp_bucket_t *bucket,
+                                                  tdist_ddp_hook_result_t *result);
+
+/* ..................................................... hook-then-optimizer
+ *
+ * The optimizer's buffer i is the reducer's parameter i: same index, same
+ * count, its param pointer the parameter's data (one f32 buffer per
+ * parameter, in tdist_ddp_create's order; checked: as many buffers as
+ * parameters, f32 buckets). For each parameter of a reduced bucket the
+ * hook points the optimizer's grad at the reduced values in the bucket,
+ * calls tdist_optim_step_range(opt, i, 0, count), and points the grad back
+ * at tdist_ddp_grad_ptr(ddp, i) (where the reducer then writes the same
+ * averaged values; with gradient_as_bucket_view re-read it after the first
+ * backward_end, as always).
+ *
+ *  - no_sync: the hook is not called, nothing steps; the next synchronised
+ *    iteration reduces the accumulated gradients and steps once.
+ *  - find_unused_parameters: a parameter no rank used is in its bucket as
+ *    zeros and is stepped with a zero gradient, as PyTorch's hook does
+ *    (a plain tdist_optim_step would read its untouched grad buffer: the
+ *    same when the training loop zeroes its gradients each iteration).
+ *  - Join: a joined rank runs the hook on zeros; the reduction gives it the
+ *    same averaged gradients as every active rank, and its optimizer steps
+ *    with them, so its parameters and optimizer state stay equal to the
+ *    others' throughout (Join's final broadcast from the last joiner then
+ *    changes nothing). PyTorch's joined ranks do the same.
+ *  - After an error in some bucket, earlier buckets' parameters have been
+ *    stepped and later ones not; the iteration's error says which bucket.
+ */
+typedef struct tdist_hook_optim tdist_hook_optim_t;
+
+/* Options. Fill with tdist_hook_optim_opts_init(); NULL means defaults. */
+typedef struct tdist_hook_optim_opts {
+    /* The hook that reduces each bucket (its continuations are run before
+     * the step). NULL (default): tdist_allreduce_div_hook, PyTorch's
+     * allreduce_hook. It must reduce the bucket in place, in f32. */
+    tdist_ddp_comm_hook_fn hook;
+    /* Its state, borrowed (must outlive the hook-then-optimizer state's
+     * use). Default NULL. */
+    void *hook_state;
+    /* Its name, compared across ranks and used in messages; copied. May be
+     * NULL only for tdist's own hooks (tdist_allreduce_div_hook,
+     * tdist_ddp_allreduce_hook, tdist_compress_hook, tdist_post_local_hook),
+     * which are named for you. */
+    const char *hook_name;
+} tdist_hook_optim_opts_t;
+
+/* Fill *opts with the defaults above. NULL does nothing. Thread-safe. */
+TDIST_API void tdist_hook_optim_opts_init(tdist_hook_optim_opts_t *opts);
+
+/* Create a hook-then-optimizer state over optim (borrowed: it must outlive
+ * the state; the state steps it, nothing else may use it during
+ * backward_end). Does not communicate. TDIST_ERR_INVALID_ARG for a NULL
+ * optim or out, a NULL or empty hook_name for a hook that is not
+ * tdist's; TDIST_ERR_NO_MEMORY. The caller owns *out
+ * (tdist_hook_optim_destroy) and registers it with
+ * tdist_hook_optim_register(). Thread-safe. */
+TDIST_API tdist_status_t tdist_hook_optim_create(tdist_optim_t *optim,
+                                                 const tdist_hook_optim_opts_t *opts,
+                                                 tdist_hook_optim_t **out);
+
+/* Free the state (not the optimizer, not the inner hook's state). Call it
+ * after the reducer's last backward_end. NULL does nothing. */
+TDIST_API void tdist_hook_optim_destroy(tdist_hook_optim_t *h);
+
+/* Register h as ddp's comm hook, binding h to ddp (one reducer per
+ * state). Checks that the optimizer has one buffer per parameter of ddp.
+ * The rules of tdist_ddp_register_comm_hook apply (once, before the first
+ * forward_begin). Does not communicate. TDIST_ERR_INVALID_ARG for NULL
+ * arguments, a state already registered, or a buffer count that is not
+ * ddp's parameter count. Training thread. */
+TDIST_API tdist_status_t tdist_hook_optim_register(tdist_ddp_t *ddp, tdist_hook_optim_t *h);
+
+/* The comm hook itself (state: a registered tdist_hook_optim_t). Calls the
+ * inner hook and returns; the step runs in the bucket's last continuation,
+ * inside backward_end, on the training thread. Blocks only on the state's
+ * first call (the agreement). Errors: TDIST_ERR_INVALID_ARG for NULL
+ * arguments, a state not registered with tdist_hook_optim_register, a
+ * bucket that is not f32 or whose parameter index has no optimizer buffer
+ * (before any communication); TDIST_ERR_MISMATCH when the ranks' hooks
+ * differ; the inner hook's, its continuations' or the optimizer's error
+ * (naming the parameter). */
+TDIST_API tdist_status_t tdist_hook_optim(void *state, const tdist_ddp_bucket_t *bucket,
+                                          tdist_ddp_hook_result_t *result);
+
+/* ............................................................ post-local SGD
+ *
+ * The iteration counter is PyTorch's PostLocalSGDState.iter: it starts at
+ * 0 and goes up by one on each call with the bucket that is launched last
+ * (bucket->is_last) while it is below start_localSGD_iter; iterations in
+ * which it is below start_localSGD_iter average globally (bucket->pg,
+ * divided by bucket->divisor), later ones inside the subgroup (divided by
+ * the subgroup's size), or not at all with post_local_gradient_allreduce
+ * false. no_sync iterations do not call the hook and do not count. Under
+ * Join a joined rank runs the hook on zeros (its shadow iteration counts,
+ * so every rank switches in the same iteration); in the subgroup phase
+ * the divisor stays the subgroup's size.
+ */
+typedef struct tdist_post_local tdist_post_local_t;
+
+/* Options. Fill with tdist_post_local_opts_init(). */
+typedef struct tdist_post_local_opts {
+    /* The group this rank averages in after the switch, a subgroup of the
+     * reducer's group that contains this rank (tdist_pg_split,
+     * tdist_pg_new_group). Borrowed: it must outlive the state. Required
+     * (default NULL) unless post_local_gradient_allreduce is false. */
+    tdist_pg_t *subgroup;
+    /* Iterations of global averaging before the switch. Must be >= 1.
+     * Default 1. */
+    int64_t start_localSGD_iter;
+    /* After the switch, average inside the subgroup (default true); false:
+     * no gradient communication at all (each rank keeps its own). */
+    bool post_local_gradient_allreduce;
+} tdist_post_local_opts_t;
+
+/* Fill *opts with the defaults above. NULL does nothing. Thread-safe. */
+TDIST_API void tdist_post_local_opts_init(tdist_post_local_opts_t *opts);
+
+/* Create a post-local-SGD state. Does not communicate.
+ * TDIST_ERR_INVALID_ARG for NULL opts or out, start_localSGD_iter < 1, a
+ * NULL subgroup (with post_local_gradient_allreduce), a subgroup this
+ * rank is not in; TDIST_ERR_NO_MEMORY. The caller owns *out. Thread-safe. */
+TDIST_API tdist_status_t tdist_post_local_create(const tdist_post_local_opts_t *opts,
+                                                 tdist_post_local_t **out);
+
+/* Free the state (not the subgroup). After the reducer's last
+ * backward_end. NULL does nothing. */
+TDIST_API void tdist_post_local_destroy(tdist_post_local_t *s);
+
+/* Register s as ddp's comm hook (tdist_ddp_register_comm_hook after
+ * checking for NULL; its rules apply). Does not communicate. Training
+ * thread. */
+TDIST_API tdist_status_t tdist_post_local_register(tdist_ddp_t *ddp, tdist_post_local_t *s);
+
+/* The counter above (PyTorch's state.iter) into *iter. Not thread-safe
+ * against the hook. TDIST_ERR_INVALID_ARG for NULL arguments. */
+TDIST_API tdist_status_t tdist_post_local_iter(const tdist_post_local_t *s, int64_t *iter);
+
+/* The comm hook itself (state: a tdist_post_local_t). Divides the bucket
+ * and posts the all_reduce (global or subgroup), or does nothing, and
+ * returns. Blocks only on the state's first call (the agreement, which
+ * also checks that every subgroup member is in bucket->pg). Errors:
+ * TDIST_ERR_INVALID_ARG for NULL arguments, a non-floating bucket or a
+ * divisor < 1, a subgroup that is not part of bucket->pg; TDIST_ERR_MISMATCH
+ * when the ranks' options differ; the all_reduce's error. */
+TDIST_API tdist_status_t tdist_post_local_hook(void *state, const tdist_ddp_bucket_t *bucket,
+                                               tdist_ddp_hook_result_t *result);
+
+
 /* ---------------------------------------- quantised wire collectives */
 /* (src/algorithms/quant_coll.c)
  *

@@ -141,3 +141,37 @@ tdist_status_t tdist__agree(tdist__agree_t *a, const tdist_ddp_bucket_t *bucket,
     if (ok) return settle(a, TDIST_OK);
     return settle(a, tdist__hook_error(bucket, TDIST_ERR_MISMATCH, who, "%s", msg));
 }
+
+static bool dtype_taken(tdist_dtype_t dt, tdist__hook_dtypes_t dtypes)
+{
+    switch (dtypes) {
+    case TDIST__HOOK_F32: return dt == TDIST_F32;
+    case TDIST__HOOK_F32_F64: return dt == TDIST_F32 || dt == TDIST_F64;
+    default: return tdist_dtype_is_float(dt) != 0;
+    }
+}
+
+tdist_status_t tdist__hook_check(const void *state, const tdist_ddp_bucket_t *b,
+                                 const tdist_ddp_hook_result_t *result, const char *who,
+                                 const char *create, const char *reg, const char *desc,
+                                 tdist__hook_dtypes_t dtypes, const char *takes)
+{
+    if (!b || !result)
+        return tdist__hook_error(NULL, TDIST_ERR_INVALID_ARG, who, "%s is NULL",
+                                 !b ? "bucket" : "result");
+    if (!b->pg) return tdist__hook_error(NULL, TDIST_ERR_INVALID_ARG, who, "bucket->pg is NULL");
+    if (!state)
+        return tdist__hook_error(b, TDIST_ERR_INVALID_ARG, who,
+                                 "the hook state is NULL (create it with %s%s%s)", create,
+                                 reg ? " and register it with " : "", reg ? reg : "");
+    if (!dtype_taken(b->dtype, dtypes))
+        return tdist__hook_error(b, TDIST_ERR_INVALID_ARG, who, "%s%sthe bucket's dtype is %s; %s",
+                                 desc ? desc : "", desc ? ": " : "", tdist_dtype_name(b->dtype),
+                                 takes);
+    if (b->divisor < 1)
+        return tdist__hook_error(b, TDIST_ERR_INVALID_ARG, who, "bucket divisor %lld < 1",
+                                 (long long)b->divisor);
+    if (b->count > 0 && !b->buffer)
+        return tdist__hook_error(b, TDIST_ERR_INVALID_ARG, who, "bucket buffer is NULL");
+    return TDIST_OK;
+}

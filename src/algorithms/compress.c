@@ -359,26 +359,9 @@ static tdist_status_t call_inner(tdist_compress_t *c, slot_t *s, const tdist_ddp
 static tdist_status_t check_call(const tdist_compress_t *c, const tdist_ddp_bucket_t *b,
                                  const tdist_ddp_hook_result_t *result)
 {
-    if (!b || !result)
-        return tdist__hook_error(NULL, TDIST_ERR_INVALID_ARG, WHO, "%s is NULL",
-                                 !b ? "bucket" : "result");
-    if (!b->pg) return tdist__hook_error(NULL, TDIST_ERR_INVALID_ARG, WHO, "bucket->pg is NULL");
-    if (!c)
-        return tdist__hook_error(b, TDIST_ERR_INVALID_ARG, WHO,
-                                 "the hook state is NULL (create it with "
-                                 "tdist_compress_hook_create and register it with "
-                                 "tdist_compress_register)");
-    if (!tdist_dtype_is_float(b->dtype))
-        return tdist__hook_error(b, TDIST_ERR_INVALID_ARG, WHO,
-                                 "%s: the bucket's dtype is %s; 16-bit compression takes f32, "
-                                 "f64, f16 or bf16 buckets",
-                                 c->desc, tdist_dtype_name(b->dtype));
-    if (b->divisor < 1)
-        return tdist__hook_error(b, TDIST_ERR_INVALID_ARG, WHO, "bucket divisor %lld < 1",
-                                 (long long)b->divisor);
-    if (b->count > 0 && !b->buffer)
-        return tdist__hook_error(b, TDIST_ERR_INVALID_ARG, WHO, "bucket buffer is NULL");
-    return TDIST_OK;
+    return tdist__hook_check(c, b, result, WHO, "tdist_compress_hook_create",
+                             "tdist_compress_register", c ? c->desc : NULL, TDIST__HOOK_FLOAT,
+                             "16-bit compression takes f32, f64, f16 or bf16 buckets");
 }
 
 tdist_status_t tdist_compress_hook(void *state, const tdist_ddp_bucket_t *bucket,

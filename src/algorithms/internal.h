@@ -69,4 +69,53 @@ tdist_status_t tdist__agree(tdist__agree_t *a, const tdist_ddp_bucket_t *bucket,
 tdist_status_t tdist__hook_error(const tdist_ddp_bucket_t *bucket, tdist_status_t st,
                                  const char *who, const char *fmt, ...) TDIST_PRINTF(4, 5);
 
+/* PyTorch's _allreduce_fut: divide bucket->buffer in place by divisor (a
+ * true division, fl(g / divisor)), then post a SUM all_reduce of it on pg
+ * into result->work. Errors name who, the rank, group and bucket. Used by
+ * tdist_allreduce_div_hook (hook_optim.c) and the post-local-SGD hook
+ * (post_local.c); the caller has checked the bucket. */
+tdist_status_t tdist__divide_all_reduce(const tdist_ddp_bucket_t *bucket, tdist_pg_t *pg,
+                                        int64_t divisor, const char *who,
+                                        tdist_ddp_hook_result_t *result);
+
+/* The bucket dtypes a hook takes (tdist__hook_check). */
+typedef enum tdist__hook_dtypes {
+    TDIST__HOOK_F32,     /* f32 only */
+    TDIST__HOOK_F32_F64, /* f32 or f64 */
+    TDIST__HOOK_FLOAT    /* any floating dtype: f32, f64, f16, bf16 */
+} tdist__hook_dtypes_t;
+
+/* The checks every hook of the layer makes on a call before anything
+ * else, each TDIST_ERR_INVALID_ARG naming what is wrong: bucket and result
+ * given; the bucket's group; the state (NULL: "create it with <create>",
+ * and "and register it with <reg>" when reg is not NULL); the bucket's
+ * dtype among `dtypes` ("<desc>: the bucket's dtype is X; <takes>", no
+ * "<desc>: " when desc is NULL); a divisor of 1 or more; a buffer when the
+ * bucket is not empty. Never blocks. */
+tdist_status_t tdist__hook_check(const void *state, const tdist_ddp_bucket_t *b,
+                                 const tdist_ddp_hook_result_t *result, const char *who,
+                                 const char *create, const char *reg, const char *desc,
+                                 tdist__hook_dtypes_t dtypes, const char *takes);
+
+/* ------------------------------------------- PowerSGD's kernels
+ * (powersgd_kernels.c; the orders of operations are described there).
+ * All pure, thread-safe, no allocation. */
+
+/* c (n x m, row-major) = op(a) (n x k) times op(b) (k x m); ta: a is
+ * stored k x n (use its transpose); tb: b is stored m x k. ATen's naive
+ * kernel when n * k * m < 400 and !blas_only, else a fmaf chain over k. */
+void tdist__psgd_gemm(float *c, const float *a, const float *b, size_t n, size_t k, size_t m,
+                      int ta, int tb, bool blas_only);
+
+/* ATen's cascade sum of x[0..n). */
+float tdist__psgd_sum(const float *x, size_t n);
+
+/* Gram-Schmidt on the r columns of a (rows x r, row-major), in place:
+ * col /= (norm + eps), then the later columns lose their projection on it.
+ * tmp: rows floats of scratch. */
+void tdist__psgd_orthogonalize(float *a, size_t rows, size_t r, float eps, float *tmp);
+
+/* n standard normal values of draw `draw`, tensor key `key`, from seed. */
+void tdist__psgd_randn(float *out, size_t n, uint64_t seed, uint64_t draw, uint64_t key);
+
 #endif /* TDIST_ALGORITHMS_INTERNAL_H */

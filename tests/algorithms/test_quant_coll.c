@@ -9,18 +9,16 @@
  * the wire, counted on a private loopback interface: half those of the
  * f32 collectives. */
 #include <errno.h>
-#include <net/if.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "harness.h"
+#include "loopback.h"
 #include "oracle_h7.h"
 #include "tdist/algorithms.h"
 #include "tdist/pg.h"
@@ -459,27 +457,6 @@ TEST(quant_1_and_2_rank_groups, 60) { tdist_test_run_ranks(3, groups_body, NULL)
 
 /* ------------------------------------------------------ bytes on the wire */
 
-/* Bytes sent on the loopback interface of this network namespace. */
-static uint64_t lo_tx_bytes(void)
-{
-    FILE *f = fopen("/proc/net/dev", "r");
-    if (!f) FAIL("/proc/net/dev: %s", strerror(errno));
-    char line[512];
-    unsigned long long v[9];
-    bool found = false;
-    while (!found && fgets(line, sizeof line, f)) {
-        char *colon = strchr(line, ':');
-        if (!colon) continue;
-        *colon = '\0';
-        const char *name = line + strspn(line, " ");
-        found = strcmp(name, "lo") == 0 &&
-                sscanf(colon + 1, "%llu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1],
-                       &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8]) == 9;
-    }
-    fclose(f);
-    if (!found) FAIL("no lo line in /proc/net/dev");
-    return v[8];
-}
 
 enum { WIRE_N = 1 << 18 };
 
@@ -487,7 +464,7 @@ enum { WIRE_N = 1 << 18 };
 static uint64_t measure(tdist_pg_t *pg, int rank, int which, float *src, float *dst)
 {
     ASSERT_OK(tdist_barrier(pg, NULL, NULL));
-    uint64_t before = rank == 0 ? lo_tx_bytes() : 0;
+    uint64_t before = rank == 0 ? tdist_test_lo_tx_bytes() : 0;
     const size_t a2a = WIRE_N / 3;
     tdist_dtype_t wire = which % 3 == 1 ? TDIST_F16 : TDIST_BF16;
     if (which == 0)
@@ -499,7 +476,7 @@ static uint64_t measure(tdist_pg_t *pg, int rank, int which, float *src, float *
     else
         ASSERT_OK(tdist_quant_all_to_all(pg, src, dst, a2a, TDIST_F32, wire, NULL, NULL));
     ASSERT_OK(tdist_barrier(pg, NULL, NULL));
-    return rank == 0 ? lo_tx_bytes() - before : 0;
+    return rank == 0 ? tdist_test_lo_tx_bytes() - before : 0;
 }
 
 static void bytes_body(int rank, int n, void *arg)
@@ -538,29 +515,9 @@ static void bytes_body(int rank, int n, void *arg)
     tdist_world_destroy(wd);
 }
 
-/* A network namespace of this test's own (its processes only), with lo up,
- * so that lo's counters count this test's bytes and nobody else's. */
-static bool private_loopback(void)
-{
-    if (unshare(CLONE_NEWNET) != 0) {
-        printf("SKIP quant_wire_bytes_half_of_f32: cannot create a network namespace (%s)\n",
-               strerror(errno));
-        return false;
-    }
-    int fd = socket(AF_INET, SOCK_DGRAM, 0);
-    if (fd < 0) FAIL("socket: %s", strerror(errno));
-    struct ifreq ifr;
-    memset(&ifr, 0, sizeof ifr);
-    memcpy(ifr.ifr_name, "lo", 3);
-    if (ioctl(fd, SIOCGIFFLAGS, &ifr) != 0) FAIL("SIOCGIFFLAGS lo: %s", strerror(errno));
-    ifr.ifr_flags |= IFF_UP;
-    if (ioctl(fd, SIOCSIFFLAGS, &ifr) != 0) FAIL("SIOCSIFFLAGS lo: %s", strerror(errno));
-    close(fd);
-    return true;
-}
 
 TEST(quant_wire_bytes_half_of_f32, 90)
 {
-    if (!private_loopback()) return;
+    if (!tdist_test_private_loopback("quant_wire_bytes_half_of_f32")) return;
     tdist_test_run_ranks(3, bytes_body, NULL);
 }

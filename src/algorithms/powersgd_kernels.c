@@ -1,0 +1,195 @@
+/*
+ * algorithms/powersgd_kernels.c — the arithmetic of PowerSGD: the small
+ * matrix products, the Gram-Schmidt orthogonalisation and the generator of
+ * the random initial Q matrices. Plain loops (libtdist depends on no BLAS).
+ *
+ * The orders of operations are PyTorch 1.13's on x86-64 with AVX2 and
+ * OpenBLAS Haswell (the reference's machine), so tdist rounds where PyTorch
+ * rounds:
+ *   - products (torch.bmm / matmul): a product whose contraction x rows x
+ *     columns is below 400 takes ATen's naive kernel, acc = fl(acc +
+ *     fl(a * b)) over k in increasing order; a larger one, and every 2-D
+ *     matmul (the batched hook), OpenBLAS's sgemm: a fmaf chain over k in
+ *     increasing order from 0;
+ *   - norm of a column: for a contiguous column (rank 1) ATen's vectorised
+ *     norm (8 lanes of fmaf, then the tail as rounded squares in groups of
+ *     4 and fmaf for the last n % 4); for a strided column a sequential
+ *     fmaf chain; then sqrtf;
+ *   - the dot products of Gram-Schmidt: ATen's cascade sum of the rounded
+ *     products (4 accumulators of 8 lanes, levels of 16 rows, the scalar
+ *     tail first, then the lanes);
+ *   - col / norm as an IEEE division (not a multiplication by 1 / norm).
+ * Compiled without contraction of a * b + c (ISO C mode, no -mfma), so
+ * every fl() above is a rounding.
+ *
+ * The generator: a counter-based one, so that every rank draws the same
+ * values without communicating and independently of bucket layouts.
+ * Draw d (the hook's iteration count when the Q is drawn) of tensor key t
+ * (the parameter index, or the bucket index for the batched hook), element
+ * e — so a parameter's Q does not depend on the bucket layout:
+ *     s  = splitmix64(seed ^ splitmix64(d * 2^32 + t))
+ *     u1 = (top 53 bits of splitmix64(s + 2e) + 1) / 2^53      (0, 1]
+ *     u2 = (top 53 bits of splitmix64(s + 2e + 1)) / 2^53      [0, 1)
+ *     z  = (float)(sqrt(-2 ln u1) * cos(2 pi u2))              (Box-Muller)
+ * standard normal values, as torch.randn gives (not the same ones).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "algorithms/internal.h"
+
+/* ------------------------------------------------------------ products */
+
+static int use_naive(size_t n, size_t k, size_t m, bool blas_only)
+{
+    return !blas_only && (double)n * (double)k * (double)m < 400.0;
+}
+
+void tdist__psgd_gemm(float *c, const float *a, const float *b, size_t n, size_t k, size_t m,
+                      int ta, int tb, bool blas_only)
+{
+    /* a(i, kk) = ta ? a[kk * n + i] : a[i * k + kk];
+     * b(kk, j) = tb ? b[j * k + kk] : b[kk * m + j] */
+    const int naive = use_naive(n, k, m, blas_only);
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < m; j++) {
+            float acc = 0.0f;
+            for (size_t kk = 0; kk < k; kk++) {
+                float x = ta ? a[kk * n + i] : a[i * k + kk];
+                float y = tb ? b[j * k + kk] : b[kk * m + j];
+                if (naive) {
+                    float p = x * y;
+                    acc = acc + p;
+                } else {
+                    acc = fmaf(x, y, acc);
+                }
+            }
+            c[i * m + j] = acc;
+        }
+}
+
+/* ------------------------------------------------------------ reductions */
+
+static unsigned ceil_log2(size_t x)
+{
+    if (x <= 2) return 1;
+    unsigned b = 0;
+    for (size_t v = x - 1; v; v >>= 1) b++;
+    return b;
+}
+
+/* ATen's row_sum over nv vectors of w lanes (w = 8: vectors; w = 1:
+ * scalars): 4 interleaved accumulators over rows of 4 vectors, with the
+ * cascade levels of multi_row_sum; leftover vectors into accumulator 0;
+ * then ((a0 + a1) + a2) + a3, lane by lane, into out[0..w). */
+static void row_sum(const float *x, size_t nv, size_t w, float *out)
+{
+    float acc[4][4][8];
+    memset(acc, 0, sizeof acc);
+    const size_t rows = nv / 4;
+    unsigned lp = ceil_log2(rows) / 4;
+    if (lp < 4) lp = 4;
+    const size_t step = (size_t)1 << lp, mask = step - 1;
+    size_t i = 0;
+    while (i + step <= rows) {
+        for (size_t j = 0; j < step; j++, i++)
+            for (size_t k = 0; k < 4; k++)
+                for (size_t l = 0; l < w; l++) acc[0][k][l] += x[(4 * i + k) * w + l];
+        for (size_t j = 1; j < 4; j++) {
+            for (size_t k = 0; k < 4; k++)
+                for (size_t l = 0; l < w; l++) {
+                    acc[j][k][l] += acc[j - 1][k][l];
+                    acc[j - 1][k][l] = 0.0f;
+                }
+            if ((i & (mask << (j * lp))) != 0) break;
+        }
+    }
+    for (; i < rows; i++)
+        for (size_t k = 0; k < 4; k++)
+            for (size_t l = 0; l < w; l++) acc[0][k][l] += x[(4 * i + k) * w + l];
+    for (size_t j = 1; j < 4; j++)
+        for (size_t k = 0; k < 4; k++)
+            for (size_t l = 0; l < w; l++) acc[0][k][l] += acc[j][k][l];
+    for (size_t v = rows * 4; v < nv; v++)
+        for (size_t l = 0; l < w; l++) acc[0][0][l] += x[v * w + l];
+    for (size_t k = 1; k < 4; k++)
+        for (size_t l = 0; l < w; l++) acc[0][0][l] += acc[0][k][l];
+    memcpy(out, acc[0][0], w * sizeof *out);
+}
+
+float tdist__psgd_sum(const float *x, size_t n)
+{
+    float lanes[8];
+    if (n < 8) {
+        row_sum(x, n, 1, lanes);
+        return 0.0f + lanes[0];
+    }
+    const size_t nv = n / 8;
+    row_sum(x, nv, 8, lanes);
+    float s = 0.0f;
+    for (size_t i = nv * 8; i < n; i++) s += x[i];
+    for (size_t l = 0; l < 8; l++) s += lanes[l];
+    return 0.0f + s;
+}
+
+/* Euclidean norm of x[0], x[stride], ...: ATen's orders (see the top). */
+static float column_norm(const float *x, size_t n, size_t stride)
+{
+    float s = 0.0f;
+    if (stride != 1) {
+        for (size_t i = 0; i < n; i++) s = fmaf(x[i * stride], x[i * stride], s);
+        return sqrtf(s);
+    }
+    float lane[8] = {0};
+    const size_t full = n / 8 * 8;
+    for (size_t i = 0; i < full; i += 8)
+        for (size_t j = 0; j < 8; j++) lane[j] = fmaf(x[i + j], x[i + j], lane[j]);
+    for (size_t j = 0; j < 8; j++) s += lane[j];
+    const size_t groups = full + (n - full) / 4 * 4;
+    for (size_t i = full; i < groups; i++) {
+        float sq = x[i] * x[i];
+        s += sq;
+    }
+    for (size_t i = groups; i < n; i++) s = fmaf(x[i], x[i], s);
+    return sqrtf(s);
+}
+
+/* ------------------------------------------------------- Gram-Schmidt */
+
+void tdist__psgd_orthogonalize(float *a, size_t rows, size_t r, float eps, float *tmp)
+{
+    for (size_t c = 0; c < r; c++) {
+        float nrm = column_norm(a + c, rows, r);
+        if (eps != 0.0f) nrm = nrm + eps;
+        for (size_t i = 0; i < rows; i++) a[i * r + c] = a[i * r + c] / nrm;
+        for (size_t d = c + 1; d < r; d++) {
+            for (size_t i = 0; i < rows; i++) tmp[i] = a[i * r + c] * a[i * r + d];
+            float dot = tdist__psgd_sum(tmp, rows);
+            for (size_t i = 0; i < rows; i++) {
+                float p = dot * a[i * r + c];
+                a[i * r + d] = a[i * r + d] - p;
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------- generator */
+
+static uint64_t splitmix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+void tdist__psgd_randn(float *out, size_t n, uint64_t seed, uint64_t draw, uint64_t key)
+{
+    const double two_pi = 6.283185307179586476925286766559;
+    uint64_t s = splitmix64(seed ^ splitmix64((draw << 32) + key));
+    for (size_t e = 0; e < n; e++) {
+        double u1 = (double)((splitmix64(s + 2 * e) >> 11) + 1) * 0x1p-53;
+        double u2 = (double)(splitmix64(s + 2 * e + 1) >> 11) * 0x1p-53;
+        out[e] = (float)(sqrt(-2.0 * log(u1)) * cos(two_pi * u2));
+    }
+}
