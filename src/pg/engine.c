@@ -946,48 +946,37 @@ typedef struct mb_reply {
     char msg[508];
 } mb_reply_t;
 
-static tdist_status_t run_monitored_barrier(tdist_pg_t *pg, struct tdist_work *w,
-                                            int64_t timeout_ms, int64_t deadline_ms)
+/* Ranks other than 0: arrive at rank 0 (the fingerprint), then wait for
+ * its verdict (a little longer than the deadline, so rank 0's report of
+ * the missing ranks arrives). */
+static tdist_status_t mb_arrive(tdist_pg_t *pg, int64_t timeout_ms, int64_t deadline_ms)
 {
-    int n = pg->size, me = pg->rank;
-    if (n == 1) return TDIST_OK;
-    tdist__fp_fill(pg, w);
-    if (me != 0) {
-        /* Arrive at rank 0, then wait for its verdict (a little longer than
-         * the deadline, so rank 0's report of the missing ranks arrives). */
-        mb_reply_t rep;
-        memset(&rep, 0, sizeof rep);
-        tdist__tp_req_t s, r;
-        tdist__tp_req_t *rs[2] = {&s, &r};
-        TDIST_CHECK(tdist__tp_post_send(pg->tp, &s, 0, &pg->fp_mine[0], sizeof(tdist__fp_t)));
-        TDIST_CHECK(tdist__tp_post_recv(pg->tp, &r, 0, &rep, sizeof rep));
-        int64_t dl = deadline_ms == INT64_MAX ? INT64_MAX : deadline_ms + 2000;
-        tdist_status_t st = tdist__tp_wait(pg->tp, rs, 2, dl);
-        if (st == TDIST_ERR_TIMEOUT)
-            return tdist__error(TDIST_ERR_TIMEOUT,
-                                "monitored_barrier: rank 0 (the monitor) did not answer within "
-                                "%lld ms",
-                                (long long)timeout_ms);
-        TDIST_CHECK(st);
-        rep.msg[sizeof rep.msg - 1] = '\0';
-        if (rep.status != TDIST_OK) return tdist__error((tdist_status_t)rep.status, "%s", rep.msg);
-        return TDIST_OK;
-    }
-    int k = 0;
-    for (int p = 1; p < n; p++) {
-        TDIST_CHECK(tdist__tp_post_recv(pg->tp, &pg->fp_reqs[k], p, &pg->fp_theirs[p],
-                                        sizeof(tdist__fp_t)));
-        pg->fp_reqp[k] = &pg->fp_reqs[k];
-        k++;
-    }
-    tdist_status_t st = tdist__tp_wait(pg->tp, pg->fp_reqp, (size_t)k, deadline_ms);
     mb_reply_t rep;
     memset(&rep, 0, sizeof rep);
-    bool *present = calloc((size_t)(unsigned)n, sizeof *present);
-    if (!present) return tdist__error(TDIST_ERR_NO_MEMORY, "monitored_barrier: out of memory");
-    present[0] = true;
-    for (int p = 1; p < n; p++) present[p] = tdist__tp_req_done(&pg->fp_reqs[p - 1]) &&
-                                             tdist__tp_req_status(&pg->fp_reqs[p - 1]) == TDIST_OK;
+    tdist__tp_req_t s, r;
+    tdist__tp_req_t *rs[2] = {&s, &r};
+    TDIST_CHECK(tdist__tp_post_send(pg->tp, &s, 0, &pg->fp_mine[0], sizeof(tdist__fp_t)));
+    TDIST_CHECK(tdist__tp_post_recv(pg->tp, &r, 0, &rep, sizeof rep));
+    int64_t dl = deadline_ms == INT64_MAX ? INT64_MAX : deadline_ms + 2000;
+    tdist_status_t st = tdist__tp_wait(pg->tp, rs, 2, dl);
+    if (st == TDIST_ERR_TIMEOUT)
+        return tdist__error(TDIST_ERR_TIMEOUT,
+                            "monitored_barrier: rank 0 (the monitor) did not answer within "
+                            "%lld ms",
+                            (long long)timeout_ms);
+    TDIST_CHECK(st);
+    rep.msg[sizeof rep.msg - 1] = '\0';
+    if (rep.status != TDIST_OK) return tdist__error((tdist_status_t)rep.status, "%s", rep.msg);
+    return TDIST_OK;
+}
+
+/* Rank 0's verdict into *rep: the ranks that did not arrive (st, the
+ * collection's status, not OK), else the first fingerprint that differs
+ * from rank 0's. */
+static void mb_verdict(tdist_pg_t *pg, tdist_status_t st, const bool *present, int64_t timeout_ms,
+                       mb_reply_t *rep)
+{
+    int n = pg->size;
     if (st != TDIST_OK) {
         char list[200] = "";
         int missing = 0;
@@ -1000,43 +989,75 @@ static tdist_status_t run_monitored_barrier(tdist_pg_t *pg, struct tdist_work *w
         char cause[400];
         snprintf(cause, sizeof cause, "%.300s", tdist_last_error());
         if (st == TDIST_ERR_TIMEOUT)
-            snprintf(rep.msg, sizeof rep.msg,
+            snprintf(rep->msg, sizeof rep->msg,
                      "monitored_barrier: rank%s %s did not arrive within %lld ms",
                      missing == 1 ? "" : "s", list, (long long)timeout_ms);
         else
-            snprintf(rep.msg, sizeof rep.msg,
-                     "monitored_barrier: rank%s %s did not arrive (%.150s)",
+            snprintf(rep->msg, sizeof rep->msg, "monitored_barrier: rank%s %s did not arrive (%.150s)",
                      missing == 1 ? "" : "s", list, cause);
-        rep.status = st;
-    } else {
-        for (int p = 1; p < n && rep.status == TDIST_OK; p++) {
-            if (tdist__fp_common_equal(&pg->fp_mine[0], &pg->fp_theirs[p])) continue;
-            char a[160], b[160];
-            tdist__fp_describe(&pg->fp_mine[0], false, a, sizeof a);
-            tdist__fp_describe(&pg->fp_theirs[p], false, b, sizeof b);
-            snprintf(rep.msg, sizeof rep.msg, "collective mismatch: rank 0 %s vs rank %d %s", a,
-                     p, b);
-            rep.status = TDIST_ERR_MISMATCH;
-        }
+        rep->status = st;
+        return;
     }
-    /* Tell every present rank (if the mesh still works). */
-    if (st == TDIST_OK || st == TDIST_ERR_TIMEOUT) {
-        k = 0;
-        size_t nn = (size_t)(unsigned)n;
-        tdist__tp_req_t *sreqs = calloc(nn, sizeof *sreqs);
-        tdist__tp_req_t **sp = calloc(nn, sizeof *sp);
-        if (sreqs && sp) {
-            for (int p = 1; p < n; p++) {
-                if (!present[p]) continue;
-                if (tdist__tp_post_send(pg->tp, &sreqs[k], p, &rep, sizeof rep) != TDIST_OK) break;
-                sp[k] = &sreqs[k];
-                k++;
-            }
-            tdist_status_t st2 = tdist__tp_wait(pg->tp, sp, (size_t)k, tdist__deadline_ms(1000));
-            if (st == TDIST_OK && st2 != TDIST_OK) st = st2;
+    for (int p = 1; p < n && rep->status == TDIST_OK; p++) {
+        if (tdist__fp_common_equal(&pg->fp_mine[0], &pg->fp_theirs[p])) continue;
+        char a[160], b[160];
+        tdist__fp_describe(&pg->fp_mine[0], false, a, sizeof a);
+        tdist__fp_describe(&pg->fp_theirs[p], false, b, sizeof b);
+        snprintf(rep->msg, sizeof rep->msg, "collective mismatch: rank 0 %s vs rank %d %s", a, p, b);
+        rep->status = TDIST_ERR_MISMATCH;
+    }
+}
+
+/* Rank 0 sends its verdict to every present rank (bounded by 1 s): the
+ * send's status. */
+static tdist_status_t mb_tell(tdist_pg_t *pg, const bool *present, const mb_reply_t *rep)
+{
+    size_t nn = (size_t)(unsigned)pg->size;
+    tdist__tp_req_t *sreqs = calloc(nn, sizeof *sreqs);
+    tdist__tp_req_t **sp = calloc(nn, sizeof *sp);
+    tdist_status_t st = TDIST_OK;
+    if (sreqs && sp) {
+        size_t k = 0;
+        for (int p = 1; p < pg->size; p++) {
+            if (!present[p]) continue;
+            if (tdist__tp_post_send(pg->tp, &sreqs[k], p, rep, sizeof *rep) != TDIST_OK) break;
+            sp[k] = &sreqs[k];
+            k++;
         }
-        free(sreqs);
-        free(sp);
+        st = tdist__tp_wait(pg->tp, sp, k, tdist__deadline_ms(1000));
+    }
+    free(sreqs);
+    free(sp);
+    return st;
+}
+
+static tdist_status_t run_monitored_barrier(tdist_pg_t *pg, struct tdist_work *w,
+                                            int64_t timeout_ms, int64_t deadline_ms)
+{
+    int n = pg->size;
+    if (n == 1) return TDIST_OK;
+    tdist__fp_fill(pg, w);
+    if (pg->rank != 0) return mb_arrive(pg, timeout_ms, deadline_ms);
+    int k = 0;
+    for (int p = 1; p < n; p++) {
+        TDIST_CHECK(tdist__tp_post_recv(pg->tp, &pg->fp_reqs[k], p, &pg->fp_theirs[p],
+                                        sizeof(tdist__fp_t)));
+        pg->fp_reqp[k] = &pg->fp_reqs[k];
+        k++;
+    }
+    tdist_status_t st = tdist__tp_wait(pg->tp, pg->fp_reqp, (size_t)k, deadline_ms);
+    bool *present = calloc((size_t)(unsigned)n, sizeof *present);
+    if (!present) return tdist__error(TDIST_ERR_NO_MEMORY, "monitored_barrier: out of memory");
+    present[0] = true;
+    for (int p = 1; p < n; p++) present[p] = tdist__tp_req_done(&pg->fp_reqs[p - 1]) &&
+                                             tdist__tp_req_status(&pg->fp_reqs[p - 1]) == TDIST_OK;
+    mb_reply_t rep;
+    memset(&rep, 0, sizeof rep);
+    mb_verdict(pg, st, present, timeout_ms, &rep);
+    /* tell every present rank (if the mesh still works) */
+    if (st == TDIST_OK || st == TDIST_ERR_TIMEOUT) {
+        tdist_status_t st2 = mb_tell(pg, present, &rep);
+        if (st == TDIST_OK && st2 != TDIST_OK) st = st2;
         if (st != TDIST_OK && rep.status == TDIST_OK) {
             free(present);
             return st;

@@ -444,17 +444,15 @@ static tdist_status_t sub_common_checks(tdist_pg_t *parent, const tdist_pg_opts_
     return TDIST_OK;
 }
 
-tdist_status_t tdist_pg_new_group(tdist_pg_t *parent, const int *ranks, int n,
-                                  const tdist_pg_opts_t *opts, tdist_pg_t **out)
+/* new_group's list: every rank in [0, parent size), none twice; *me =
+ * this rank's index in it, -1 if it is not a member. */
+static tdist_status_t check_member_list(const tdist_pg_t *parent, const int *ranks, int n,
+                                        const char *fn, int *me)
 {
-    static const char *fn = "tdist_pg_new_group";
-    TDIST_ARG_CHECK(parent != NULL, fn);
-    TDIST_ARG_CHECK(out != NULL, fn);
-    TDIST_ARG_CHECK(ranks != NULL, fn);
     if (n < 1 || n > parent->size)
         return tdist__error(TDIST_ERR_INVALID_ARG, "%s: n = %d, must be in [1, %d] (group %s)", fn,
                             n, parent->size, parent->name);
-    int me = -1;
+    *me = -1;
     for (int i = 0; i < n; i++) {
         if (ranks[i] < 0 || ranks[i] >= parent->size)
             return tdist__error(TDIST_ERR_INVALID_ARG,
@@ -464,8 +462,72 @@ tdist_status_t tdist_pg_new_group(tdist_pg_t *parent, const int *ranks, int n,
             if (ranks[j] == ranks[i])
                 return tdist__error(TDIST_ERR_INVALID_ARG, "%s: rank %d listed twice (ranks[%d], ranks[%d])",
                                     fn, ranks[i], j, i);
-        if (ranks[i] == parent->rank) me = i;
+        if (ranks[i] == parent->rank) *me = i;
     }
+    return TDIST_OK;
+}
+
+/* The members the store did not hear from ("1, 3"), after a timeout. */
+static void missing_members(tdist_store_t *store, char *const *keys, const int *ranks, int n,
+                            char *miss, size_t cap, int *count)
+{
+    miss[0] = '\0';
+    *count = 0;
+    for (int i = 0; i < n; i++) {
+        bool ok = false;
+        const char *k = keys[i];
+        if (tdist_store_check(store, &k, 1, &ok) == TDIST_OK && ok) continue;
+        size_t l = strlen(miss);
+        if (l < cap - 16) snprintf(miss + l, cap - l, "%s%d", *count ? ", " : "", ranks[i]);
+        (*count)++;
+    }
+}
+
+/* Every member publishes the list it was given (list, len bytes) under
+ * keys[me], waits for every member's, and checks they are all the same:
+ * TIMEOUT naming the members that did not come, MISMATCH naming two that
+ * were given different lists. vals/lens: n entries of scratch (filled). */
+static tdist_status_t agree_member_list(tdist_pg_t *parent, char *const *keys, const int *ranks,
+                                        int n, int me, const char *list, size_t len,
+                                        int64_t timeout, const char *fn, const char *name,
+                                        void **vals, size_t *lens)
+{
+    tdist_status_t st = tdist_store_set(parent->store, keys[me], list, len);
+    if (st != TDIST_OK) return tdist__error_context(st, "%s: group %s", fn, name);
+    st = tdist_store_wait(parent->store, (const char *const *)keys, (size_t)n, timeout);
+    if (st == TDIST_ERR_TIMEOUT) {
+        char miss[300];
+        int m = 0;
+        missing_members(parent->store, keys, ranks, n, miss, sizeof miss, &m);
+        return tdist__error(TDIST_ERR_TIMEOUT,
+                            "%s: group %s: rank %d of %s: parent rank%s %s did not call "
+                            "tdist_pg_new_group within %lld ms",
+                            fn, name, parent->rank, parent->name, m == 1 ? "" : "s", miss,
+                            (long long)timeout);
+    }
+    if (st != TDIST_OK) return tdist__error_context(st, "%s: group %s", fn, name);
+    st = tdist_store_multi_get(parent->store, (const char *const *)keys, (size_t)n, vals, lens);
+    if (st != TDIST_OK) return tdist__error_context(st, "%s: group %s", fn, name);
+    for (int i = 0; i < n; i++) {
+        if (lens[i] == len && memcmp(vals[i], list, len) == 0) continue;
+        return tdist__error(TDIST_ERR_MISMATCH,
+                            "%s: group %s: parent rank %d was given ranks [%.*s] but parent "
+                            "rank %d was given [%s]",
+                            fn, name, ranks[i], (int)TDIST_MIN(lens[i], 200),
+                            (const char *)vals[i], parent->rank, list);
+    }
+    return TDIST_OK;
+}
+
+tdist_status_t tdist_pg_new_group(tdist_pg_t *parent, const int *ranks, int n,
+                                  const tdist_pg_opts_t *opts, tdist_pg_t **out)
+{
+    static const char *fn = "tdist_pg_new_group";
+    TDIST_ARG_CHECK(parent != NULL, fn);
+    TDIST_ARG_CHECK(out != NULL, fn);
+    TDIST_ARG_CHECK(ranks != NULL, fn);
+    int me;
+    TDIST_CHECK(check_member_list(parent, ranks, n, fn, &me));
     const char *bind = NULL;
     tdist__tp_kind_t kind;
     TDIST_CHECK(sub_common_checks(parent, opts, fn, &kind, &bind));
@@ -497,53 +559,12 @@ tdist_status_t tdist_pg_new_group(tdist_pg_t *parent, const int *ranks, int n,
             goto out;
         }
     }
-    {
-        int64_t timeout = opts ? opts->timeout_ms : parent->timeout_ms;
-        tdist_status_t s2 = tdist_store_set(parent->store, keys[me], list, len);
-        if (s2 != TDIST_OK) {
-            st = tdist__error_context(s2, "%s: group %s", fn, defname);
-            goto out;
-        }
-        s2 = tdist_store_wait(parent->store, (const char *const *)keys, (size_t)n, timeout);
-        if (s2 == TDIST_ERR_TIMEOUT) {
-            char miss[300] = "";
-            int m = 0;
-            for (int i = 0; i < n; i++) {
-                bool ok = false;
-                const char *k = keys[i];
-                if (tdist_store_check(parent->store, &k, 1, &ok) == TDIST_OK && ok) continue;
-                size_t l = strlen(miss);
-                if (l < sizeof miss - 16) snprintf(miss + l, sizeof miss - l, "%s%d", m ? ", " : "", ranks[i]);
-                m++;
-            }
-            st = tdist__error(TDIST_ERR_TIMEOUT,
-                              "%s: group %s: rank %d of %s: parent rank%s %s did not call "
-                              "tdist_pg_new_group within %lld ms",
-                              fn, defname, parent->rank, parent->name, m == 1 ? "" : "s", miss,
-                              (long long)timeout);
-            goto out;
-        }
-        if (s2 != TDIST_OK) {
-            st = tdist__error_context(s2, "%s: group %s", fn, defname);
-            goto out;
-        }
-        s2 = tdist_store_multi_get(parent->store, (const char *const *)keys, (size_t)n, vals, lens);
-        if (s2 != TDIST_OK) {
-            st = tdist__error_context(s2, "%s: group %s", fn, defname);
-            goto out;
-        }
-        for (int i = 0; i < n; i++) {
-            if (lens[i] == len && memcmp(vals[i], list, len) == 0) continue;
-            st = tdist__error(TDIST_ERR_MISMATCH,
-                              "%s: group %s: parent rank %d was given ranks [%.*s] but parent "
-                              "rank %d was given [%s]",
-                              fn, defname, ranks[i], (int)TDIST_MIN(lens[i], 200),
-                              (const char *)vals[i], parent->rank, list);
-            goto out;
-        }
+    int64_t timeout = opts ? opts->timeout_ms : parent->timeout_ms;
+    st = agree_member_list(parent, keys, ranks, n, me, list, len, timeout, fn, defname, vals, lens);
+    if (st == TDIST_OK) {
+        st = make_sub(parent, ranks, n, me, uid, defname, opts, kind, bind, out);
+        if (st != TDIST_OK) tdist__error_context(st, "%s", fn);
     }
-    st = make_sub(parent, ranks, n, me, uid, defname, opts, kind, bind, out);
-    if (st != TDIST_OK) tdist__error_context(st, "%s", fn);
 out:
     for (int i = 0; i < n; i++) {
         if (keys) free(keys[i]);

@@ -465,187 +465,259 @@ static MPI_Request *req_next(reqs_t *q)
     } while (0)
 #define RQ (&q->p[q->n - 1])
 
-/* Post w's MPI calls into q; *div > 0: divide the result by it after. */
+/* One collective's MPI call(s), posted into q: what every post_* below
+ * reads. */
+typedef struct call {
+    tdist_pg_t *pg;
+    tdist__mpib_t *b;
+    struct tdist_work *w;
+    reqs_t *q;
+    MPI_Comm c;
+    MPI_Datatype t;
+    size_t es, cnt, bytes;
+    MPI_Op op;   /* reductions */
+    bool premul; /* PREMUL_SUM: the input is scaled into scratch first */
+} call_t;
+
+/* broadcast and broadcast_coalesced: MPI_Ibcast per CHUNK of each buffer. */
+static tdist_status_t post_bcast(const call_t *k, void *const *bufs, const size_t *counts,
+                                 size_t nbufs)
+{
+    reqs_t *q = k->q;
+    const char *name = nbufs > 1 || k->w->op == TDIST__OP_BROADCAST_COALESCED
+                           ? "MPI_Ibcast (coalesced)" : "MPI_Ibcast";
+    for (size_t i = 0; i < nbufs; i++)
+        for (size_t off = 0; off < counts[i] || off == 0; off += CHUNK) {
+            size_t n = TDIST_MIN(CHUNK, counts[i] - off);
+            POST(q, MPI_Ibcast((char *)bufs[i] + off * k->es, (int)n, k->t, k->w->root, k->c, RQ),
+                 name);
+            if (counts[i] == 0) break;
+        }
+    return TDIST_OK;
+}
+
+/* all_reduce and reduce: per CHUNK, in place where the API allows. */
+static tdist_status_t post_reduce(const call_t *k)
+{
+    struct tdist_work *w = k->w;
+    reqs_t *q = k->q;
+    size_t es = k->es;
+    bool all = w->op == TDIST__OP_ALL_REDUCE;
+    const char *name = all ? "MPI_Iallreduce" : "MPI_Ireduce";
+    const char *src = w->sendbuf;
+    char *dst = w->recvbuf;
+    bool root = all || k->pg->rank == w->root;
+    bool inplace = root && src == dst;
+    if (k->premul) {
+        char *tmp = scratch(k->b, k->bytes);
+        if (!tmp) return no_mem();
+        memcpy(tmp, src, k->bytes);
+        TDIST_CHECK(tdist_scale(tmp, k->cnt, w->dtype, w->premul));
+        src = tmp;
+        inplace = false;
+    }
+    for (size_t off = 0; off < k->cnt || off == 0; off += CHUNK) {
+        size_t n = TDIST_MIN(CHUNK, k->cnt - off);
+        const void *s = inplace ? MPI_IN_PLACE : (const void *)(src + off * es);
+        void *d = root ? dst + off * es : NULL;
+        if (all)
+            POST(q, iallreduce(s, d, (int)n, k->t, k->op, k->c, RQ, n * es), name);
+        else
+            POST(q, MPI_Ireduce(s, d, (int)n, k->t, k->op, w->root, k->c, RQ), name);
+        if (k->cnt == 0) break;
+    }
+    return TDIST_OK;
+}
+
+/* all_reduce_coalesced: each buffer scaled (PREMUL_SUM) and reduced in
+ * place, per CHUNK. */
+static tdist_status_t post_reduce_coalesced(const call_t *k)
+{
+    struct tdist_work *w = k->w;
+    reqs_t *q = k->q;
+    const char *name = "MPI_Iallreduce (coalesced)";
+    for (size_t i = 0; i < w->nbufs; i++) {
+        if (k->premul) TDIST_CHECK(tdist_scale(w->bufs[i], w->counts[i], w->dtype, w->premul));
+        for (size_t off = 0; off < w->counts[i] || off == 0; off += CHUNK) {
+            size_t n = TDIST_MIN(CHUNK, w->counts[i] - off);
+            POST(q,
+                 iallreduce(MPI_IN_PLACE, (char *)w->bufs[i] + off * k->es, (int)n, k->t, k->op,
+                            k->c, RQ, n * k->es),
+                 name);
+            if (w->counts[i] == 0) break;
+        }
+    }
+    return TDIST_OK;
+}
+
+static tdist_status_t post_all_gather(const call_t *k)
+{
+    struct tdist_work *w = k->w;
+    tdist__mpib_t *b = k->b;
+    reqs_t *q = k->q;
+    int n = k->pg->size, me = k->pg->rank;
+    const char *name = w->op == TDIST__OP_ALL_GATHER ? "MPI_Iallgather" : "MPI_Iallgatherv";
+    TDIST_CHECK(int_counts(w->recvcounts, n, b->ic, b->id, name));
+    size_t total = 0, mine = w->recvcounts[me] * k->es, at = (size_t)b->id[me] * k->es;
+    for (int r = 0; r < n; r++) total += w->recvcounts[r];
+    if (total > INT_MAX) return too_big(name, total);
+    const void *s = w->sendbuf;
+    if (s == (const char *)w->recvbuf + at) {
+        s = MPI_IN_PLACE;
+    } else if (overlap(s, mine, w->recvbuf, total * k->es)) {
+        void *tmp = scratch(b, mine);
+        if (!tmp) return no_mem();
+        memcpy(tmp, s, mine);
+        s = tmp;
+    }
+    if (w->op == TDIST__OP_ALL_GATHER)
+        POST(q, MPI_Iallgather(s, (int)k->cnt, k->t, w->recvbuf, (int)k->cnt, k->t, k->c, RQ), name);
+    else
+        POST(q, MPI_Iallgatherv(s, b->ic[me], k->t, w->recvbuf, b->ic, b->id, k->t, k->c, RQ),
+             name);
+    return TDIST_OK;
+}
+
+/* gather and scatter: the root's side in place when it is, a copy when the
+ * buffers overlap otherwise. */
+static tdist_status_t post_gather_scatter(const call_t *k)
+{
+    struct tdist_work *w = k->w;
+    reqs_t *q = k->q;
+    int n = k->pg->size, me = k->pg->rank;
+    bool gather = w->op == TDIST__OP_GATHER;
+    const char *name = gather ? "MPI_Igather" : "MPI_Iscatter";
+    size_t bytes = k->bytes, all = bytes * (size_t)n;
+    if (k->cnt > INT_MAX || k->cnt * (size_t)n > INT_MAX) return too_big(name, k->cnt * (size_t)n);
+    bool root = me == w->root;
+    const void *s = gather || root ? w->sendbuf : NULL;
+    void *d = !gather || root ? w->recvbuf : NULL;
+    if (root && (gather ? d : s)) {
+        /* the root's whole buffer and its own block in it */
+        const char *whole = gather ? (const char *)d : (const char *)s;
+        const void *block = gather ? s : d;
+        if (block == whole + (size_t)me * bytes) {
+            if (gather)
+                s = MPI_IN_PLACE;
+            else
+                d = MPI_IN_PLACE;
+        } else if (gather ? overlap(s, bytes, d, all) : overlap(s, all, d, bytes)) {
+            size_t len = gather ? bytes : all;
+            void *tmp = scratch(k->b, len);
+            if (!tmp) return no_mem();
+            memcpy(tmp, s, len);
+            s = tmp;
+        }
+    }
+    if (gather)
+        POST(q, MPI_Igather(s, (int)k->cnt, k->t, d, (int)k->cnt, k->t, w->root, k->c, RQ), name);
+    else
+        POST(q, MPI_Iscatter(s, (int)k->cnt, k->t, d, (int)k->cnt, k->t, w->root, k->c, RQ), name);
+    return TDIST_OK;
+}
+
+static tdist_status_t post_reduce_scatter(const call_t *k)
+{
+    struct tdist_work *w = k->w;
+    reqs_t *q = k->q;
+    int n = k->pg->size;
+    const char *name = "MPI_Ireduce_scatter_block";
+    if (k->cnt > INT_MAX || k->cnt * (size_t)n > INT_MAX) return too_big(name, k->cnt * (size_t)n);
+    size_t tot = k->bytes * (size_t)n;
+    const void *s = w->sendbuf;
+    if (k->premul) {
+        void *tmp = scratch(k->b, tot);
+        if (!tmp) return no_mem();
+        memcpy(tmp, s, tot);
+        TDIST_CHECK(tdist_scale(tmp, k->cnt * (size_t)n, w->dtype, w->premul));
+        s = tmp;
+    } else if (s == w->recvbuf) {
+        s = MPI_IN_PLACE; /* the input is in recvbuf, the result lands in block 0 */
+    } else if (overlap(s, tot, w->recvbuf, k->bytes)) {
+        void *tmp = scratch(k->b, tot);
+        if (!tmp) return no_mem();
+        memcpy(tmp, s, tot);
+        s = tmp;
+    }
+    POST(q, MPI_Ireduce_scatter_block(s, w->recvbuf, (int)k->cnt, k->t, k->op, k->c, RQ), name);
+    return TDIST_OK;
+}
+
+static tdist_status_t post_all_to_all(const call_t *k)
+{
+    struct tdist_work *w = k->w;
+    tdist__mpib_t *b = k->b;
+    reqs_t *q = k->q;
+    int n = k->pg->size;
+    size_t es = k->es;
+    const char *name = w->op == TDIST__OP_ALL_TO_ALL ? "MPI_Ialltoall" : "MPI_Ialltoallv";
+    TDIST_CHECK(int_counts(w->sendcounts, n, b->ic, b->id, name));
+    TDIST_CHECK(int_counts(w->recvcounts, n, b->ic2, b->id2, name));
+    size_t stot = 0, rtot = 0;
+    for (int r = 0; r < n; r++) {
+        stot += w->sendcounts[r];
+        rtot += w->recvcounts[r];
+    }
+    if (stot > INT_MAX || rtot > INT_MAX) return too_big(name, TDIST_MAX(stot, rtot));
+    const void *s = w->sendbuf;
+    if (overlap(s, stot * es, w->recvbuf, rtot * es)) {
+        void *tmp = scratch(b, stot * es);
+        if (!tmp) return no_mem();
+        memcpy(tmp, s, stot * es);
+        s = tmp;
+    }
+    if (w->op == TDIST__OP_ALL_TO_ALL)
+        POST(q, MPI_Ialltoall(s, (int)k->cnt, k->t, w->recvbuf, (int)k->cnt, k->t, k->c, RQ), name);
+    else
+        POST(q, MPI_Ialltoallv(s, b->ic, b->id, k->t, w->recvbuf, b->ic2, b->id2, k->t, k->c, RQ),
+             name);
+    return TDIST_OK;
+}
+
+/* Post w's MPI calls into q (one post_* per kind of collective); *name:
+ * the MPI call, for messages. */
 static tdist_status_t post_coll(tdist_pg_t *pg, tdist__mpib_t *b, struct tdist_work *w, reqs_t *q,
                                 const char **name)
 {
-    int n = pg->size, me = pg->rank;
-    MPI_Comm c = b->coll;
-    MPI_Datatype t = mdt(w->dtype);
-    size_t es = tdist_dtype_size(w->dtype), cnt = w->count, bytes = cnt * es;
-    MPI_Op op = MPI_OP_NULL;
+    call_t k = {.pg = pg, .b = b, .w = w, .q = q, .c = b->coll, .t = mdt(w->dtype),
+                .es = tdist_dtype_size(w->dtype), .cnt = w->count, .op = MPI_OP_NULL};
+    k.bytes = k.cnt * k.es;
     bool reduces = w->op == TDIST__OP_ALL_REDUCE || w->op == TDIST__OP_REDUCE ||
                    w->op == TDIST__OP_REDUCE_SCATTER || w->op == TDIST__OP_ALL_REDUCE_COALESCED;
-    if (reduces) TDIST_CHECK(mop(w->dtype, w->redop, &op));
-    bool premul = reduces && w->redop == TDIST_PREMUL_SUM;
+    if (reduces) TDIST_CHECK(mop(w->dtype, w->redop, &k.op));
+    k.premul = reduces && w->redop == TDIST_PREMUL_SUM;
     switch (w->op) {
     case TDIST__OP_BROADCAST:
         *name = "MPI_Ibcast";
-        for (size_t off = 0; off < cnt || off == 0; off += CHUNK) {
-            size_t k = TDIST_MIN(CHUNK, cnt - off);
-            POST(q, MPI_Ibcast((char *)w->recvbuf + off * es, (int)k, t, w->root, c, RQ), *name);
-            if (cnt == 0) break;
-        }
-        return TDIST_OK;
-    case TDIST__OP_ALL_REDUCE:
-    case TDIST__OP_REDUCE: {
-        bool all = w->op == TDIST__OP_ALL_REDUCE;
-        *name = all ? "MPI_Iallreduce" : "MPI_Ireduce";
-        const char *src = w->sendbuf;
-        char *dst = w->recvbuf;
-        bool root = all || me == w->root;
-        bool inplace = root && src == dst;
-        if (premul) {
-            char *tmp = scratch(b, bytes);
-            if (!tmp) return no_mem();
-            memcpy(tmp, src, bytes);
-            TDIST_CHECK(tdist_scale(tmp, cnt, w->dtype, w->premul));
-            src = tmp;
-            inplace = false;
-        }
-        for (size_t off = 0; off < cnt || off == 0; off += CHUNK) {
-            size_t k = TDIST_MIN(CHUNK, cnt - off);
-            const void *s = inplace ? MPI_IN_PLACE : (const void *)(src + off * es);
-            void *d = root ? dst + off * es : NULL;
-            if (all)
-                POST(q, iallreduce(s, d, (int)k, t, op, c, RQ, k * es), *name);
-            else
-                POST(q, MPI_Ireduce(s, d, (int)k, t, op, w->root, c, RQ), *name);
-            if (cnt == 0) break;
-        }
-        return TDIST_OK;
-    }
-    case TDIST__OP_ALL_GATHER:
-    case TDIST__OP_ALL_GATHERV: {
-        *name = w->op == TDIST__OP_ALL_GATHER ? "MPI_Iallgather" : "MPI_Iallgatherv";
-        TDIST_CHECK(int_counts(w->recvcounts, n, b->ic, b->id, *name));
-        size_t total = 0, mine = w->recvcounts[me] * es, at = (size_t)b->id[me] * es;
-        for (int r = 0; r < n; r++) total += w->recvcounts[r];
-        if (total > INT_MAX) return too_big(*name, total);
-        const void *s = w->sendbuf;
-        if (s == (const char *)w->recvbuf + at) {
-            s = MPI_IN_PLACE;
-        } else if (overlap(s, mine, w->recvbuf, total * es)) {
-            void *tmp = scratch(b, mine);
-            if (!tmp) return no_mem();
-            memcpy(tmp, s, mine);
-            s = tmp;
-        }
-        if (w->op == TDIST__OP_ALL_GATHER)
-            POST(q, MPI_Iallgather(s, (int)cnt, t, w->recvbuf, (int)cnt, t, c, RQ), *name);
-        else
-            POST(q, MPI_Iallgatherv(s, b->ic[me], t, w->recvbuf, b->ic, b->id, t, c, RQ), *name);
-        return TDIST_OK;
-    }
-    case TDIST__OP_GATHER: {
-        *name = "MPI_Igather";
-        if (cnt > INT_MAX || cnt * (size_t)n > INT_MAX) return too_big(*name, cnt * (size_t)n);
-        const void *s = w->sendbuf;
-        void *d = me == w->root ? w->recvbuf : NULL;
-        if (d) {
-            if (s == (const char *)d + (size_t)me * bytes) {
-                s = MPI_IN_PLACE;
-            } else if (overlap(s, bytes, d, bytes * (size_t)n)) {
-                void *tmp = scratch(b, bytes);
-                if (!tmp) return no_mem();
-                memcpy(tmp, s, bytes);
-                s = tmp;
-            }
-        }
-        POST(q, MPI_Igather(s, (int)cnt, t, d, (int)cnt, t, w->root, c, RQ), *name);
-        return TDIST_OK;
-    }
-    case TDIST__OP_SCATTER: {
-        *name = "MPI_Iscatter";
-        if (cnt > INT_MAX || cnt * (size_t)n > INT_MAX) return too_big(*name, cnt * (size_t)n);
-        const void *s = me == w->root ? w->sendbuf : NULL;
-        void *d = w->recvbuf;
-        if (s) {
-            if (d == (const char *)s + (size_t)me * bytes) {
-                d = MPI_IN_PLACE;
-            } else if (overlap(s, bytes * (size_t)n, d, bytes)) {
-                void *tmp = scratch(b, bytes * (size_t)n);
-                if (!tmp) return no_mem();
-                memcpy(tmp, s, bytes * (size_t)n);
-                s = tmp;
-            }
-        }
-        POST(q, MPI_Iscatter(s, (int)cnt, t, d, (int)cnt, t, w->root, c, RQ), *name);
-        return TDIST_OK;
-    }
-    case TDIST__OP_REDUCE_SCATTER: {
-        *name = "MPI_Ireduce_scatter_block";
-        if (cnt > INT_MAX || cnt * (size_t)n > INT_MAX) return too_big(*name, cnt * (size_t)n);
-        size_t tot = bytes * (size_t)n;
-        const void *s = w->sendbuf;
-        if (premul) {
-            void *tmp = scratch(b, tot);
-            if (!tmp) return no_mem();
-            memcpy(tmp, s, tot);
-            TDIST_CHECK(tdist_scale(tmp, cnt * (size_t)n, w->dtype, w->premul));
-            s = tmp;
-        } else if (s == w->recvbuf) {
-            s = MPI_IN_PLACE; /* the input is in recvbuf, the result lands in block 0 */
-        } else if (overlap(s, tot, w->recvbuf, bytes)) {
-            void *tmp = scratch(b, tot);
-            if (!tmp) return no_mem();
-            memcpy(tmp, s, tot);
-            s = tmp;
-        }
-        POST(q, MPI_Ireduce_scatter_block(s, w->recvbuf, (int)cnt, t, op, c, RQ), *name);
-        return TDIST_OK;
-    }
-    case TDIST__OP_ALL_TO_ALL:
-    case TDIST__OP_ALL_TO_ALLV: {
-        *name = w->op == TDIST__OP_ALL_TO_ALL ? "MPI_Ialltoall" : "MPI_Ialltoallv";
-        TDIST_CHECK(int_counts(w->sendcounts, n, b->ic, b->id, *name));
-        TDIST_CHECK(int_counts(w->recvcounts, n, b->ic2, b->id2, *name));
-        size_t stot = 0, rtot = 0;
-        for (int r = 0; r < n; r++) {
-            stot += w->sendcounts[r];
-            rtot += w->recvcounts[r];
-        }
-        if (stot > INT_MAX || rtot > INT_MAX) return too_big(*name, TDIST_MAX(stot, rtot));
-        const void *s = w->sendbuf;
-        if (overlap(s, stot * es, w->recvbuf, rtot * es)) {
-            void *tmp = scratch(b, stot * es);
-            if (!tmp) return no_mem();
-            memcpy(tmp, s, stot * es);
-            s = tmp;
-        }
-        if (w->op == TDIST__OP_ALL_TO_ALL)
-            POST(q, MPI_Ialltoall(s, (int)cnt, t, w->recvbuf, (int)cnt, t, c, RQ), *name);
-        else
-            POST(q, MPI_Ialltoallv(s, b->ic, b->id, t, w->recvbuf, b->ic2, b->id2, t, c, RQ),
-                 *name);
-        return TDIST_OK;
-    }
-    case TDIST__OP_BARRIER:
-        *name = "MPI_Ibarrier";
-        POST(q, MPI_Ibarrier(c, RQ), *name);
-        return TDIST_OK;
-    case TDIST__OP_ALL_REDUCE_COALESCED:
-        *name = "MPI_Iallreduce (coalesced)";
-        for (size_t i = 0; i < w->nbufs; i++) {
-            if (premul) TDIST_CHECK(tdist_scale(w->bufs[i], w->counts[i], w->dtype, w->premul));
-            for (size_t off = 0; off < w->counts[i] || off == 0; off += CHUNK) {
-                size_t k = TDIST_MIN(CHUNK, w->counts[i] - off);
-                POST(q,
-                     iallreduce(MPI_IN_PLACE, (char *)w->bufs[i] + off * es, (int)k, t, op, c, RQ,
-                                k * es),
-                     *name);
-                if (w->counts[i] == 0) break;
-            }
-        }
-        return TDIST_OK;
+        return post_bcast(&k, &w->recvbuf, &w->count, 1);
     case TDIST__OP_BROADCAST_COALESCED:
         *name = "MPI_Ibcast (coalesced)";
-        for (size_t i = 0; i < w->nbufs; i++)
-            for (size_t off = 0; off < w->counts[i] || off == 0; off += CHUNK) {
-                size_t k = TDIST_MIN(CHUNK, w->counts[i] - off);
-                POST(q, MPI_Ibcast((char *)w->bufs[i] + off * es, (int)k, t, w->root, c, RQ), *name);
-                if (w->counts[i] == 0) break;
-            }
+        return post_bcast(&k, w->bufs, w->counts, w->nbufs);
+    case TDIST__OP_ALL_REDUCE:
+    case TDIST__OP_REDUCE:
+        *name = w->op == TDIST__OP_ALL_REDUCE ? "MPI_Iallreduce" : "MPI_Ireduce";
+        return post_reduce(&k);
+    case TDIST__OP_ALL_REDUCE_COALESCED:
+        *name = "MPI_Iallreduce (coalesced)";
+        return post_reduce_coalesced(&k);
+    case TDIST__OP_ALL_GATHER:
+    case TDIST__OP_ALL_GATHERV:
+        *name = w->op == TDIST__OP_ALL_GATHER ? "MPI_Iallgather" : "MPI_Iallgatherv";
+        return post_all_gather(&k);
+    case TDIST__OP_GATHER:
+    case TDIST__OP_SCATTER:
+        *name = w->op == TDIST__OP_GATHER ? "MPI_Igather" : "MPI_Iscatter";
+        return post_gather_scatter(&k);
+    case TDIST__OP_REDUCE_SCATTER:
+        *name = "MPI_Ireduce_scatter_block";
+        return post_reduce_scatter(&k);
+    case TDIST__OP_ALL_TO_ALL:
+    case TDIST__OP_ALL_TO_ALLV:
+        *name = w->op == TDIST__OP_ALL_TO_ALL ? "MPI_Ialltoall" : "MPI_Ialltoallv";
+        return post_all_to_all(&k);
+    case TDIST__OP_BARRIER:
+        *name = "MPI_Ibarrier";
+        POST(q, MPI_Ibarrier(k.c, RQ), *name);
         return TDIST_OK;
     default:
         return tdist__error(TDIST_ERR_INTERNAL, "MPI backend: op %s is not a collective",
