@@ -526,7 +526,7 @@ tdist_status_t tdist_pg_new_group(tdist_pg_t *parent, const int *ranks, int n,
     TDIST_ARG_CHECK(parent != NULL, fn);
     TDIST_ARG_CHECK(out != NULL, fn);
     TDIST_ARG_CHECK(ranks != NULL, fn);
-    int me;
+    int me = -1;
     TDIST_CHECK(check_member_list(parent, ranks, n, fn, &me));
     const char *bind = NULL;
     tdist__tp_kind_t kind;
