@@ -4,7 +4,7 @@
  * (sklearn/datasets/data/digits.csv.gz, 1,797 8x8 images, 10 classes),
  * with tdist's DDP reducer, on the ranks tdistrun starts.
  *
- *   tdistrun --nproc-per-node 4 train_digits digits.csv [epochs]
+ *   tdistrun --nproc-per-node 4 train_digits digits.csv [epochs] [--hook HOOK]
  *
  * (scripts/demo.sh finds the data set in the package, unpacks it and runs
  * exactly this.) A fixed seeded split keeps 1,437 images for training and
@@ -24,9 +24,18 @@
  * all-reduces buckets while the earlier layers' backward still runs. The
  * BatchNorm running statistics are DDP buffers (broadcast from rank 0).
  *
- * Rank 0 prints one line per epoch (loss, train accuracy, samples/s and
- * how much of the communication DDP hid behind backward), then the test
- * accuracy and whether every rank ends with identical parameters:
+ * --hook picks DDP's comm hook (tdist/algorithms.h; the same on every
+ * rank): allreduce (DDP's own averaging, the default), fp16 or bf16 (the
+ * buckets cross as 16-bit values), powersgd:R (PowerSGD of rank R, plain
+ * averaging for the first two epochs' iterations) or int8 (int8 codes
+ * with error feedback). Every hook works under Join: a rank that has run
+ * out runs it on zeros. A bad command line exits 2 with the usage.
+ *
+ * Each rank's first line names the hook. Rank 0 prints one line per
+ * epoch (loss, train accuracy, samples/s and how much of the
+ * communication DDP hid behind backward), then the hook's bytes per
+ * iteration, the test accuracy and whether every rank ends with identical
+ * parameters:
  *   final test_accuracy=0.97 params_identical=yes
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
@@ -43,6 +52,9 @@
 
 #define IMG 64
 #define CLASSES 10
+#define CONV1 16 /* output channels of the two convolutions */
+#define CONV2 32
+#define MAX_PSGD_RANK 32
 #define N_TEST 360
 #define LOCAL_BATCH 16
 #define MAX_SAMPLES 4096
@@ -143,15 +155,253 @@ static uint64_t hash_floats(const float *p, size_t n)
     return h;
 }
 
+/* ------------------------------------------------------- the command line */
+
+typedef enum hook_kind {
+    HOOK_ALLREDUCE,
+    HOOK_FP16,
+    HOOK_BF16,
+    HOOK_POWERSGD,
+    HOOK_INT8
+} hook_kind_t;
+
+typedef struct args {
+    const char *csv;
+    int epochs;
+    hook_kind_t hook;
+    int psgd_rank; /* powersgd:R */
+    char hook_name[32];
+} args_t;
+
+static void usage(FILE *f, const char *prog)
+{
+    fprintf(f,
+            "usage: tdistrun --nproc-per-node N %s digits.csv [epochs] [--hook HOOK]\n"
+            "  epochs  1..1000 (default 20)\n"
+            "  HOOK    DDP's comm hook: allreduce (default), fp16, bf16, powersgd:R\n"
+            "          (PowerSGD of rank R = 1..%d), int8 (with error feedback)\n",
+            prog, MAX_PSGD_RANK);
+}
+
+/* One of the names above, exactly: 0, or -1 for anything else. */
+static int parse_hook(const char *s, args_t *a)
+{
+    static const struct {
+        const char *name;
+        hook_kind_t kind;
+    } plain[] = {{"allreduce", HOOK_ALLREDUCE}, {"fp16", HOOK_FP16}, {"bf16", HOOK_BF16},
+                 {"int8", HOOK_INT8}};
+    for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++)
+        if (strcmp(s, plain[i].name) == 0) {
+            a->hook = plain[i].kind;
+            snprintf(a->hook_name, sizeof a->hook_name, "%s", s);
+            return 0;
+        }
+    if (strncmp(s, "powersgd:", 9) != 0) return -1;
+    const char *r = s + 9;
+    long v = 0;
+    for (; *r >= '0' && *r <= '9' && v <= MAX_PSGD_RANK; r++) v = v * 10 + (*r - '0');
+    if (r == s + 9 || *r != '\0' || v < 1 || v > MAX_PSGD_RANK) return -1;
+    a->hook = HOOK_POWERSGD;
+    a->psgd_rank = (int)v;
+    snprintf(a->hook_name, sizeof a->hook_name, "powersgd:%d", a->psgd_rank);
+    return 0;
+}
+
+/* digits.csv [epochs] with --hook HOOK (or --hook=HOOK) anywhere; the
+ * epochs are read as they always were (atoi; outside 1..1000, a negative
+ * number included: 20). Anything else starting with '-' is an unknown
+ * option. A bad command line exits 2 with the usage, before any
+ * rendezvous. */
+static void parse_args(int argc, char **argv, args_t *a)
+{
+    const char *prog = argv[0] ? argv[0] : "train_digits";
+    const char *pos[2] = {NULL, NULL};
+    int npos = 0;
+    bool options = true;
+    *a = (args_t){.hook = HOOK_ALLREDUCE, .hook_name = "allreduce"};
+    for (int i = 1; i < argc; i++) {
+        const char *s = argv[i], *hook = NULL;
+        if (options && strcmp(s, "--") == 0) {
+            options = false;
+        } else if (options && (strcmp(s, "-h") == 0 || strcmp(s, "--help") == 0)) {
+            usage(stdout, prog);
+            exit(0);
+        } else if (options && strcmp(s, "--hook") == 0) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "train_digits: --hook needs a value\n");
+                usage(stderr, prog);
+                exit(2);
+            }
+            hook = argv[++i];
+        } else if (options && strncmp(s, "--hook=", 7) == 0) {
+            hook = s + 7;
+        } else if (options && s[0] == '-' && s[1] != '\0' && !(s[1] >= '0' && s[1] <= '9')) {
+            fprintf(stderr, "train_digits: unknown option '%s'\n", s);
+            usage(stderr, prog);
+            exit(2);
+        } else if (npos < 2) {
+            pos[npos++] = s;
+        } else {
+            fprintf(stderr, "train_digits: unexpected argument '%s'\n", s);
+            usage(stderr, prog);
+            exit(2);
+        }
+        if (hook && parse_hook(hook, a) != 0) {
+            fprintf(stderr, "train_digits: bad --hook '%s'\n", hook);
+            usage(stderr, prog);
+            exit(2);
+        }
+    }
+    if (npos < 1) {
+        usage(stderr, prog);
+        exit(2);
+    }
+    a->csv = pos[0];
+    a->epochs = npos > 1 ? atoi(pos[1]) : 20;
+    if (a->epochs < 1 || a->epochs > 1000) a->epochs = 20;
+}
+
+/* ------------------------------------------------------------ the comm hook */
+
+/* The hook's state, and what this rank put into the collectives. */
+typedef struct comm {
+    hook_kind_t kind;
+    tdist_compress_t *c;
+    tdist_powersgd_t *psgd;
+    tdist_int8_t *q;
+    size_t *rows;       /* PowerSGD: shape[0] of each parameter */
+    int64_t psgd_start; /* PowerSGD: start_powerSGD_iter */
+    uint64_t bytes;     /* fp16/bf16/PowerSGD: bytes of the (compressed) gradient sent */
+    uint64_t iters;     /* ... in this many iterations (shadow ones included) */
+} comm_t;
+
+static void on_compress(void *arg, const tdist_ddp_bucket_t *b, const uint16_t *wire, bool reduced)
+{
+    (void)wire;
+    comm_t *cm = arg;
+    if (reduced) return;
+    cm->bytes += 2 * (uint64_t)b->count;
+    cm->iters += b->is_last;
+}
+
+/* PowerSGD's compressed iterations: [uncompressed | P] and Q, in f32. */
+static void on_powersgd(void *arg, const tdist_ddp_bucket_t *b, tdist_powersgd_stage_t stage,
+                        const float *data, size_t count)
+{
+    (void)data;
+    comm_t *cm = arg;
+    if (stage != TDIST_POWERSGD_P_LOCAL && stage != TDIST_POWERSGD_Q_LOCAL) return;
+    cm->bytes += 4 * (uint64_t)count;
+    cm->iters += stage == TDIST_POWERSGD_P_LOCAL && b->is_last;
+}
+
+/* Create and register the hook --hook names (allreduce: none, DDP's own).
+ * params: the model's, in tdist_ddp_create's order; iters_per_epoch: the
+ * iterations every rank runs per epoch (the longest shard's steps). */
+static void comm_setup(comm_t *cm, const args_t *a, tdist_ddp_t *ddp, const nn_param_t *params,
+                       size_t np, size_t iters_per_epoch)
+{
+    *cm = (comm_t){.kind = a->hook};
+    if (a->hook == HOOK_FP16 || a->hook == HOOK_BF16) {
+        tdist_compress_opts_t o;
+        tdist_compress_opts_init(&o);
+        o.wire = a->hook == HOOK_FP16 ? TDIST_F16 : TDIST_BF16;
+        o.observe = on_compress;
+        o.observe_arg = cm;
+        CHECK(tdist_compress_hook_create(&o, &cm->c));
+        CHECK(tdist_compress_register(ddp, cm->c));
+    } else if (a->hook == HOOK_POWERSGD) {
+        /* shape[0]: the convolutions' weights are [out, in*k*k], the
+         * linear one's [out, in]; biases and BatchNorm's are 1-D (0) */
+        cm->rows = calloc(np, sizeof *cm->rows);
+        if (!cm->rows) DIE("out of memory");
+        static const struct {
+            const char *name;
+            size_t rows;
+        } mats[] = {{"0.weight", CONV1}, {"4.weight", CONV2}, {"9.weight", CLASSES}};
+        size_t found = 0;
+        for (size_t i = 0; i < np; i++)
+            for (size_t k = 0; k < sizeof mats / sizeof mats[0]; k++)
+                if (strcmp(params[i].name, mats[k].name) == 0 &&
+                    params[i].count % mats[k].rows == 0) {
+                    cm->rows[i] = mats[k].rows;
+                    found++;
+                }
+        if (found != sizeof mats / sizeof mats[0]) DIE("PowerSGD: the model's weights changed");
+        tdist_powersgd_opts_t o;
+        tdist_powersgd_opts_init(&o);
+        o.matrix_approximation_rank = a->psgd_rank;
+        /* plain averaging in the first two epochs' iterations (the model
+         * moves most then: iterations 0 .. start - 1), compressed after
+         * that; error feedback and warm start on (the defaults) */
+        cm->psgd_start = 2 * (int64_t)iters_per_epoch; /* >= 2 */
+        o.start_powerSGD_iter = cm->psgd_start;
+        o.param_rows = cm->rows;
+        o.num_params = np;
+        o.observe = on_powersgd;
+        o.observe_arg = cm;
+        CHECK(tdist_powersgd_create(&o, &cm->psgd));
+        CHECK(tdist_powersgd_register(ddp, cm->psgd));
+    } else if (a->hook == HOOK_INT8) {
+        tdist_int8_opts_t o;
+        tdist_int8_opts_init(&o);
+        o.error_feedback = true;
+        o.sum_error_feedback = true;
+        CHECK(tdist_int8_hook_create(&o, &cm->q));
+        CHECK(tdist_int8_register(ddp, cm->q));
+    }
+}
+
+/* What the hook does, for rank 0's first line. */
+static void comm_describe(const comm_t *cm, const args_t *a, char *buf, size_t cap)
+{
+    switch (cm->kind) {
+    case HOOK_ALLREDUCE: snprintf(buf, cap, "DDP's f32 averaging"); break;
+    case HOOK_FP16: snprintf(buf, cap, "fp16_compress_hook"); break;
+    case HOOK_BF16: snprintf(buf, cap, "bf16_compress_hook"); break;
+    case HOOK_POWERSGD:
+        snprintf(buf, cap, "powerSGD_hook, rank %d, plain averaging for the first %lld "
+                 "iterations, error feedback, warm start", a->psgd_rank,
+                 (long long)cm->psgd_start);
+        break;
+    case HOOK_INT8: snprintf(buf, cap, "int8 codes, blocks of %d, error feedback",
+                             TDIST_INT8_DEFAULT_BLOCK); break;
+    }
+}
+
+/* Bytes of gradient this rank sent into the collectives per iteration:
+ * the f32 buckets (allreduce), their 16-bit copies (fp16, bf16),
+ * [uncompressed | P] and Q once PowerSGD compresses, int8's codes and
+ * scales of the whole bucket (its all_to_all's input). */
+static double comm_bytes_per_iter(const comm_t *cm, const tdist_ddp_stats_t *ds, int size)
+{
+    if (cm->kind == HOOK_INT8) {
+        tdist_int8_stats_t s;
+        CHECK(tdist_int8_get_stats(cm->q, &s));
+        if (size < 2 || s.buckets == 0) return 0;
+        double iters = (double)s.buckets / (double)ds->num_buckets;
+        return (double)s.bytes_sent * size / (2.0 * (size - 1)) / iters;
+    }
+    if (cm->kind == HOOK_ALLREDUCE)
+        return ds->sync_iterations ? (double)ds->bytes_reduced / (double)ds->sync_iterations : 0;
+    return cm->iters ? (double)cm->bytes / (double)cm->iters : 0;
+}
+
+static void comm_destroy(comm_t *cm)
+{
+    tdist_compress_destroy(cm->c);
+    tdist_powersgd_destroy(cm->psgd);
+    tdist_int8_destroy(cm->q);
+    free(cm->rows);
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (argc < 2) {
-        fprintf(stderr, "usage: tdistrun --nproc-per-node N %s digits.csv [epochs]\n", argv[0]);
-        return 2;
-    }
-    int epochs = argc > 2 ? atoi(argv[2]) : 20;
-    if (epochs < 1 || epochs > 1000) epochs = 20;
+    args_t args;
+    parse_args(argc, argv, &args);
+    int epochs = args.epochs;
 
     tdist_world_t *world;
     CHECK(tdist_init("env://", NULL, &world));
@@ -162,7 +412,7 @@ int main(int argc, char **argv)
     nn_set_num_threads(1); /* one BLAS thread per rank: the ranks share the cores */
 
     static data_t d;
-    load(argv[1], &d);
+    load(args.csv, &d);
 
     /* The fixed split, then the uneven shards: rank r gets a share
      * proportional to r + 2 of the training images. */
@@ -175,7 +425,7 @@ int main(int argc, char **argv)
     const size_t *train = idx, *test = idx + n_train;
     size_t weight_sum = 0;
     for (int r = 0; r < size; r++) weight_sum += (size_t)r + 2;
-    size_t shard_lo = 0, shard_n = 0, min_shard = SIZE_MAX;
+    size_t shard_lo = 0, shard_n = 0, min_shard = SIZE_MAX, max_shard = 0;
     for (int r = 0, lo = 0; r < size; r++) {
         size_t hi = r == size - 1 ? n_train : n_train * (size_t)(lo + r + 2) / weight_sum;
         size_t cnt = hi - n_train * (size_t)lo / weight_sum;
@@ -184,6 +434,7 @@ int main(int argc, char **argv)
             shard_n = cnt;
         }
         if (cnt < min_shard) min_shard = cnt;
+        if (cnt > max_shard) max_shard = cnt;
         lo += r + 2;
     }
     size_t steps = shard_n / LOCAL_BATCH; /* this rank's steps per epoch */
@@ -191,8 +442,8 @@ int main(int argc, char **argv)
 
     /* The model (same seed everywhere; DDP broadcasts rank 0's anyway). */
     nn_seq_t *m = nn_seq_create(1, 8, 8, 7);
-    if (!m || nn_conv2d(m, 16, 3, 1, 1) || nn_batchnorm2d(m) || nn_relu(m) ||
-        nn_maxpool2d(m, 2, 2) || nn_conv2d(m, 32, 3, 1, 1) || nn_batchnorm2d(m) || nn_relu(m) ||
+    if (!m || nn_conv2d(m, CONV1, 3, 1, 1) || nn_batchnorm2d(m) || nn_relu(m) ||
+        nn_maxpool2d(m, 2, 2) || nn_conv2d(m, CONV2, 3, 1, 1) || nn_batchnorm2d(m) || nn_relu(m) ||
         nn_maxpool2d(m, 2, 2) || nn_flatten(m) || nn_linear(m, CLASSES))
         DIE("building the model: %s", nn_last_error());
     size_t np = 0, nb = 0;
@@ -216,6 +467,11 @@ int main(int argc, char **argv)
     tdist_ddp_opts_init(&dopts);
     tdist_ddp_t *ddp;
     CHECK(tdist_ddp_create(pg, dp, np, db, nb, &dopts, &ddp));
+    /* the comm hook: registered before the first forward_begin; every
+     * rank runs max_shard / LOCAL_BATCH iterations per epoch (its own and,
+     * once it has run out, Join's shadow ones) */
+    comm_t cm;
+    comm_setup(&cm, &args, ddp, params, np, max_shard / LOCAL_BATCH);
     hook_ctx_t hook = {ddp, TDIST_OK};
     nn_set_grad_ready_hook(m, on_grad_ready, &hook);
 
@@ -229,11 +485,15 @@ int main(int argc, char **argv)
 
     size_t n_params = 0;
     for (size_t i = 0; i < np; i++) n_params += params[i].count;
-    printf("train_digits: rank %d of %d: shard of %zu training images, %zu steps of %d per "
-           "epoch\n", rank, size, shard_n, steps, LOCAL_BATCH);
-    if (rank == 0)
+    printf("train_digits: rank %d of %d: hook %s, shard of %zu training images, %zu steps of "
+           "%d per epoch\n", rank, size, args.hook_name, shard_n, steps, LOCAL_BATCH);
+    if (rank == 0) {
+        char what[160];
+        comm_describe(&cm, &args, what, sizeof what);
         printf("train_digits: %d ranks, %zu training / %d test images, %zu parameters; uneven "
-               "shards under Join\n", size, n_train, N_TEST, n_params);
+               "shards under Join; hook %s (%s)\n", size, n_train, N_TEST, n_params,
+               args.hook_name, what);
+    }
     tdist_joinable_t joinable;
     CHECK(tdist_ddp_joinable(ddp, &joinable));
 
@@ -243,6 +503,7 @@ int main(int argc, char **argv)
     if (!order || !xb || !dl) DIE("out of memory");
     int yb[LOCAL_BATCH];
     uint64_t shuf = 1000 + (uint64_t)rank;
+    double train_s = 0; /* the slowest rank's time, epoch by epoch */
 
     for (int ep = 1; ep <= epochs; ep++) {
         if (ep == epochs * 2 / 3 + 1) CHECK(tdist_optim_set_lr(opt, so.lr * 0.1));
@@ -290,6 +551,7 @@ int main(int argc, char **argv)
         CHECK(tdist_all_reduce(pg, stat, stat, 3, TDIST_F64, TDIST_MAX, NULL, NULL));
         double slowest = secs;
         CHECK(tdist_all_reduce(pg, &slowest, &slowest, 1, TDIST_F64, TDIST_MAX, NULL, NULL));
+        train_s += slowest;
         if (rank == 0)
             printf("epoch %2d/%d  loss %.4f  train_acc %.3f  %7.0f samples/s  comm %.0f ms, "
                    "%.0f ms of it not hidden (total so far)\n",
@@ -340,6 +602,16 @@ int main(int argc, char **argv)
                "overlapped with backward\n",
                (unsigned long long)ds.iterations, (unsigned long long)ds.num_buckets,
                (double)ds.bytes_reduced / 1e6, 100.0 * ds.overlap_fraction);
+        double f32 = 4.0 * (double)n_params;
+        double per = comm_bytes_per_iter(&cm, &ds, size);
+        const char *when = "";
+        if (cm.kind == HOOK_POWERSGD) {
+            when = cm.iters ? " once compressing" : " (never compressed: f32 throughout)";
+            if (!cm.iters) per = f32;
+        }
+        printf("hook %s: %.0f bytes of gradient into the collectives per iteration%s (%.3f of "
+               "f32's %.0f); training %.2f s; test %.0f/%.0f correct\n",
+               args.hook_name, per, when, per / f32, f32, train_s, tc[0], tc[1]);
         printf("final test_accuracy=%.2f params_identical=%s\n", tc[0] / tc[1], same ? "yes" : "no");
     }
 
@@ -353,6 +625,7 @@ int main(int argc, char **argv)
     free(op);
     tdist_optim_destroy(opt);
     tdist_ddp_destroy(ddp);
+    comm_destroy(&cm);
     nn_seq_destroy(m);
     tdist_pg_destroy(pg);
     tdist_world_destroy(world);

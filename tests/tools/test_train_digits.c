@@ -3,7 +3,9 @@
  * shared memory), on the digits data set of Debian's python3-sklearn
  * (scripts/test.sh installs it; unpacked here into the test's tmpdir).
  * The shards are uneven and every epoch is a Join. It must reach a test
- * accuracy of 0.95 and end with identical parameters on every rank. */
+ * accuracy of 0.95 and end with identical parameters on every rank; with
+ * --hook (fp16, PowerSGD, int8) it must name the hook and end with
+ * identical parameters, and a bad --hook must exit 2. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,8 +16,11 @@
 #define DIGITS TDIST_BIN_DIR "/examples/train_digits"
 #define DIGITS_GZ "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz"
 
-TEST(tdistrun_train_digits_demo_2_and_4_ranks, 120)
+/* The data set, unpacked into the test's tmpdir (a path of its own: run()
+ * takes tmp_path's rotating buffers too). */
+static char *digits_csv(void)
 {
+    static char path[512];
     FILE *f = fopen(DIGITS_GZ, "r");
     if (!f) FAIL("%s is missing: install python3-sklearn (scripts/test.sh does)", DIGITS_GZ);
     fclose(f);
@@ -23,6 +28,13 @@ TEST(tdistrun_train_digits_demo_2_and_4_ranks, 120)
     char cmd[600];
     snprintf(cmd, sizeof cmd, "gzip -dc '%s' > '%s'", DIGITS_GZ, csv);
     ASSERT_EQ(system(cmd), 0);
+    snprintf(path, sizeof path, "%s", csv);
+    return path;
+}
+
+TEST(tdistrun_train_digits_demo_2_and_4_ranks, 120)
+{
+    char *csv = digits_csv();
     static const char *const nprocs[] = {"2", "4"};
     for (int i = 0; i < 2; i++) {
         const char *argv[] = {TDISTRUN, "--nproc-per-node", nprocs[i], DIGITS, csv, "15", NULL};
@@ -39,5 +51,55 @@ TEST(tdistrun_train_digits_demo_2_and_4_ranks, 120)
         ASSERT_CONTAINS(r.out, "[rank 0] epoch 15/15 ");
         run_free(&r);
     }
+}
 
+/* 2 ranks, 3 epochs: PowerSGD averages plainly for two epochs' iterations
+ * and compresses in the third. */
+TEST(tdistrun_train_digits_hooks, 30)
+{
+    char *csv = digits_csv();
+    static const char *const hooks[] = {"fp16", "powersgd:2", "int8"};
+    for (int i = 0; i < 3; i++) {
+        const char *argv[] = {TDISTRUN, "--nproc-per-node", "2", DIGITS, csv, "3", "--hook",
+                              hooks[i], NULL};
+        char tag[16];
+        snprintf(tag, sizeof tag, "hook%d", i);
+        run_t r;
+        run(argv, 20, tag, &r);
+        if (!r.exited || r.code != 0)
+            FAIL("--hook %s: exit %d\n%s\n%s", hooks[i], r.code, r.out, r.err);
+        char want[96];
+        for (int rank = 0; rank < 2; rank++) {
+            snprintf(want, sizeof want, "[rank %d] train_digits: rank %d of 2: hook %s, ", rank,
+                     rank, hooks[i]);
+            ASSERT_CONTAINS(r.out, want);
+        }
+        snprintf(want, sizeof want, "[rank 0] hook %s: ", hooks[i]);
+        const char *line = strstr(r.out, want);
+        if (!line) FAIL("no '%s' line in:\n%s", want, r.out);
+        if (i == 1 && !strstr(line, "per iteration once compressing"))
+            FAIL("PowerSGD never compressed:\n%s", r.out);
+        const char *fin = strstr(r.out, "[rank 0] final test_accuracy=");
+        if (!fin) FAIL("no final line in:\n%s", r.out);
+        ASSERT_CONTAINS(fin, "params_identical=yes\n");
+        run_free(&r);
+    }
+    /* a bad --hook: the usage and exit 2, alone and under the launcher */
+    static const char *const bad[] = {"fp32", "powersgd", "powersgd:0", "powersgd:2x", ""};
+    for (int i = 0; i < 5; i++) {
+        const char *argv[] = {DIGITS, csv, "3", "--hook", bad[i], NULL};
+        run_t r;
+        run(argv, 10, "bad_hook", &r);
+        if (!r.exited || r.code != 2)
+            FAIL("--hook '%s': exit %d, want 2\n%s", bad[i], r.code, r.err);
+        ASSERT_CONTAINS(r.err, "usage: ");
+        run_free(&r);
+    }
+    const char *argv[] = {TDISTRUN, "--nproc-per-node", "2", DIGITS, csv, "--hook", NULL};
+    run_t r;
+    run(argv, 20, "bad_hook_tdistrun", &r);
+    if (!r.exited || r.code != 2)
+        FAIL("--hook without a value under tdistrun: exit %d, want 2\n%s", r.code, r.err);
+    ASSERT_CONTAINS(r.err, "--hook needs a value");
+    run_free(&r);
 }
