@@ -29,6 +29,40 @@
  *                     timeline and the comm busy time (union of the
  *                     buckets' launch..done intervals) next to the blocked
  *                     wait, i.e. how much communication really was hidden
+ *   --hook H          (--mode ddp) reduce the buckets with a comm hook
+ *                     (tdist/algorithms.h), registered before the first
+ *                     forward_begin; H is one of
+ *                       allreduce       the reducer's own averaging (no hook
+ *                                       registered: the default, as without
+ *                                       --hook)
+ *                       allreduce_hook  tdist_ddp_allreduce_hook registered
+ *                                       explicitly (the same all_reduce,
+ *                                       through the hook path: bucket copies)
+ *                       fp16, bf16      tdist_compress_hook (16-bit wire)
+ *                       powersgdR       tdist_powersgd_hook, matrix rank R
+ *                                       (1..64), start_powerSGD_iter
+ *                                       --psgd-start (default 2), error
+ *                                       feedback and warm start on, other
+ *                                       options PyTorch's defaults;
+ *                                       param_rows = out features of each
+ *                                       Linear weight, 0 for the biases
+ *                       int8            tdist_int8_hook, default options
+ *                                       (block 256, no error feedback)
+ *                     and prints the bytes this rank sends per timed
+ *                     iteration (one BYTES line, below): allreduce,
+ *                     allreduce_hook: what a ring all_reduce of the f32
+ *                     buckets sends, 2 (W-1)/W x 4 x elements; fp16, bf16:
+ *                     the same ring all_reduce of 2-byte elements;
+ *                     powersgdR: the ring formula over the elements of the
+ *                     two f32 all_reduces the hook posts per bucket,
+ *                     [uncompressed | P] and Q, counted by the hook's
+ *                     observer (and checked against the sizes computed from
+ *                     the shapes); int8: tdist_int8_get_stats bytes_sent
+ *                     (its all_to_all and all_gather messages). The
+ *                     timed steps must come after start_powerSGD_iter:
+ *                     the warm-up is raised to start + 1 if shorter
+ *   --psgd-start N    start_powerSGD_iter for --hook powersgdR (>= 2,
+ *                     default 2)
  *   --join            (--mode ddp) the whole loop, warm-up included, inside a
  *                     Join (tdist/join.h: tdist_join_begin before it,
  *                     tdist_join_end after it; default Join options). Every
@@ -86,7 +120,10 @@
  * Output (rank 0): comment lines, one machine-readable row
  *   ROW tdist <mode> <model> <world> <median_ms> <min_ms> <max_ms> <overlap> <wait_ms> <comm_ms> <compute_ms>
  * ("-" where a field does not apply; <mode> is local, ddp, ddp_join,
- * ddp_joinoff or ddp_join_empty<R>) and RESULT lines.
+ * ddp_joinoff, ddp_join_empty<R> or, with --hook H, ddp_H), with --hook one
+ *   BYTES tdist <mode> <model> <world> <hook_bytes_per_iter> <f32_ring_bytes_per_iter>
+ * (this rank's bytes per timed iteration, mean over ranks; the second is
+ * what a ring all_reduce of the same f32 buckets sends), and RESULT lines.
  */
 #include <math.h>
 #include <stdatomic.h>
@@ -130,7 +167,33 @@ typedef struct cfg {
     int alt[4];     /* --join-alternate: modes (ALT_*), alt_n of them */
     int alt_n;
     int block;      /* --block */
+    int hook;       /* --hook: HOOK_* */
+    int psgd_rank;  /* --hook powersgdR: R */
+    int psgd_start; /* --psgd-start */
 } cfg_t;
+
+enum { HOOK_NONE, HOOK_ALLREDUCE, HOOK_ALLREDUCE_HOOK, HOOK_FP16, HOOK_BF16, HOOK_POWERSGD,
+       HOOK_INT8 };
+
+/* --hook powersgdR: elements of the two all_reduces per bucket, summed
+ * (the observer sees [uncompressed | P] and Q just before they are posted). */
+typedef struct psgd_count {
+    uint64_t pu_elems, q_elems, calls;
+} psgd_count_t;
+
+static void psgd_observe(void *arg, const tdist_ddp_bucket_t *b, tdist_powersgd_stage_t stage,
+                         const float *data, size_t count)
+{
+    (void)b;
+    (void)data;
+    psgd_count_t *c = arg;
+    if (stage == TDIST_POWERSGD_P_LOCAL) {
+        c->pu_elems += count;
+        c->calls++;
+    } else if (stage == TDIST_POWERSGD_Q_LOCAL) {
+        c->q_elems += count;
+    }
+}
 
 enum { ALT_DDP, ALT_JOIN, ALT_OFF, ALT_EMPTY };
 static const char *const ALT_NAME[4] = {"ddp", "join", "off", "empty"};
@@ -483,6 +546,84 @@ out:
     return rc;
 }
 
+/* --hook's name as printed: allreduce, allreduce_hook, fp16, bf16, powersgdR, int8. */
+static const char *hook_name(const cfg_t *c, char *buf, size_t cap)
+{
+    static const char *const names[] = {"none", "allreduce", "allreduce_hook", "fp16", "bf16",
+                                         "powersgd", "int8"};
+    if (c->hook == HOOK_POWERSGD) snprintf(buf, cap, "powersgd%d", c->psgd_rank);
+    else snprintf(buf, cap, "%s", names[c->hook]);
+    return buf;
+}
+
+/* PowerSGD's elements per iteration from the shapes, by the hook's rule
+ * (docs/algorithms.md): a weight n x m with r' = min(n, m, R) is
+ * compressed iff (n + m) r' x 2 < n m (min_compression_rate 2): P n r' and
+ * Q m r' elements; everything else goes uncompressed with P.
+ * ep[0]: [uncompressed | P], ep[1]: Q. */
+static void psgd_expected(const cfg_t *c, const nn_param_t *p, size_t np, const size_t *rows,
+                          double *ep)
+{
+    ep[0] = ep[1] = 0;
+    for (size_t i = 0; i < np; i++) {
+        size_t n = rows ? rows[i] : 0, m = n ? p[i].count / n : 0;
+        size_t r = (size_t)c->psgd_rank;
+        if (n && r > n) r = n;
+        if (m && r > m) r = m;
+        if (n && (double)(n + m) * (double)r * 2.0 < (double)n * (double)m) {
+            ep[0] += (double)(n * r);
+            ep[1] += (double)(m * r);
+        } else {
+            ep[0] += (double)p[i].count;
+        }
+    }
+}
+
+/* Create and register the comm hook of --hook on ddp (nothing for
+ * allreduce: the reducer's own averaging). The states go to *hc / *hp /
+ * *hi, owned by the caller. */
+static tdist_status_t register_hook(const cfg_t *c, tdist_ddp_t *ddp, const size_t *rows,
+                                    size_t np, psgd_count_t *pc, tdist_compress_t **hc,
+                                    tdist_powersgd_t **hp, tdist_int8_t **hi)
+{
+    tdist_status_t st = TDIST_OK;
+    switch (c->hook) {
+    case HOOK_ALLREDUCE_HOOK:
+        st = tdist_ddp_register_comm_hook(ddp, NULL, tdist_ddp_allreduce_hook);
+        break;
+    case HOOK_FP16:
+    case HOOK_BF16: {
+        tdist_compress_opts_t o;
+        tdist_compress_opts_init(&o);
+        o.wire = c->hook == HOOK_BF16 ? TDIST_BF16 : TDIST_F16;
+        st = tdist_compress_hook_create(&o, hc);
+        if (st == TDIST_OK) st = tdist_compress_register(ddp, *hc);
+        break;
+    }
+    case HOOK_POWERSGD: {
+        tdist_powersgd_opts_t o;
+        tdist_powersgd_opts_init(&o);
+        o.matrix_approximation_rank = c->psgd_rank;
+        o.start_powerSGD_iter = c->psgd_start;
+        o.use_error_feedback = true;
+        o.warm_start = true;
+        o.param_rows = rows;
+        o.num_params = np;
+        o.observe = psgd_observe;
+        o.observe_arg = pc;
+        st = tdist_powersgd_create(&o, hp);
+        if (st == TDIST_OK) st = tdist_powersgd_register(ddp, *hp);
+        break;
+    }
+    case HOOK_INT8:
+        st = tdist_int8_hook_create(NULL, hi);
+        if (st == TDIST_OK) st = tdist_int8_register(ddp, *hi);
+        break;
+    default: break;
+    }
+    return st;
+}
+
 /* Run one model; 0 on success. */
 static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int world)
 {
@@ -500,6 +641,14 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
     double *times = NULL; /* 5 arrays of steps: total, fwd, bwd, bwd_end, optim */
     trace_t *tr = NULL;
     tdist_join_t *join = NULL;
+    tdist_compress_t *hk_c = NULL; /* --hook fp16 / bf16 */
+    tdist_powersgd_t *hk_p = NULL; /* --hook powersgdR */
+    tdist_int8_t *hk_i = NULL;     /* --hook int8 */
+    size_t *rows = NULL;           /* powersgd param_rows */
+    psgd_count_t pc = {0, 0, 0}, pc0 = {0, 0, 0};
+    tdist_int8_stats_t i8s0, i8s1;
+    memset(&i8s0, 0, sizeof i8s0);
+    memset(&i8s1, 0, sizeof i8s1);
     /* under --join-empty-rank, this rank has no inputs at all */
     const int empty = c->join == 1 && c->join_empty == g_rank;
     if (!m) return fail_nn("building the model");
@@ -567,6 +716,36 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
                 goto out;
             }
         }
+        if (c->hook == HOOK_POWERSGD) {
+            rows = calloc(np, sizeof *rows);
+            if (!rows) {
+                fprintf(stderr, "bench_ddp_step: out of memory\n");
+                goto out;
+            }
+            /* nn's parameters: weight, bias of each Linear in order; a
+             * weight is out x in (PyTorch's shape[0] = out features) */
+            for (size_t i = 0; i + 1 < np; i += 2) {
+                size_t l = i / 2;
+                rows[i] = l < (size_t)ms->layers ? ms->hidden : CLASSES;
+                if (p[i].count % rows[i] != 0 || p[i + 1].count != rows[i]) {
+                    fprintf(stderr, "bench_ddp_step: parameter %zu (%s) is not a %zu-row weight\n",
+                            i, p[i].name, rows[i]);
+                    goto out;
+                }
+            }
+            if (warmup < c->psgd_start + 1) {
+                if (g_rank == 0)
+                    printf("# powersgd: warm-up raised from %d to %d steps (start_powerSGD_iter %d"
+                           " + 1), so that every timed step is compressed with a warm Q\n",
+                           warmup, c->psgd_start + 1, c->psgd_start);
+                warmup = c->psgd_start + 1;
+            }
+        }
+        st = register_hook(c, ddp, rows, np, &pc, &hk_c, &hk_p, &hk_i);
+        if (st != TDIST_OK) {
+            rc = fail_tdist("registering the comm hook", st);
+            goto out;
+        }
     }
 
     if (c->alt_n > 0) {
@@ -597,6 +776,17 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
             st = tdist_ddp_get_stats(ddp, &s0);
             if (st != TDIST_OK) {
                 rc = fail_tdist("tdist_ddp_get_stats", st);
+                goto out;
+            }
+            pc0 = pc;
+            if (hk_i && (st = tdist_int8_get_stats(hk_i, &i8s0)) != TDIST_OK) {
+                rc = fail_tdist("tdist_int8_get_stats", st);
+                goto out;
+            }
+            if (hk_p && tdist_powersgd_iteration(hk_p) < c->psgd_start) {
+                fprintf(stderr, "bench_ddp_step: rank %d: PowerSGD at iteration %lld before the"
+                                " timed steps, not yet compressing\n",
+                        g_rank, (long long)tdist_powersgd_iteration(hk_p));
                 goto out;
             }
         }
@@ -683,6 +873,10 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
         rc = fail_tdist("tdist_ddp_get_stats", st);
         goto out;
     }
+    if (hk_i && (st = tdist_int8_get_stats(hk_i, &i8s1)) != TDIST_OK) {
+        rc = fail_tdist("tdist_int8_get_stats", st);
+        goto out;
+    }
     if (max_over_ranks(pg, times, 5 * (size_t)steps) != 0) goto out;
     double med = median(times, steps), mn = times[0], mx = times[0];
     for (int k = 1; k < steps; k++) {
@@ -710,11 +904,38 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
         for (int j = 0; j < 6; j++) dst[j] /= active;
     double overlap = dst[1] > 0 ? 1.0 - dst[2] / dst[1] : 0.0;
 
-    char mode[32];
+    /* --hook: bytes this rank sends per timed iteration (mean over ranks):
+     * [0] the hook's, [1] a ring all_reduce of the same f32 buckets,
+     * [2], [3] PowerSGD's [uncompressed | P] and Q elements per iteration */
+    double hb[4] = {0};
+    if (ddp && c->hook != HOOK_NONE && !empty && n_it > 0) {
+        double ring = 2.0 * (world - 1) / world; /* bytes a ring all_reduce sends per byte */
+        hb[1] = ring * dst[4]; /* dst[4]: f32 bucket bytes per iteration */
+        switch (c->hook) {
+        case HOOK_FP16:
+        case HOOK_BF16: hb[0] = hb[1] / 2; break; /* the same all_reduce of 2-byte values */
+        case HOOK_POWERSGD:
+            hb[2] = (double)(pc.pu_elems - pc0.pu_elems) / n_it;
+            hb[3] = (double)(pc.q_elems - pc0.q_elems) / n_it;
+            hb[0] = ring * 4.0 * (hb[2] + hb[3]);
+            break;
+        case HOOK_INT8:
+            hb[0] = (double)(i8s1.bytes_sent - i8s0.bytes_sent) / n_it;
+            break;
+        default: hb[0] = hb[1]; break;
+        }
+    }
+    if (c->hook != HOOK_NONE && sum_over_ranks(ddp ? pg : NULL, hb, 4) != 0) goto out;
+    if (ddp && active > 0)
+        for (int j = 0; j < 4; j++) hb[j] /= active;
+
+    char mode[32], hname[24];
+    hook_name(c, hname, sizeof hname);
     if (!c->ddp) snprintf(mode, sizeof mode, "local");
     else if (c->join == 2) snprintf(mode, sizeof mode, "ddp_joinoff");
     else if (c->join == 1 && c->join_empty >= 0) snprintf(mode, sizeof mode, "ddp_join_empty%d", c->join_empty);
     else if (c->join == 1) snprintf(mode, sizeof mode, "ddp_join");
+    else if (c->hook != HOOK_NONE) snprintf(mode, sizeof mode, "ddp_%s", hname);
     else snprintf(mode, sizeof mode, "ddp");
     if (g_rank == 0) {
         printf("# model %s: %zu parameters in %zu tensors (%zu -> %d x Linear(%zu)+ReLU -> "
@@ -741,6 +962,26 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
                    active < world ? "the active" : "all", dst[0], dst[1], dst[2], overlap, dst[5], dst[4] * 1e-6, nb,
                    (unsigned long long)s1.bucket_rebuilds);
         }
+        if (ddp && c->hook != HOOK_NONE) {
+            printf("# comm hook %s: %.4f MB sent per iteration by each rank, %.4f of a ring"
+                   " all_reduce of the f32 buckets (%.4f MB = 2 (W-1)/W x %.4f MB)\n",
+                   hname, hb[0] * 1e-6, hb[1] > 0 ? hb[0] / hb[1] : 0.0, hb[1] * 1e-6,
+                   dst[4] * 1e-6);
+            if (c->hook == HOOK_POWERSGD) {
+                double ep[2];
+                psgd_expected(c, p, np, rows, ep);
+                printf("# powersgd rank %d: per iteration %.0f elements in [uncompressed | P]"
+                       " and %.0f in Q all_reduced (the observer); from the shapes: %.0f and %.0f"
+                       " (%s)\n",
+                       c->psgd_rank, hb[2], hb[3], ep[0], ep[1],
+                       fabs(hb[2] - ep[0]) < 0.5 && fabs(hb[3] - ep[1]) < 0.5 ? "equal" : "DIFFERENT");
+            }
+            if (c->hook == HOOK_INT8)
+                printf("# int8: tdist_int8_get_stats per iteration: bytes_sent %.0f,"
+                       " f32_ring_bytes %.0f\n",
+                       (double)(i8s1.bytes_sent - i8s0.bytes_sent) / (n_it > 0 ? n_it : 1),
+                       (double)(i8s1.f32_ring_bytes - i8s0.f32_ring_bytes) / (n_it > 0 ? n_it : 1));
+        }
         fflush(stdout);
     }
     if (tr) {
@@ -764,7 +1005,8 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
     if (ddp && c->probe && probe_buckets(pg, ddp, p, np) != 0) goto out;
     if (g_rank == 0) {
         char tag[64];
-        snprintf(tag, sizeof tag, "ddp%d%s%s", world, c->join ? "_" : "", c->join ? mode + 4 : "");
+        snprintf(tag, sizeof tag, "ddp%d%s%s", world, c->join || c->hook ? "_" : "",
+                 c->join || c->hook ? mode + 4 : "");
         if (!c->ddp) snprintf(tag, sizeof tag, "%s%d", mode, world);
         if (ddp)
             printf("ROW tdist %s %s %d %.4f %.4f %.4f %.4f %.4f %.4f %.4f\n", mode, ms->name, world,
@@ -772,6 +1014,12 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
         else
             printf("ROW tdist %s %s %d %.4f %.4f %.4f - - - -\n", mode, ms->name, world, med, mn,
                    mx);
+        if (ddp && c->hook != HOOK_NONE) {
+            printf("BYTES tdist %s %s %d %.1f %.1f\n", mode, ms->name, world, hb[0], hb[1]);
+            printf("RESULT ddp_step_%s_%s_bytes_per_iter %.0f bytes\n", ms->name, tag, hb[0]);
+            printf("RESULT ddp_step_%s_%s_bytes_ratio %.4f x\n", ms->name, tag,
+                   hb[1] > 0 ? hb[0] / hb[1] : 0.0);
+        }
         printf("RESULT ddp_step_%s_%s_ms %.3f ms\n", ms->name, world == 1 ? mode : tag, med);
         if (c->join)
             printf("RESULT ddp_step_%s_%s_samples_per_s %.1f samples/s\n", ms->name, tag,
@@ -788,6 +1036,10 @@ out:
     if (m) nn_set_grad_ready_hook(m, NULL, NULL);
     if (join) (void)tdist_join_end(join); /* after an error: frees it */
     tdist_ddp_destroy(ddp);
+    tdist_compress_destroy(hk_c); /* after the reducer */
+    tdist_powersgd_destroy(hk_p);
+    tdist_int8_destroy(hk_i);
+    free(rows);
     free(tr);
     tdist_optim_destroy(opt);
     nn_seq_destroy(m);
@@ -805,6 +1057,8 @@ static void usage(FILE *f)
     fprintf(f, "usage: bench_ddp_step --mode local|ddp [--model 3M|25M|all] [-n STEPS] [-w WARMUP]\n"
                "                      [--batch B] [--threads T] [--cap MiB] [--first MiB] [--view]\n"
                "                      [--no-probe] [--trace]\n"
+               "                      [--hook allreduce|allreduce_hook|fp16|bf16|powersgdR|int8]"
+               " [--psgd-start N]\n"
                "                      [--join | --join-disabled | --join-empty-rank R]\n"
                "                      [--join-alternate ddp,join,off,empty [--block K]]\n"
                "run under tdistrun (ddp: 2+ ranks); see the comment at the top of bench/ddp_step.c\n");
@@ -822,7 +1076,7 @@ static int parse_int(const char *s, int lo, int hi, int *out)
 int main(int argc, char **argv)
 {
     cfg_t c = {.ddp = -1, .model_mask = 3, .steps = 0, .warmup = -1, .batch = 64, .threads = 1,
-               .probe = 1, .join_empty = -1, .block = 5};
+               .probe = 1, .join_empty = -1, .block = 5, .psgd_start = 2};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -858,6 +1112,19 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--join-empty-rank")) {
             if (parse_int(v, 0, 1 << 20, &c.join_empty)) goto bad;
             c.join = 1;
+            i++;
+        } else if (!strcmp(a, "--hook")) {
+            if (!strcmp(v, "allreduce")) c.hook = HOOK_ALLREDUCE;
+            else if (!strcmp(v, "allreduce_hook")) c.hook = HOOK_ALLREDUCE_HOOK;
+            else if (!strcmp(v, "fp16")) c.hook = HOOK_FP16;
+            else if (!strcmp(v, "bf16")) c.hook = HOOK_BF16;
+            else if (!strcmp(v, "int8")) c.hook = HOOK_INT8;
+            else if (!strncmp(v, "powersgd", 8) && !parse_int(v + 8, 1, 64, &c.psgd_rank))
+                c.hook = HOOK_POWERSGD;
+            else goto bad;
+            i++;
+        } else if (!strcmp(a, "--psgd-start")) {
+            if (parse_int(v, 2, 1000000, &c.psgd_start)) goto bad;
             i++;
         } else if (!strcmp(a, "--block")) {
             if (parse_int(v, 1, 100000, &c.block)) goto bad;
@@ -915,6 +1182,11 @@ int main(int argc, char **argv)
     }
     if ((c.join || c.alt_n) && !c.ddp) {
         fprintf(stderr, "bench_ddp_step: --join* needs --mode ddp\n");
+        return 2;
+    }
+    if (c.hook != HOOK_NONE && (!c.ddp || c.trace || c.alt_n)) {
+        fprintf(stderr, "bench_ddp_step: --hook needs --mode ddp, without --trace and"
+                        " --join-alternate\n");
         return 2;
     }
     if (c.alt_n) {

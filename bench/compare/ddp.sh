@@ -5,6 +5,7 @@
 #
 #   bench/compare/ddp.sh            # 3 runs, models 3M and 25M, 2 ranks
 #   bench/compare/ddp.sh -q         # smoke test: 1 run, 8 timed steps + 2 warm-up
+#   bench/compare/ddp.sh -H "allreduce fp16 bf16 powersgd1 powersgd4 int8"   # comm hooks
 #   bench/compare/ddp.sh -h         # every option
 #
 # Peers (both: batch 64 per rank, softmax cross-entropy, SGD lr 0.01, one
@@ -17,6 +18,9 @@
 #           "gloo" (2 processes, FileStore)
 # Each run interleaves, per model: tdist local, tdist ddp, torch local,
 # torch ddp (and, with -c, each peer's local mode on 2 processes at once).
+# With -H HOOKS, per model and peer: local, then DDP with each comm hook in
+# turn (torch only for the hooks it has: allreduce, fp16, powersgdR), and a
+# table of step time, DDP/local and bytes sent per iteration per hook.
 # The table quotes medians over runs. See docs/bench-ddp.md.
 set -u -o pipefail
 
@@ -30,7 +34,7 @@ BUILD_TRIES=${BUILD_TRIES:-10} # the tree may be mid-edit: retry, 60 s apart
 D_RUNS=3 D_MODELS="3M 25M" D_NP=2 D_TIMEOUT=300
 RUNS=$D_RUNS MODELS=$D_MODELS NP=$D_NP PEER_TIMEOUT=$D_TIMEOUT
 STEPS="" WARMUP="" OUTDIR="" TDIST_EXTRA="" INSTALL=1 BUILD_TDIST=1 CONTENTION=0 PEERS="tdist torch"
-QUICK=0 set_r=0
+QUICK=0 set_r=0 HOOKS=
 
 usage() {
     cat <<EOF
@@ -44,6 +48,12 @@ usage: bench/compare/ddp.sh [options]
   -P "PEERS"    subset of "tdist torch" (default both)
   -A "ARGS"     extra bench_ddp_step arguments for tdist's DDP runs, for experiments
                 (e.g. -A "--view" or -A "--cap 4"); the default options otherwise
+  -H "HOOKS"    comm hooks instead of the default DDP run, each a DDP run of its own:
+                allreduce (the reducer's own averaging; torch: no hook),
+                allreduce_hook (tdist only: tdist_ddp_allreduce_hook registered),
+                fp16, bf16 (tdist only: PyTorch 1.13's Gloo has no bf16 all_reduce),
+                powersgdR (rank R, start_powerSGD_iter 2, error feedback, warm start),
+                int8 (tdist only); prints step time, DDP/local, bytes per iteration
   -c            also run each peer's local mode on RANKS processes at once (no
                 communication): what sharing the machine alone costs
   -B BIND       auto (default: one rank per core when ranks <= CPUs, as
@@ -65,7 +75,7 @@ die() { echo "ddp.sh: $*" >&2; exit 1; }
 bad() { echo "ddp.sh: $*" >&2; usage >&2; exit 2; }
 is_uint() { [[ "$1" =~ ^[0-9]+$ ]]; }
 
-while getopts ":r:qn:w:m:p:P:A:cB:T:o:xsh" opt; do
+while getopts ":r:qn:w:m:p:P:A:H:cB:T:o:xsh" opt; do
     case "$opt" in
     r) RUNS=$OPTARG set_r=1 ;;
     q) QUICK=1 ;;
@@ -75,6 +85,7 @@ while getopts ":r:qn:w:m:p:P:A:cB:T:o:xsh" opt; do
     p) NP=$OPTARG ;;
     P) PEERS=$OPTARG ;;
     A) TDIST_EXTRA=$OPTARG ;;
+    H) HOOKS=$OPTARG ;;
     c) CONTENTION=1 ;;
     B) BIND=$OPTARG ;;
     T) PEER_TIMEOUT=$OPTARG ;;
@@ -105,6 +116,11 @@ for m in $MODELS; do [[ "$m" == 3M || "$m" == 25M ]] || bad "bad model '$m'"; do
 [ -n "$PEERS" ] || bad "empty -P"
 for p in $PEERS; do [[ "$p" == tdist || "$p" == torch ]] || bad "bad peer '$p'"; done
 has_peer() { [[ " $PEERS " == *" $1 "* ]]; }
+for h in $HOOKS; do
+    [[ "$h" =~ ^(allreduce|allreduce_hook|fp16|bf16|int8|powersgd[1-9][0-9]?)$ ]] || bad "bad hook '$h'"
+done
+# The hooks PyTorch's side runs (bench/compare/ddp_torch.py --hook).
+torch_has_hook() { [[ "$1" =~ ^(allreduce|fp16|powersgd[1248])$ ]]; }
 
 # ------------------------------------------------------------ packages
 [ "$INSTALL" = 1 ] && install_missing "${PACKAGES[@]}"
@@ -130,20 +146,27 @@ fi
 mkdir -p "$OUTDIR" || die "cannot create $OUTDIR"
 DATA="$OUTDIR/rows.txt"     # run peer mode model world median min max overlap wait comm compute
 STATUS="$OUTDIR/status.txt" # run peer mode model world exit_status
+BYTES="$OUTDIR/bytes.txt"   # run peer mode model world hook_bytes f32_ring_bytes (per iteration)
 : >"$DATA"
 : >"$STATUS"
+: >"$BYTES"
 NCPU=$(nproc 2>/dev/null || echo 1)
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 # one thread per process, both peers
 STEP_ARGS=()
 [ -n "$STEPS" ] && STEP_ARGS+=(-n "$STEPS")
 [ -n "$WARMUP" ] && STEP_ARGS+=(-w "$WARMUP")
 
-# run_one RUN PEER MODE MODEL NPROC: one invocation; its ROW appended to $DATA.
+# run_one RUN PEER MODE MODEL NPROC [HOOK]: one invocation; its ROW appended
+# to $DATA (and with a HOOK its BYTES line to $BYTES).
 run_one() {
-    local run=$1 peer=$2 mode=$3 model=$4 np=$5 rc bind=$BIND extra=()
+    local run=$1 peer=$2 mode=$3 model=$4 np=$5 hook=${6:-} rc bind=$BIND extra=() textra=()
     # shellcheck disable=SC2206 # TDIST_EXTRA is a list of words on purpose
     [ "$mode" = ddp ] && extra=($TDIST_EXTRA)
-    local base="$OUTDIR/${model}_${peer}_${mode}${np}_run${run}"
+    if [ -n "$hook" ]; then
+        extra+=(--hook "$hook" --no-probe)
+        textra=(--hook "$hook")
+    fi
+    local base="$OUTDIR/${model}_${peer}_${mode}${np}${hook:+_$hook}_run${run}"
     if [ "$bind" = auto ]; then
         if [ "$np" -le "$NCPU" ]; then bind=core; else bind=none; fi
     fi
@@ -157,15 +180,18 @@ run_one() {
     torch)
         timeout -k 15 "$PEER_TIMEOUT" "$PY" "$HERE/ddp_torch.py" --mode "$mode" --model "$model" \
             --nproc "$np" --bind "$bind" --threads 1 --timeout $((PEER_TIMEOUT - 5)) \
-            "${STEP_ARGS[@]}" >"$base.out" 2>"$base.err"
+            "${STEP_ARGS[@]}" "${textra[@]}" >"$base.out" 2>"$base.err"
         rc=$?
         ;;
     esac
-    echo "$run $peer $mode $model $np $rc" >>"$STATUS"
+    echo "$run $peer $mode${hook:+_$hook} $model $np $rc" >>"$STATUS"
     # "ROW peer mode model world median min max overlap wait comm compute"
     # (tdistrun prefixes "[rank 0] ").
     sed -E 's/^\[rank [0-9]+\] //' "$base.out" |
         awk -v run="$run" '$1 == "ROW" && NF == 12 { $1 = run; print }' >>"$DATA"
+    # "BYTES peer mode model world hook_bytes f32_ring_bytes"
+    sed -E 's/^\[rank [0-9]+\] //' "$base.out" |
+        awk -v run="$run" '$1 == "BYTES" && NF == 7 { $1 = run; print }' >>"$BYTES"
     if [ "$rc" != 0 ]; then
         echo "# $peer $mode ($np processes, $model, run $run) exited with status $rc;" \
             "last lines of $base.err:" >&2
@@ -174,13 +200,19 @@ run_one() {
 }
 
 echo "# DDP step time: models $MODELS, $NP ranks, $RUNS run(s), peers: $PEERS, bind $BIND;" \
-    "tdist DDP options: ${TDIST_EXTRA:-defaults}; raw output in $OUTDIR" >&2
+    "tdist DDP options: ${TDIST_EXTRA:-defaults}${HOOKS:+; comm hooks: $HOOKS}; raw output in $OUTDIR" >&2
 for ((run = 1; run <= RUNS; run++)); do
     for model in $MODELS; do
         for peer in $PEERS; do
-            echo "# run $run/$RUNS: $model, $peer local and ddp" >&2
+            echo "# run $run/$RUNS: $model, $peer local and ddp${HOOKS:+ ($HOOKS)}" >&2
             run_one "$run" "$peer" local "$model" 1
-            run_one "$run" "$peer" ddp "$model" "$NP"
+            if [ -z "$HOOKS" ]; then
+                run_one "$run" "$peer" ddp "$model" "$NP"
+            fi
+            for h in $HOOKS; do
+                if [ "$peer" = torch ] && ! torch_has_hook "$h"; then continue; fi
+                run_one "$run" "$peer" ddp "$model" "$NP" "$h"
+            done
             if [ "$CONTENTION" = 1 ]; then run_one "$run" "$peer" local "$model" "$NP"; fi
         done
     done
@@ -191,14 +223,23 @@ for model in $MODELS; do
         [ -f "$f" ] && sed -E 's/^\[rank [0-9]+\] //' "$f" | grep -E '^# (phases|ddp statistics|DDP logging|stand-alone)' |
             sed "s/^# /# $model $(basename "$f" | cut -d_ -f2) ddp: /"
     done
+    for h in $HOOKS; do
+        for f in "$OUTDIR/${model}_tdist_ddp${NP}_${h}_run${RUNS}.out" "$OUTDIR/${model}_torch_ddp${NP}_${h}_run${RUNS}.out"; do
+            [ -f "$f" ] && sed -E 's/^\[rank [0-9]+\] //' "$f" |
+                grep -E '^# (phases|ddp statistics|DDP logging|comm hook|powersgd|int8)' |
+                sed "s/^# /# $model $(basename "$f" | cut -d_ -f2) $h: /"
+        done
+    done
 done
 
 # ------------------------------------------------------------ table
-"$PY" - "$DATA" "$STATUS" "$RUNS" "$MODELS" "$NP" "$PEERS" "$CONTENTION" "$TDIST_EXTRA" <<'PYEOF'
+"$PY" - "$DATA" "$STATUS" "$RUNS" "$MODELS" "$NP" "$PEERS" "$CONTENTION" "$TDIST_EXTRA" \
+    "$BYTES" "$HOOKS" <<'PYEOF'
 import statistics
 import sys
 
 data_path, status_path, runs, models, np_, peers, contention, extra = sys.argv[1:9]
+bytes_path, hooks = sys.argv[9], sys.argv[10].split()
 runs, np_ = int(runs), int(np_)
 models, peers = models.split(), peers.split()
 rows = {}  # (peer, mode, model, world) -> {run: fields}
@@ -225,32 +266,129 @@ def fmt(v, spec="%.2f", w=8):
 def div(a, b):
     return a / b if a is not None and b else None
 
-print()
-print("== MLP training step, batch 64 per rank, SGD, 1 thread per process; %d-rank DDP vs one "
-      "process; median of %d run(s) ==" % (np_, runs))
-head = ("%-5s | %9s %9s %7s | %9s %9s %7s | %7s %7s | %9s" % (
-    "model", "tdist 1p", "tdist DDP", "ratio", "torch 1p", "torch DDP", "ratio",
-    "overlap", "wait", "torch/td"))
-print(head)
-print("%-5s | %9s %9s %7s | %9s %9s %7s | %7s %7s | %9s" % (
-    "", "ms", "ms", "DDP/1p", "ms", "ms", "DDP/1p", "tdist", "ms", "DDP"))
-print("-" * len(head))
+nbytes = {}  # (peer, mode, model) -> [hook_bytes, f32_ring_bytes] per run
+for line in open(bytes_path):
+    f = line.split()
+    if len(f) == 7:
+        nbytes.setdefault((f[1], f[2], f[3]), []).append((float(f[5]), float(f[6])))
+
+def med_bytes(peer, hook, model, k=0):
+    v = [b[k] for b in nbytes.get((peer, "ddp_" + hook, model), [])]
+    return statistics.median(v) if v else None
+
 results = []
-for m in models:
-    tl, td = med("tdist", "local", m, 1), med("tdist", "ddp", m, np_)
-    ql, qd = med("torch", "local", m, 1), med("torch", "ddp", m, np_)
-    ov, wait = med("tdist", "ddp", m, np_, 3), med("tdist", "ddp", m, np_, 4)
-    tr, qr = div(td, tl), div(qd, ql)
-    print("%-5s | %s %s %s | %s %s %s | %s %s | %s" % (
-        m, fmt(tl, w=9), fmt(td, w=9), fmt(tr, "%.2fx", 7), fmt(ql, w=9), fmt(qd, w=9),
-        fmt(qr, "%.2fx", 7), fmt(ov, "%.2f", 7), fmt(wait, w=7), fmt(div(qd, td), "%.2fx", 9)))
-    for name, v, unit in (("tdist_local_ms", tl, "ms"), ("tdist_ddp%d_ms" % np_, td, "ms"),
-                          ("tdist_ratio", tr, "x"), ("torch_local_ms", ql, "ms"),
-                          ("torch_ddp%d_ms" % np_, qd, "ms"), ("torch_ratio", qr, "x"),
-                          ("tdist_overlap", ov, "fraction"), ("tdist_wait_ms", wait, "ms"),
-                          ("tdist_speedup_vs_torch_ddp", div(qd, td), "x")):
-        if v is not None:
-            results.append(("ddp_%s_%s" % (m, name), v, unit))
+if hooks:
+    print()
+    print("== comm hooks: MLP training step, batch 64 per rank, SGD, 1 thread per process; "
+          "%d-rank DDP vs one process; median of %d run(s) ==" % (np_, runs))
+    head = ("%-5s %-14s | %9s %7s %9s %7s | %9s %7s %9s %7s | %8s" % (
+        "model", "hook", "tdist DDP", "ratio", "sent/it", "bytes", "torch DDP", "ratio",
+        "sent/it", "bytes", "torch/td"))
+    print(head)
+    print("%-5s %-14s | %9s %7s %9s %7s | %9s %7s %9s %7s | %8s" % (
+        "", "", "ms", "DDP/1p", "MB", "vs AR", "ms", "DDP/1p", "MB", "vs AR", "DDP"))
+    print("-" * len(head))
+    for m in models:
+        tl, ql = med("tdist", "local", m, 1), med("torch", "local", m, 1)
+        if tl is not None:
+            results.append(("ddp_%s_local_ms" % m, tl, "ms"))
+        if ql is not None:
+            results.append(("torch_ddp_%s_local_ms" % m, ql, "ms"))
+        for h in hooks:
+            cells, line = {}, []
+            for p, local in (("tdist", tl), ("torch", ql)):
+                t = med(p, "ddp_" + h, m, np_)
+                hb = med_bytes(p, h, m)
+                ar = med_bytes(p, "allreduce", m) or med_bytes(p, h, m, 1)
+                br = div(hb, ar)
+                cells[p] = (t, div(t, local), hb, br)
+                line.append("%s %s %s %s" % (fmt(t, w=9), fmt(div(t, local), "%.2fx", 7),
+                                             fmt(hb * 1e-6 if hb is not None else None,
+                                                 "%.4f", 9), fmt(br, "%.4f", 7)))
+                pre = "ddp" if p == "tdist" else "torch_ddp"
+                for name, v, unit in (("ms", t, "ms"), ("ratio", div(t, local), "x"),
+                                      ("bytes_per_iter", hb, "bytes"), ("bytes_ratio", br, "x")):
+                    if v is not None:
+                        results.append(("%s_%s_%s_%s" % (pre, m, h, name), v, unit))
+            print("%-5s %-14s | %s | %s | %s" % (m, h, line[0], line[1],
+                                                 fmt(div(cells["torch"][0], cells["tdist"][0]),
+                                                     "%.2fx", 8)))
+    print()
+    print("# 1p = one process; DDP = %d ranks with the comm hook (tdist: shared memory; torch: "
+          "gloo over TCP loopback); -: not run (PyTorch 1.13's Gloo has no bf16 all_reduce; "
+          "no int8 hook in PyTorch)." % np_)
+    print("# sent/it = bytes one rank sends per iteration: allreduce 2(W-1)/W x 4 x elements (a "
+          "ring all_reduce of the f32 buckets); fp16/bf16 the same with 2-byte elements;")
+    print("#   powersgdR the ring formula over the elements of its f32 all_reduces "
+          "([uncompressed | P], Q); int8 tdist_int8_get_stats bytes_sent. bytes vs AR = "
+          "sent/it / the allreduce hook's.")
+    for m in models:
+        for h in hooks:
+            for p in peers:
+                a = rows.get((p, "ddp_" + h, m, np_), {})
+                b = rows.get((p, "local", m, 1), {})
+                rr = [a[k][0] / b[k][0] for k in sorted(a) if k in b and b[k][0]]
+                if rr:
+                    print("# per-run DDP/1p ratios, %s %s %s: %s" % (
+                        m, h, p, " ".join("%.2f" % r for r in rr)))
+    # the targets, reported (never adjusted)
+    def bratio(h, m):
+        return div(med_bytes("tdist", h, m), med_bytes("tdist", "allreduce", m) or
+                   med_bytes("tdist", h, m, 1))
+    for h in ("fp16", "bf16"):
+        for m in models:
+            r = bratio(h, m)
+            if r is not None:
+                print("# target, %s %s bytes vs allreduce 0.5: %.4f %s" % (
+                    m, h, r, "met" if abs(r - 0.5) < 0.005 else "MISSED"))
+    if "25M" in models and bratio("powersgd1", "25M") is not None:
+        r = bratio("powersgd1", "25M")
+        print("# target, 25M powersgd1 bytes vs allreduce <= 0.05: %.4f %s" % (
+            r, "met" if r <= 0.05 else "MISSED"))
+    for m in models:
+        r = bratio("int8", m)
+        if r is not None:
+            print("# target, %s int8 bytes vs allreduce <= 0.35: %.4f %s" % (
+                m, r, "met" if r <= 0.35 else "MISSED"))
+    ar25 = med("tdist", "ddp_allreduce", "25M", np_)
+    for h in hooks:
+        t = med("tdist", "ddp_" + h, "25M", np_)
+        if h not in ("allreduce", "allreduce_hook") and t is not None and ar25:
+            print("# target, 25M %s step not slower than allreduce (%.2f ms): %.2f ms (%.2fx) %s" % (
+                h, ar25, t, t / ar25, "met" if t <= ar25 else "MISSED"))
+    for m in models:
+        for h in hooks:
+            if h.startswith("powersgd"):
+                a, b = med("tdist", "ddp_" + h, m, np_), med("torch", "ddp_" + h, m, np_)
+                if a is not None and b is not None:
+                    print("# target, %s %s tdist step faster than PyTorch's: %.2f vs %.2f ms "
+                          "(torch/tdist %.2fx) %s" % (m, h, a, b, b / a, "met" if a < b else "MISSED"))
+if not hooks:
+    print()
+    print("== MLP training step, batch 64 per rank, SGD, 1 thread per process; %d-rank DDP vs one "
+          "process; median of %d run(s) ==" % (np_, runs))
+    head = ("%-5s | %9s %9s %7s | %9s %9s %7s | %7s %7s | %9s" % (
+        "model", "tdist 1p", "tdist DDP", "ratio", "torch 1p", "torch DDP", "ratio",
+        "overlap", "wait", "torch/td"))
+    print(head)
+    print("%-5s | %9s %9s %7s | %9s %9s %7s | %7s %7s | %9s" % (
+        "", "ms", "ms", "DDP/1p", "ms", "ms", "DDP/1p", "tdist", "ms", "DDP"))
+    print("-" * len(head))
+    for m in models:
+        tl, td = med("tdist", "local", m, 1), med("tdist", "ddp", m, np_)
+        ql, qd = med("torch", "local", m, 1), med("torch", "ddp", m, np_)
+        ov, wait = med("tdist", "ddp", m, np_, 3), med("tdist", "ddp", m, np_, 4)
+        tr, qr = div(td, tl), div(qd, ql)
+        print("%-5s | %s %s %s | %s %s %s | %s %s | %s" % (
+            m, fmt(tl, w=9), fmt(td, w=9), fmt(tr, "%.2fx", 7), fmt(ql, w=9), fmt(qd, w=9),
+            fmt(qr, "%.2fx", 7), fmt(ov, "%.2f", 7), fmt(wait, w=7), fmt(div(qd, td), "%.2fx", 9)))
+        for name, v, unit in (("tdist_local_ms", tl, "ms"), ("tdist_ddp%d_ms" % np_, td, "ms"),
+                              ("tdist_ratio", tr, "x"), ("torch_local_ms", ql, "ms"),
+                              ("torch_ddp%d_ms" % np_, qd, "ms"), ("torch_ratio", qr, "x"),
+                              ("tdist_overlap", ov, "fraction"), ("tdist_wait_ms", wait, "ms"),
+                              ("tdist_speedup_vs_torch_ddp", div(qd, td), "x")):
+            if v is not None:
+                results.append(("ddp_%s_%s" % (m, name), v, unit))
 if contention == "1":
     print()
     print("# contention check: the local step on %d processes at once (no communication)" % np_)
@@ -288,7 +426,8 @@ for f in failed:
         f[1], f[2], f[4], f[3], f[0], f[5]))
 print()
 for name, v, unit in results:
-    print("RESULT %s %.3f %s" % (name, v, unit))
+    spec = "%.0f" if unit == "bytes" else "%.4f" if name.endswith("bytes_ratio") else "%.3f"
+    print(("RESULT %s " + spec + " %s") % (name, v, unit))
 print("RESULT ddp_failed_invocations %d count" % len(failed))
 sys.exit(1 if failed else 0)
 PYEOF

@@ -12,6 +12,20 @@ loss and SGD, timed the same way.
   modes    local: one process per rank, each trains alone (no DDP);
            ddp: torch.nn.parallel.DistributedDataParallel with default
            options (bucket_cap_mb 25, first bucket 1 MiB) on "gloo"
+  hooks    --hook H (ddp): allreduce = no hook (DDP's built-in all_reduce);
+           fp16 = fp16_compress_hook; powersgdR = powerSGD_hook with
+           PowerSGDState(matrix_approximation_rank=R, start_powerSGD_iter=2,
+           min_compression_rate=2, use_error_feedback=True, warm_start=True),
+           the warm-up raised to start_powerSGD_iter + 1 if shorter, each
+           bucket's future waited for before the next bucket is hooked
+           (without that, Gloo fails: see ByteCounter.wrap). Not
+           here: bf16 (PyTorch 1.13's Gloo refuses a bf16 all_reduce) and
+           int8 (no PyTorch hook). Every hook is wrapped by a counter of the
+           bytes it sends, by the same rule as bench/ddp_step.c: a ring
+           all_reduce of E elements of S bytes sends 2 (W-1)/W x E x S
+           (fp16: the bucket in 2-byte values; powerSGD, once compressing:
+           the uncompressed tensors, P and Q, by PowerSGD's own rule
+           _should_compress; before: the f32 bucket).
   timing   time.perf_counter_ns around each whole step; each rank keeps every
            timed step's time; after the loop one all_reduce MAX gives the
            slowest rank per step; the step time is the median over steps.
@@ -30,7 +44,11 @@ GLOO_SOCKET_IFNAME=lo). Rank 0 prints comment lines, one row per model
 
   ROW torch <mode> <model> <world> <median_ms> <min_ms> <max_ms> <overlap> <wait_ms> <comm_ms> <compute_ms>
 
-(the last four from DDP's own logging data when it has them, else "-")
+(the last four from DDP's own logging data when it has them, else "-";
+<mode> is local, ddp, or ddp_<H> with --hook H), with --hook one
+
+  BYTES torch <mode> <model> <world> <hook_bytes_per_iter> <f32_ring_bytes_per_iter>
+
 and RESULT lines. Exit status 0; 1 if a worker failed or the deadline
 (--timeout) passed; 2 for bad arguments.
 """
@@ -47,6 +65,7 @@ from torch_launch import bounded_int  # noqa: E402
 CLASSES = 10
 NBATCHES = 4
 LR = 0.01
+PSGD_START = 2  # start_powerSGD_iter of --hook powersgdR
 # name: (input, hidden, hidden layers, default steps, default warm-up)
 MODELS = {"3M": (1024, 1024, 3, 30, 5), "25M": (2048, 2048, 6, 10, 3)}
 
@@ -67,6 +86,69 @@ def build(torch, din, hidden, layers):
     return torch.nn.Sequential(*mods)
 
 
+class ByteCounter:
+    """Bytes one rank sends per iteration under the hook (ring formula)."""
+
+    def __init__(self, world):
+        self.ring = 2.0 * (world - 1) / world
+        self.hook = 0.0  # bytes the hook sends, summed over buckets and steps
+        self.f32 = 0.0   # a ring all_reduce of the same f32 buckets
+        self.prev = None  # powerSGD: the previous bucket's future (see wrap)
+
+    def wrap(self, kind, rank_r, hook):
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
+
+        def counted(state, bucket):
+            numel = bucket.buffer().numel()
+            self.f32 += self.ring * 4 * numel
+            if kind == "fp16":
+                self.hook += self.ring * 2 * numel
+            elif kind == "powersgd" and state.iter >= state.start_powerSGD_iter:
+                elems = 0  # uncompressed tensors, P and Q: f32 all_reduces
+                for t in bucket.gradients():
+                    mat = t.view(t.shape[0], -1)
+                    nr, nc = mat.shape
+                    r = min(nr, nc, rank_r)
+                    if ps._should_compress(nr, nc, r, state.min_compression_rate)[0]:
+                        elems += (nr + nc) * r
+                    else:
+                        elems += t.numel()
+                self.hook += self.ring * 4 * elems
+            else:  # plain all_reduce (also powerSGD before start_powerSGD_iter)
+                self.hook += self.ring * 4 * numel
+            if kind == "powersgd":
+                # powerSGD_hook chains its all_reduces (uncompressed, P, Q)
+                # in future callbacks that Gloo runs on its own threads: with
+                # several buckets in flight, the ranks issue them in
+                # different orders and Gloo fails ("op.preamble.length <=
+                # op.nbytes"). Ordered: a bucket's chain completes before
+                # the next bucket is hooked (it still overlaps the backward
+                # compute until then).
+                if self.prev is not None:
+                    self.prev.wait()
+                self.prev = hook(state, bucket)
+                return self.prev
+            return hook(state, bucket)
+        return counted
+
+
+def register_hook(a, net, n, torch):
+    """Register --hook on the DDP module; returns the byte counter or None."""
+    if a.hook == "allreduce":
+        return None
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook as ps
+    bc = ByteCounter(n)
+    if a.hook == "fp16":
+        net.register_comm_hook(None, bc.wrap("fp16", 0, default_hooks.fp16_compress_hook))
+    else:
+        r = int(a.hook[len("powersgd"):])
+        state = ps.PowerSGDState(process_group=None, matrix_approximation_rank=r,
+                                 start_powerSGD_iter=PSGD_START, min_compression_rate=2,
+                                 use_error_feedback=True, warm_start=True, random_seed=0)
+        net.register_comm_hook(state, bc.wrap("powersgd", r, ps.powerSGD_hook))
+    return bc
+
+
 def run_model(a, name, rank, n, torch, dist):
     din, hidden, layers, d_steps, d_warm = MODELS[name]
     steps = a.steps if a.steps else d_steps
@@ -76,8 +158,17 @@ def run_model(a, name, rank, n, torch, dist):
     model = build(torch, din, hidden, layers)
     nparams = sum(p.numel() for p in model.parameters())
     net = model
+    bc = None
+    hook = a.hook if a.mode == "ddp" else None
+    if hook and hook.startswith("powersgd") and warmup < PSGD_START + 1:
+        if rank == 0:
+            print("# powersgd: warm-up raised from %d to %d steps (start_powerSGD_iter %d + 1)"
+                  % (warmup, PSGD_START + 1, PSGD_START))
+        warmup = PSGD_START + 1
     if a.mode == "ddp":
         net = torch.nn.parallel.DistributedDataParallel(model)
+        if hook:
+            bc = register_hook(a, net, n, torch)
     opt = torch.optim.SGD(net.parameters(), lr=LR)
     g = torch.Generator().manual_seed(0x5EED0000 + rank * 7919)
     xs = torch.rand(NBATCHES, B, din, generator=g) * 2 - 1
@@ -97,6 +188,8 @@ def run_model(a, name, rank, n, torch, dist):
         t2 = time.perf_counter_ns()
         opt.step()
         t3 = time.perf_counter_ns()
+        if it == warmup - 1 and bc is not None:
+            b0 = (bc.hook, bc.f32)  # the counts before the first timed step
         loss = lo.item()
         if first_loss is None:
             first_loss = loss
@@ -118,6 +211,16 @@ def run_model(a, name, rank, n, torch, dist):
                 stats = (ovl / comm, comm - ovl, comm, comp)
         except Exception:  # private API; absent or different in other versions
             stats = None
+    if bc is not None:
+        bc.prev = None  # every future has completed (backward waited for them)
+    hb = None
+    if hook:
+        if bc is None:  # built-in all_reduce: every parameter once per iteration
+            f32 = 2.0 * (n - 1) / n * 4 * nparams
+            hb = [f32, f32]
+        else:
+            h0, f0 = b0 if warmup > 0 else (0.0, 0.0)
+            hb = [(bc.hook - h0) / steps, (bc.f32 - f0) / steps]
     if n > 1:
         tt = torch.tensor(t, dtype=torch.float64)
         dist.all_reduce(tt, op=dist.ReduceOp.MAX)
@@ -139,8 +242,15 @@ def run_model(a, name, rank, n, torch, dist):
                   "comm %.3f ms, comm overlapped with compute %.3f ms (%.3f); exposed %.3f ms"
                   % (stats[3], stats[2], stats[2] - stats[1], stats[0], stats[1]))
         ov = ("%.4f %.4f %.4f %.4f" % stats) if stats else "- - - -"
-        print("ROW torch %s %s %d %.4f %.4f %.4f %s" % (a.mode, name, n, med, mn, mx, ov))
+        mode = a.mode + ("_" + hook if hook else "")
+        print("ROW torch %s %s %d %.4f %.4f %.4f %s" % (mode, name, n, med, mn, mx, ov))
         tag = "local" if (a.mode == "local" and n == 1) else "%s%d" % (a.mode, n)
+        if hook:
+            tag += "_" + hook
+            print("# comm hook %s: %.4f MB sent per iteration by each rank, %.4f of a ring "
+                  "all_reduce of the f32 buckets (%.4f MB)" % (
+                      hook, hb[0] * 1e-6, hb[0] / hb[1] if hb[1] else 0.0, hb[1] * 1e-6))
+            print("BYTES torch %s %s %d %.1f %.1f" % (mode, name, n, hb[0], hb[1]))
         print("RESULT torch_step_%s_%s_ms %.3f ms" % (name, tag, med))
         sys.stdout.flush()
     del net, model, opt
@@ -163,6 +273,7 @@ def worker(a):
     for name in (["3M", "25M"] if a.model == "all" else [a.model]):
         run_model(a, name, rank, n, torch, dist)
     if dist.is_initialized():
+        dist.barrier()  # no rank tears Gloo down while another still talks to it
         dist.destroy_process_group()
     return 0
 
@@ -186,6 +297,11 @@ def main():
                     help="intra-op threads per process (1)")
     ap.add_argument("--bind", choices=("core", "none"), default="none",
                     help="core: pin rank r to the r-th allowed CPU (default none)")
+    ap.add_argument("--hook", choices=("allreduce", "fp16", "powersgd1", "powersgd2",
+                                       "powersgd4", "powersgd8"), default=None,
+                    help="(ddp) comm hook: allreduce (none: DDP's built-in), fp16 "
+                         "(fp16_compress_hook), powersgdR (powerSGD_hook, rank R); "
+                         "bf16 and int8 are not available (see the module doc)")
     ap.add_argument("--timeout", type=bounded_int(1, 86400), default=600,
                     help="seconds before everything is stopped (600)")
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
@@ -194,6 +310,8 @@ def main():
     a = ap.parse_args(args)
     if a.mode == "ddp" and a.nproc < 2:
         ap.error("--mode ddp needs --nproc >= 2")
+    if a.hook and a.mode != "ddp":
+        ap.error("--hook needs --mode ddp")
     if a.worker is not None:
         return worker(a)
     return launch(a, args)
