@@ -34,6 +34,7 @@
  * standard normal values, as torch.randn gives (not the same ones).
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "algorithms/internal.h"
@@ -45,12 +46,89 @@ static int use_naive(size_t n, size_t k, size_t m, bool blas_only)
     return !blas_only && (double)n * (double)k * (double)m < 400.0;
 }
 
+/* The fmaf chains of a large product, with the processor's FMA
+ * instruction (the C library's fmaf is a call per multiply-add): eight
+ * independent chains at a time, each still over k in increasing order from
+ * 0, so every element is the same correctly rounded chain as fmaf's. */
+#if defined(__x86_64__) || defined(__i386__)
+#define GEMM_FMA_TARGET __attribute__((target("fma")))
+#else
+#define GEMM_FMA_TARGET
+#endif
+#define GEMM_ROWS 8
+
+/* Eight columns' chains of row i at a time (wide outputs: the product of
+ * the decompression, P Q^T, whose k is the rank). */
+GEMM_FMA_TARGET static void gemm_row_chains(float *c, const float *a, const float *b, size_t n,
+                                            size_t k, size_t m, int ta, int tb)
+{
+    for (size_t i = 0; i < n; i++)
+        for (size_t j0 = 0; j0 < m; j0 += GEMM_ROWS) {
+            size_t cols = m - j0 < GEMM_ROWS ? m - j0 : GEMM_ROWS;
+            float acc[GEMM_ROWS] = {0};
+            for (size_t kk = 0; kk < k; kk++) {
+                float x = ta ? a[kk * n + i] : a[i * k + kk];
+                for (size_t t = 0; t < cols; t++) {
+                    float y = tb ? b[(j0 + t) * k + kk] : b[kk * m + j0 + t];
+                    acc[t] = __builtin_fmaf(x, y, acc[t]);
+                }
+            }
+            memcpy(c + i * m + j0, acc, cols * sizeof *acc);
+        }
+}
+
+/* Eight rows' chains of column j at a time (narrow outputs: P = M Q and
+ * Q = M^T P, whose m is the rank). */
+GEMM_FMA_TARGET static void gemm_col_chains(float *c, const float *a, const float *b, size_t n,
+                                            size_t k, size_t m, int ta, int tb)
+{
+    for (size_t j = 0; j < m; j++)
+        for (size_t i0 = 0; i0 < n; i0 += GEMM_ROWS) {
+            size_t rows = n - i0 < GEMM_ROWS ? n - i0 : GEMM_ROWS;
+            float acc[GEMM_ROWS] = {0};
+            for (size_t kk = 0; kk < k; kk++) {
+                float y = tb ? b[j * k + kk] : b[kk * m + j];
+                if (ta) {
+                    const float *x = a + kk * n + i0;
+                    for (size_t t = 0; t < rows; t++) acc[t] = __builtin_fmaf(x[t], y, acc[t]);
+                } else {
+                    const float *x = a + i0 * k + kk;
+                    for (size_t t = 0; t < rows; t++)
+                        acc[t] = __builtin_fmaf(x[t * k], y, acc[t]);
+                }
+            }
+            for (size_t t = 0; t < rows; t++) c[(i0 + t) * m + j] = acc[t];
+        }
+}
+
+static int have_fma(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    static _Atomic int known = -1; /* every thread computes the same value */
+    int v = atomic_load_explicit(&known, memory_order_relaxed);
+    if (v < 0) {
+        v = __builtin_cpu_supports("fma") ? 1 : 0;
+        atomic_store_explicit(&known, v, memory_order_relaxed);
+    }
+    return v;
+#else
+    return 0;
+#endif
+}
+
 void tdist__psgd_gemm(float *c, const float *a, const float *b, size_t n, size_t k, size_t m,
                       int ta, int tb, bool blas_only)
 {
     /* a(i, kk) = ta ? a[kk * n + i] : a[i * k + kk];
      * b(kk, j) = tb ? b[j * k + kk] : b[kk * m + j] */
     const int naive = use_naive(n, k, m, blas_only);
+    if (!naive && have_fma()) {
+        if (m >= GEMM_ROWS)
+            gemm_row_chains(c, a, b, n, k, m, ta, tb);
+        else
+            gemm_col_chains(c, a, b, n, k, m, ta, tb);
+        return;
+    }
     for (size_t i = 0; i < n; i++)
         for (size_t j = 0; j < m; j++) {
             float acc = 0.0f;
