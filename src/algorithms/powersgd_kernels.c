@@ -77,28 +77,48 @@ GEMM_FMA_TARGET static void gemm_row_chains(float *c, const float *a, const floa
         }
 }
 
-/* Eight rows' chains of column j at a time (narrow outputs: P = M Q and
- * Q = M^T P, whose m is the rank). */
+/* Eight rows' chains of every column at a time (narrow outputs: P = M Q
+ * and Q = M^T P, whose m is the rank, at most GEMM_ROWS here), so M is
+ * read once whatever the rank. */
 GEMM_FMA_TARGET static void gemm_col_chains(float *c, const float *a, const float *b, size_t n,
                                             size_t k, size_t m, int ta, int tb)
 {
-    for (size_t j = 0; j < m; j++)
-        for (size_t i0 = 0; i0 < n; i0 += GEMM_ROWS) {
-            size_t rows = n - i0 < GEMM_ROWS ? n - i0 : GEMM_ROWS;
-            float acc[GEMM_ROWS] = {0};
-            for (size_t kk = 0; kk < k; kk++) {
+    for (size_t i0 = 0; i0 < n; i0 += GEMM_ROWS) {
+        size_t rows = n - i0 < GEMM_ROWS ? n - i0 : GEMM_ROWS;
+        float acc[GEMM_ROWS][GEMM_ROWS] = {{0}}; /* [column][row] */
+        for (size_t kk = 0; kk < k; kk++) {
+            float x[GEMM_ROWS];
+            for (size_t t = 0; t < rows; t++) x[t] = ta ? a[kk * n + i0 + t] : a[(i0 + t) * k + kk];
+            for (size_t j = 0; j < m; j++) {
                 float y = tb ? b[j * k + kk] : b[kk * m + j];
-                if (ta) {
-                    const float *x = a + kk * n + i0;
-                    for (size_t t = 0; t < rows; t++) acc[t] = __builtin_fmaf(x[t], y, acc[t]);
-                } else {
-                    const float *x = a + i0 * k + kk;
-                    for (size_t t = 0; t < rows; t++)
-                        acc[t] = __builtin_fmaf(x[t * k], y, acc[t]);
-                }
+                for (size_t t = 0; t < rows; t++) acc[j][t] = __builtin_fmaf(x[t], y, acc[j][t]);
             }
-            for (size_t t = 0; t < rows; t++) c[(i0 + t) * m + j] = acc[t];
         }
+        for (size_t t = 0; t < rows; t++)
+            for (size_t j = 0; j < m; j++) c[(i0 + t) * m + j] = acc[j][t];
+    }
+}
+
+/* One column (rank 1): eight rows' chains at a time, the loads inline so
+ * the compiler vectorises the contiguous (transposed) case. */
+GEMM_FMA_TARGET static void gemm_col1_chains(float *c, const float *a, const float *b, size_t n,
+                                             size_t k, int ta)
+{
+    for (size_t i0 = 0; i0 < n; i0 += GEMM_ROWS) {
+        size_t rows = n - i0 < GEMM_ROWS ? n - i0 : GEMM_ROWS;
+        float acc[GEMM_ROWS] = {0};
+        for (size_t kk = 0; kk < k; kk++) {
+            float y = b[kk]; /* one column: b(kk, 0) is b[kk] stored either way */
+            if (ta) {
+                const float *x = a + kk * n + i0;
+                for (size_t t = 0; t < rows; t++) acc[t] = __builtin_fmaf(x[t], y, acc[t]);
+            } else {
+                const float *x = a + i0 * k + kk;
+                for (size_t t = 0; t < rows; t++) acc[t] = __builtin_fmaf(x[t * k], y, acc[t]);
+            }
+        }
+        memcpy(c + i0, acc, rows * sizeof *acc);
+    }
 }
 
 static int have_fma(void)
@@ -125,6 +145,8 @@ void tdist__psgd_gemm(float *c, const float *a, const float *b, size_t n, size_t
     if (!naive && have_fma()) {
         if (m >= GEMM_ROWS)
             gemm_row_chains(c, a, b, n, k, m, ta, tb);
+        else if (m == 1)
+            gemm_col1_chains(c, a, b, n, k, ta);
         else
             gemm_col_chains(c, a, b, n, k, m, ta, tb);
         return;
