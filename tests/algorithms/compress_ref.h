@@ -21,6 +21,7 @@
 
 #include "harness.h"
 #include "tdist/algorithms.h"
+#include "synth_model.h"
 
 static inline uint32_t bits32(float f)
 {
@@ -76,74 +77,6 @@ static inline uint16_t ref_cast16(float g, bool from_f32, tdist_dtype_t wire)
 static inline uint16_t ref_add16(uint16_t a, uint16_t b, tdist_dtype_t wire)
 {
     return to16(from16(a, wire) + from16(b, wire), wire);
-}
-
-/* ------------------------------------------------------------- the model */
-
-#define SM_NP 5
-#define SM_MAX 300
-static const size_t sm_count[SM_NP] = {300, 7, 64, 5, 33};
-static const tdist_dtype_t sm_dtype[SM_NP] = {TDIST_F32, TDIST_F32, TDIST_F64, TDIST_F32, TDIST_F64};
-static const char *const sm_name[SM_NP] = {"enc.weight", "enc.bias", "mid.weight", "dec.bias",
-                                           "dec.weight"};
-
-typedef struct sm_model {
-    _Alignas(64) unsigned char data[SM_NP][SM_MAX * 8];
-    _Alignas(64) unsigned char grad[SM_NP][SM_MAX * 8];
-    tdist_ddp_param_t params[SM_NP];
-} sm_model_t;
-
-static inline double sm_get(const void *buf, tdist_dtype_t dt, size_t i)
-{
-    if (dt == TDIST_F32) {
-        float f;
-        memcpy(&f, (const unsigned char *)buf + 4 * i, 4);
-        return f;
-    }
-    double d;
-    memcpy(&d, (const unsigned char *)buf + 8 * i, 8);
-    return d;
-}
-
-static inline void sm_set(void *buf, tdist_dtype_t dt, size_t i, double v)
-{
-    if (dt == TDIST_F32) {
-        float f = (float)v;
-        memcpy((unsigned char *)buf + 4 * i, &f, 4);
-    } else {
-        memcpy((unsigned char *)buf + 8 * i, &v, 8);
-    }
-}
-
-/* One micro-batch's gradient value (before rounding to the dtype). */
-static inline double sm_value(int r, int k, int m, int p, size_t i)
-{
-    double mag = pow(10.0, (double)((int)(i % 8) - 5));
-    return mag * sin(1.3 * r + 0.7 * k + 0.37 * m + 0.11 * p + 0.013 * (double)i + 0.5);
-}
-
-/* Rank r's gradient after `micro` micro-batches of step k, accumulated in
- * the parameter's dtype. */
-static inline double sm_local(int r, int k, int micro, int p, size_t i)
-{
-    if (sm_dtype[p] == TDIST_F32) {
-        float a = 0;
-        for (int m = 0; m < micro; m++) a = a + (float)sm_value(r, k, m, p, i);
-        return a;
-    }
-    double a = 0;
-    for (int m = 0; m < micro; m++) a = a + sm_value(r, k, m, p, i);
-    return a;
-}
-
-static inline void sm_init(sm_model_t *md, int rank)
-{
-    memset(md, 0, sizeof *md);
-    for (int p = 0; p < SM_NP; p++) {
-        for (size_t i = 0; i < sm_count[p]; i++) sm_set(md->data[p], sm_dtype[p], i, 0.01 * (double)(i + (size_t)rank));
-        md->params[p] = (tdist_ddp_param_t){md->data[p], md->grad[p], sm_count[p], sm_dtype[p],
-                                            sm_name[p]};
-    }
 }
 
 /* Open the job's world group (timeout 20 s, scaled). */

@@ -94,42 +94,19 @@ typedef struct opt_scen {
 } opt_scen_t;
 
 #define SENTINEL 42.0 /* the unused-everywhere parameter's gradient */
-#define P_RANK0 1     /* find_unused: used on rank 0 only */
-#define P_NONE 3      /* find_unused: used nowhere */
+#define P_RANK0 SM_P_RANK0
+#define P_NONE SM_P_NONE
 
-static bool used(const opt_scen_t *sc, int r, int p)
-{
-    if (!sc->find_unused) return true;
-    return p != P_NONE && (p != P_RANK0 || r == 0);
-}
+static bool used(const opt_scen_t *sc, int r, int p) { return sm_used(sc->find_unused, r, p); }
 
-/* Where parameter p's gradient lives. */
 static void *grad_of(const opt_scen_t *sc, tdist_ddp_t *ddp, sm_model_t *md, int p)
 {
-    return sc->view ? tdist_ddp_grad_ptr(ddp, (size_t)p) : md->grad[p];
+    return sm_grad(ddp, md, sc->view, p);
 }
 
-/* One step of `micro` micro-batches (all but the last under no_sync); the
- * model adds each micro-batch's gradient in its dtype. */
 static void opt_step(const opt_scen_t *sc, int rank, int k, tdist_ddp_t *ddp, sm_model_t *md)
 {
-    int micro = sc->no_sync ? 3 : 1;
-    for (int m = 0; m < micro; m++) {
-        ASSERT_OK(tdist_ddp_set_no_sync(ddp, m + 1 < micro));
-        ASSERT_OK(tdist_ddp_forward_begin(ddp));
-        for (int p = SM_NP; p-- > 0;) {
-            if (!used(sc, rank, p)) continue;
-            void *g = grad_of(sc, ddp, md, p);
-            for (size_t i = 0; i < sm_count[p]; i++) {
-                double prev = m == 0 ? 0.0 : sm_get(g, sm_dtype[p], i);
-                double v = sm_dtype[p] == TDIST_F32 ? (double)((float)prev + (float)sm_value(rank, k, m, p, i))
-                                                    : prev + sm_value(rank, k, m, p, i);
-                sm_set(g, sm_dtype[p], i, v);
-            }
-            ASSERT_OK(tdist_ddp_grad_ready(ddp, (size_t)p));
-        }
-        ASSERT_OK(tdist_ddp_backward_end(ddp));
-    }
+    sm_ddp_step(ddp, md, rank, k, sc->no_sync, sc->find_unused, sc->view, sm_value);
 }
 
 static void opt_check(const opt_scen_t *sc, int k, tdist_ddp_t *ddp, sm_model_t *md)

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "synth_model.h"
 #include "tdist/algorithms.h"
 #include "tdist/join.h"
 #include "tdist/optim.h"
@@ -33,37 +34,7 @@ static void open_pg(tdist_world_t **w, tdist_pg_t **pg)
 
 /* ============================================================ the model */
 
-#define NP 5
-#define PMAX 300
-static const size_t p_count[NP] = {300, 7, 64, 5, 33};
-static const tdist_dtype_t p_dtype[NP] = {TDIST_F32, TDIST_F32, TDIST_F64, TDIST_F32, TDIST_F64};
-#define P_RANK0 1 /* find_unused: used on rank 0 only */
-#define P_NONE 3  /* find_unused: used nowhere */
 #define SENTINEL 42.0
-
-typedef struct model {
-    double data[NP][PMAX];
-    double grad[NP][PMAX]; /* f32 parameters use the first 4 * count bytes */
-    tdist_ddp_param_t params[NP];
-} model_t;
-
-static double get(const void *buf, tdist_dtype_t dt, size_t i)
-{
-    return dt == TDIST_F32 ? (double)((const float *)buf)[i] : ((const double *)buf)[i];
-}
-
-static void set(void *buf, tdist_dtype_t dt, size_t i, double v)
-{
-    if (dt == TDIST_F32) ((float *)buf)[i] = (float)v;
-    else ((double *)buf)[i] = v;
-}
-
-static void model_init(model_t *md)
-{
-    memset(md, 0, sizeof *md);
-    for (int p = 0; p < NP; p++)
-        md->params[p] = (tdist_ddp_param_t){md->data[p], md->grad[p], p_count[p], p_dtype[p], NULL};
-}
 
 static double value(int r, int k, int m, int p, size_t i)
 {
@@ -76,7 +47,7 @@ static double local(int r, int k, int micro, int p, size_t i)
 {
     double a = 0;
     for (int m = 0; m < micro; m++)
-        a = p_dtype[p] == TDIST_F32 ? (double)((float)a + (float)value(r, k, m, p, i)) : a + value(r, k, m, p, i);
+        a = sm_dtype[p] == TDIST_F32 ? (double)((float)a + (float)value(r, k, m, p, i)) : a + value(r, k, m, p, i);
     return a;
 }
 
@@ -112,66 +83,44 @@ typedef struct opt_scen {
     bool no_sync, find_unused, view, ef;
 } opt_scen_t;
 
-static bool used(const opt_scen_t *sc, int r, int p)
+static void *grad_of(const opt_scen_t *sc, tdist_ddp_t *ddp, sm_model_t *md, int p)
 {
-    if (!sc->find_unused) return true;
-    return p != P_NONE && (p != P_RANK0 || r == 0);
+    return sm_grad(ddp, md, sc->view, p);
 }
 
-static void *grad_of(const opt_scen_t *sc, tdist_ddp_t *ddp, model_t *md, int p)
+static void opt_step(const opt_scen_t *sc, int rank, int k, tdist_ddp_t *ddp, sm_model_t *md)
 {
-    return sc->view ? tdist_ddp_grad_ptr(ddp, (size_t)p) : md->grad[p];
+    sm_ddp_step(ddp, md, rank, k, sc->no_sync, sc->find_unused, sc->view, value);
 }
 
-static void opt_step(const opt_scen_t *sc, int rank, int k, tdist_ddp_t *ddp, model_t *md)
-{
-    int micro = sc->no_sync ? 3 : 1;
-    for (int m = 0; m < micro; m++) {
-        ASSERT_OK(tdist_ddp_set_no_sync(ddp, m + 1 < micro));
-        ASSERT_OK(tdist_ddp_forward_begin(ddp));
-        for (int p = NP; p-- > 0;) {
-            if (!used(sc, rank, p)) continue;
-            void *g = grad_of(sc, ddp, md, p);
-            for (size_t i = 0; i < p_count[p]; i++) {
-                double prev = m == 0 ? 0.0 : get(g, p_dtype[p], i);
-                double v = p_dtype[p] == TDIST_F32 ? (double)((float)prev + (float)value(rank, k, m, p, i))
-                                                   : prev + value(rank, k, m, p, i);
-                set(g, p_dtype[p], i, v);
-            }
-            ASSERT_OK(tdist_ddp_grad_ready(ddp, (size_t)p));
-        }
-        ASSERT_OK(tdist_ddp_backward_end(ddp));
-    }
-}
-
-static void opt_check(const opt_scen_t *sc, int k, int w, tdist_pg_t *pg, tdist_ddp_t *ddp, model_t *md)
+static void opt_check(const opt_scen_t *sc, int k, int w, tdist_pg_t *pg, tdist_ddp_t *ddp, sm_model_t *md)
 {
     int micro = sc->no_sync ? 3 : 1;
     double sum_max = 0, out_max = 0;
     for (int r = 0; r < w; r++) {
         double m = 0;
-        for (int p = 0; p < NP; p++)
-            for (size_t i = 0; i < p_count[p] && used(sc, r, p); i++) m = fmax(m, fabs(local(r, k, micro, p, i)));
+        for (int p = 0; p < SM_NP; p++)
+            for (size_t i = 0; i < sm_count[p] && sm_used(sc->find_unused, r, p); i++) m = fmax(m, fabs(local(r, k, micro, p, i)));
         sum_max += m;
     }
     uint64_t h = 1469598103934665603ULL;
-    for (int p = 0; p < NP; p++) {
+    for (int p = 0; p < SM_NP; p++) {
         const void *g = grad_of(sc, ddp, md, p);
-        h = fnv(h, g, p_count[p] * (p_dtype[p] == TDIST_F32 ? 4 : 8));
-        for (size_t i = 0; i < p_count[p] && !(sc->find_unused && p == P_NONE); i++) out_max = fmax(out_max, fabs(get(g, p_dtype[p], i)));
+        h = fnv(h, g, sm_count[p] * (sm_dtype[p] == TDIST_F32 ? 4 : 8));
+        for (size_t i = 0; i < sm_count[p] && !(sc->find_unused && p == SM_P_NONE); i++) out_max = fmax(out_max, fabs(sm_get(g, sm_dtype[p], i)));
     }
     same_everywhere(pg, h, "bucket results");
     if (sc->ef) return; /* the residuals move the result; identity checked above */
-    for (int p = 0; p < NP; p++) {
+    for (int p = 0; p < SM_NP; p++) {
         const void *g = grad_of(sc, ddp, md, p);
-        for (size_t i = 0; i < p_count[p]; i++) {
-            double got = get(g, p_dtype[p], i);
-            if (sc->find_unused && p == P_NONE) {
+        for (size_t i = 0; i < sm_count[p]; i++) {
+            double got = sm_get(g, sm_dtype[p], i);
+            if (sc->find_unused && p == SM_P_NONE) {
                 if (got != SENTINEL) FAIL("step %d: the unused parameter's gradient became %.9g", k, got);
                 continue;
             }
             double exact = 0;
-            for (int r = 0; r < w; r++) exact += used(sc, r, p) ? local(r, k, micro, p, i) : 0.0;
+            for (int r = 0; r < w; r++) exact += sm_used(sc->find_unused, r, p) ? local(r, k, micro, p, i) : 0.0;
             check_loose(k, p, i, got, exact / w, sum_max, out_max, w);
         }
     }
@@ -180,9 +129,9 @@ static void opt_check(const opt_scen_t *sc, int k, int w, tdist_pg_t *pg, tdist_
 static void opt_body(int rank, int w, void *arg)
 {
     const opt_scen_t *sc = arg;
-    static model_t md;
-    model_init(&md);
-    for (size_t i = 0; i < p_count[P_NONE]; i++) set(md.grad[P_NONE], p_dtype[P_NONE], i, SENTINEL);
+    static sm_model_t md;
+    sm_init(&md, 0);
+    for (size_t i = 0; i < sm_count[SM_P_NONE]; i++) sm_set(md.grad[SM_P_NONE], sm_dtype[SM_P_NONE], i, SENTINEL);
     tdist_world_t *wd;
     tdist_pg_t *pg;
     open_pg(&wd, &pg);
@@ -192,7 +141,7 @@ static void opt_body(int rank, int w, void *arg)
     o.find_unused_parameters = sc->find_unused;
     o.gradient_as_bucket_view = sc->view;
     tdist_ddp_t *ddp;
-    ASSERT_OK(tdist_ddp_create(pg, md.params, NP, NULL, 0, &o, &ddp));
+    ASSERT_OK(tdist_ddp_create(pg, md.params, SM_NP, NULL, 0, &o, &ddp));
     tdist_int8_opts_t io;
     tdist_int8_opts_init(&io);
     io.block_size = 16;
@@ -415,7 +364,7 @@ typedef struct join_scen {
 
 #define JMAX 4
 
-static void join_check(const join_scen_t *sc, int k, const model_t *md)
+static void join_check(const join_scen_t *sc, int k, const sm_model_t *md)
 {
     int active = 0;
     double sum_max = 0, out_max = 0;
@@ -423,25 +372,25 @@ static void join_check(const join_scen_t *sc, int k, const model_t *md)
         if (sc->counts[r] <= k) continue;
         active++;
         double m = 0;
-        for (int p = 0; p < NP; p++)
-            for (size_t i = 0; i < p_count[p]; i++) m = fmax(m, fabs(local(r, k, 1, p, i)));
+        for (int p = 0; p < SM_NP; p++)
+            for (size_t i = 0; i < sm_count[p]; i++) m = fmax(m, fabs(local(r, k, 1, p, i)));
         sum_max += m;
     }
     int64_t d = sc->divide_initial ? 3 : active;
-    for (int p = 0; p < NP; p++)
-        for (size_t i = 0; i < p_count[p]; i++) out_max = fmax(out_max, fabs(get(md->grad[p], p_dtype[p], i)));
-    for (int p = 0; p < NP; p++)
-        for (size_t i = 0; i < p_count[p]; i++) {
+    for (int p = 0; p < SM_NP; p++)
+        for (size_t i = 0; i < sm_count[p]; i++) out_max = fmax(out_max, fabs(sm_get(md->grad[p], sm_dtype[p], i)));
+    for (int p = 0; p < SM_NP; p++)
+        for (size_t i = 0; i < sm_count[p]; i++) {
             double exact = 0; /* the joined ranks contribute zeros */
             for (int r = 0; r < 3; r++) exact += sc->counts[r] > k ? local(r, k, 1, p, i) : 0.0;
-            check_loose(k, p, i, get(md->grad[p], p_dtype[p], i), exact / (double)d, sum_max, out_max, d);
+            check_loose(k, p, i, sm_get(md->grad[p], sm_dtype[p], i), exact / (double)d, sum_max, out_max, d);
         }
 }
 
-static uint64_t grads_hash(const model_t *md)
+static uint64_t grads_hash(const sm_model_t *md)
 {
     uint64_t h = 1469598103934665603ULL;
-    for (int p = 0; p < NP; p++) h = fnv(h, md->grad[p], p_count[p] * (p_dtype[p] == TDIST_F32 ? 4 : 8));
+    for (int p = 0; p < SM_NP; p++) h = fnv(h, md->grad[p], sm_count[p] * (sm_dtype[p] == TDIST_F32 ? 4 : 8));
     return h | 1; /* 0: no result */
 }
 
@@ -449,8 +398,8 @@ static void join_body(int rank, int w, void *arg)
 {
     const join_scen_t *sc = arg;
     ASSERT_EQ(w, 3);
-    static model_t md;
-    model_init(&md);
+    static sm_model_t md;
+    sm_init(&md, 0);
     tdist_world_t *wd;
     tdist_pg_t *pg;
     open_pg(&wd, &pg);
@@ -458,7 +407,7 @@ static void join_body(int rank, int w, void *arg)
     tdist_ddp_opts_init(&o);
     o.bucket_cap_bytes = o.first_bucket_bytes = 400;
     tdist_ddp_t *ddp;
-    ASSERT_OK(tdist_ddp_create(pg, md.params, NP, NULL, 0, &o, &ddp));
+    ASSERT_OK(tdist_ddp_create(pg, md.params, SM_NP, NULL, 0, &o, &ddp));
     tdist_int8_opts_t io;
     tdist_int8_opts_init(&io);
     io.block_size = 32;
@@ -476,9 +425,9 @@ static void join_body(int rank, int w, void *arg)
     int64_t hashes[JMAX] = {0};
     for (int k = 0; k < sc->counts[rank]; k++) {
         ASSERT_OK(tdist_ddp_forward_begin(ddp));
-        for (int p = 0; p < NP; p++)
-            for (size_t i = 0; i < p_count[p]; i++) set(md.grad[p], p_dtype[p], i, local(rank, k, 1, p, i));
-        for (int p = NP; p-- > 0;) ASSERT_OK(tdist_ddp_grad_ready(ddp, (size_t)p));
+        for (int p = 0; p < SM_NP; p++)
+            for (size_t i = 0; i < sm_count[p]; i++) sm_set(md.grad[p], sm_dtype[p], i, local(rank, k, 1, p, i));
+        for (int p = SM_NP; p-- > 0;) ASSERT_OK(tdist_ddp_grad_ready(ddp, (size_t)p));
         ASSERT_OK(tdist_ddp_backward_end(ddp));
         if (!sc->ef) join_check(sc, k, &md);
         uint64_t h = grads_hash(&md);
