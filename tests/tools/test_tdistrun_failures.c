@@ -88,18 +88,30 @@ static void deaths_while_stopped(int a, int b, run_t *r)
     unsetenv("T_RANK3");
 }
 
-/* Rank 3 exits 5, then rank 0 exits 7: reaped together (rank 0, the older
- * child, comes out of waitpid first), rank 3 is still named first. */
-TEST(tdistrun_failures_reaped_together_keep_their_order, 60)
+/* Rank 3 exits 5, then rank 0 exits 7, reaped together when the launcher
+ * continues: both failures are reported, one as the first and the other as
+ * "also failed", and the launcher exits with the first one's status. Which
+ * of two plain exits comes first is the launcher's best guess (the SIGCHLD
+ * it was sent first usually names rank 3, but not always: seen once in a
+ * fresh-machine run), so the order is not asserted. */
+TEST(tdistrun_failures_reaped_together_are_both_reported, 60)
 {
     setenv("T_RANK3", "exit 5", 1);
     setenv("T_RANK0", "exit 7", 1);
     run_t r;
     deaths_while_stopped(3, 0, &r);
-    ASSERT_EXIT(r, 5);
-    ASSERT_CONTAINS(r.err, "FAILED: rank 3 (local rank 3, pid ");
-    ASSERT_CONTAINS(r.err, "also failed before the others were stopped: rank 0 exited with "
-                           "status 7");
+    bool three_first = strstr(r.err, "FAILED: rank 3 (local rank 3, pid ") != NULL;
+    bool zero_first = strstr(r.err, "FAILED: rank 0 (local rank 0, pid ") != NULL;
+    ASSERT_TRUE(three_first != zero_first);
+    if (three_first) {
+        ASSERT_EXIT(r, 5);
+        ASSERT_CONTAINS(r.err, "also failed before the others were stopped: rank 0 exited with "
+                               "status 7");
+    } else {
+        ASSERT_EXIT(r, 7);
+        ASSERT_CONTAINS(r.err, "also failed before the others were stopped: rank 3 exited with "
+                               "status 5");
+    }
     run_free(&r);
 }
 
