@@ -35,7 +35,7 @@
 #include "core/internal.h"
 #include "core/net.h"
 #include "init/internal.h"
-#include "pg/internal.h"
+#include "backend/backend.h"
 #include "tdist/init.h"
 
 /* The library's functions a module may call. Each member has the name of
@@ -43,8 +43,9 @@
  * (backend/mpi/host.h maps them). Grow it at the end only. */
 typedef struct tdist__host {
     size_t host_size; /* sizeof(tdist__host_t) */
-    size_t pg_size;   /* sizeof(struct tdist_pg) */
-    size_t work_size; /* sizeof(struct tdist_work) */
+    size_t ctx_size;  /* sizeof(tdist__coll_ctx_t) */
+    size_t args_size; /* sizeof(tdist__coll_args_t) */
+    size_t p2p_size;  /* sizeof(tdist__be_p2p_t) */
     const char *version;
 
     /* core */
@@ -81,20 +82,10 @@ typedef struct tdist__host {
                                           size_t addr_n, char *ifname, size_t ifname_n,
                                           const char **how);
 
-    /* pg: the engine, work objects, fingerprints, Join */
-    tdist_status_t (*tdist__pg_start_engine)(tdist_pg_t *pg);
-    tdist_status_t (*tdist__pg_join_check)(tdist_pg_t *pg, struct tdist_work *w);
-    void (*tdist__work_finish)(struct tdist_work *w, tdist_status_t st, const char *msg);
-    void (*tdist__work_release)(struct tdist_work *w);
-    tdist_status_t (*tdist_work_wait)(tdist_work_t *w, int64_t timeout_ms);
-    void (*tdist__work_describe)(const struct tdist_work *w, char *buf, size_t n);
+    /* coll: names, the monitored barrier's verdict */
     const char *(*tdist__op_name)(tdist__op_t op);
-    void (*tdist__fp_fill)(tdist_pg_t *pg, const struct tdist_work *w);
-    tdist_status_t (*tdist__fp_compare)(tdist_pg_t *pg);
-    bool (*tdist__fp_common_equal)(const tdist__fp_t *a, const tdist__fp_t *b);
-    void (*tdist__fp_describe)(const tdist__fp_t *fp, bool with_seq, char *buf, size_t n);
-    uint64_t (*tdist__fnv1a)(uint64_t h, const void *data, size_t len);
-    int (*tdist__world_next_group)(tdist_world_t *w);
+    void (*tdist__coll_mb_verdict)(const tdist__coll_ctx_t *c, const tdist__coll_check_t *chk,
+                                   tdist_status_t st, const bool *present, tdist__mb_reply_t *rep);
 
     /* core: sockets (core/net.h) */
     bool (*tdist__net_parse_ip)(const char *s, size_t len, uint16_t port,

@@ -1,24 +1,6 @@
 /*
- * coll/coll.c — shared helpers of the collective algorithms and the
- * selection of an algorithm by message size and world size.
- *
- * all_reduce (size >= 2; the algo argument forces one; when it is AUTO,
- * the group's TDIST_ALGO_ALLREDUCE=ring|rd|direct|auto, read when the
- * group was created, does):
- *   bytes <= 256                  direct (one round, every rank reduces all
- *                                 inputs in rank order)
- *   bytes < 256 KiB or count < size  recursive doubling (non-powers of two
- *                                 folded into the next lower power of two)
- *   otherwise                     ring: reduce-scatter + all-gather
- * reduce: binomial tree; from 512 KiB (and count >= size) ring
- *   reduce-scatter + gather of the blocks to the root.
- * broadcast: binomial tree; pipelined chain (256 KiB segments) from 1 MiB
- *   when size > 2.
- * all_gatherv: direct (everything posted at once) up to 32 KiB in total,
- *   ring above.
- * With shared-memory collectives (c->shm, every rank on one host):
- *   all_reduce (unless TDIST_ALGO_ALLREDUCE forces an algorithm), reduce
- *   and broadcast go through the staging area (shm_coll.c).
+ * coll/coll.c — helpers shared by the collective algorithms (select.c
+ * chooses among them): scratch, waits, send/recv, input and finish.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -168,82 +150,4 @@ void tdist__coll_split(size_t count, int size, size_t *counts, size_t *displs)
         displs[r] = off;
         off += counts[r];
     }
-}
-
-/* ---------------------------------------------------------- selection */
-
-tdist_status_t tdist__coll_forced_ar_algo(tdist__ar_algo_t *out)
-{
-    const char *e = getenv("TDIST_ALGO_ALLREDUCE");
-    *out = TDIST__AR_AUTO;
-    if (!e || !*e || strcmp(e, "auto") == 0) return TDIST_OK;
-    if (strcmp(e, "ring") == 0)
-        *out = TDIST__AR_RING;
-    else if (strcmp(e, "rd") == 0)
-        *out = TDIST__AR_RD;
-    else if (strcmp(e, "direct") == 0)
-        *out = TDIST__AR_DIRECT;
-    else
-        return tdist__error(TDIST_ERR_INVALID_ARG, "TDIST_ALGO_ALLREDUCE=\"%s\": expected ring, rd, "
-                            "direct or auto", e);
-    return TDIST_OK;
-}
-
-tdist_status_t tdist__coll_all_reduce(const tdist__coll_ctx_t *c, const void *sendbuf,
-                                      void *recvbuf, size_t count, tdist_dtype_t dtype,
-                                      tdist_redop_t op, double premul, tdist__ar_algo_t algo)
-{
-    if (count == 0) return TDIST_OK;
-    if (c->size == 1) {
-        TDIST_CHECK(tdist__coll_load(recvbuf, sendbuf, count, dtype, op, premul));
-        return tdist__coll_finish(c, recvbuf, count, dtype, op);
-    }
-    if (algo == TDIST__AR_AUTO) algo = c->ar_forced;
-    if (c->shm && algo == TDIST__AR_AUTO)
-        return tdist__shmc_all_reduce(c, sendbuf, recvbuf, count, dtype, op, premul, -1);
-    if (algo == TDIST__AR_AUTO) {
-        size_t bytes = tdist__coll_bytes(count, dtype);
-        if (bytes <= TDIST__COLL_AR_DIRECT_MAX)
-            algo = TDIST__AR_DIRECT;
-        else if (bytes < TDIST__COLL_AR_RD_MAX || count < (size_t)c->size)
-            algo = TDIST__AR_RD;
-        else
-            algo = TDIST__AR_RING;
-    }
-    switch (algo) {
-    case TDIST__AR_RING:
-        return tdist__coll_all_reduce_ring(c, sendbuf, recvbuf, count, dtype, op, premul);
-    case TDIST__AR_DIRECT:
-        return tdist__coll_all_reduce_direct(c, sendbuf, recvbuf, count, dtype, op, premul);
-    case TDIST__AR_RD:
-    default:
-        return tdist__coll_all_reduce_rd(c, sendbuf, recvbuf, count, dtype, op, premul);
-    }
-}
-
-tdist_status_t tdist__coll_broadcast(const tdist__coll_ctx_t *c, void *buf, size_t count,
-                                     tdist_dtype_t dtype, int root)
-{
-    size_t bytes = tdist__coll_bytes(count, dtype);
-    if (bytes == 0 || c->size == 1) return TDIST_OK;
-    if (c->shm) return tdist__shmc_broadcast(c, buf, count, dtype, root);
-    if (bytes >= TDIST__COLL_BCAST_CHAIN_MIN && c->size > 2)
-        return tdist__coll_broadcast_chain(c, buf, bytes, root);
-    return tdist__coll_broadcast_tree(c, buf, bytes, root);
-}
-
-tdist_status_t tdist__coll_reduce(const tdist__coll_ctx_t *c, const void *sendbuf, void *recvbuf,
-                                  size_t count, tdist_dtype_t dtype, tdist_redop_t op,
-                                  double premul, int root)
-{
-    if (count == 0) return TDIST_OK;
-    if (c->size == 1) {
-        TDIST_CHECK(tdist__coll_load(recvbuf, sendbuf, count, dtype, op, premul));
-        return tdist__coll_finish(c, recvbuf, count, dtype, op);
-    }
-    if (c->shm) return tdist__shmc_all_reduce(c, sendbuf, recvbuf, count, dtype, op, premul, root);
-    size_t bytes = tdist__coll_bytes(count, dtype);
-    if (bytes >= TDIST__COLL_REDUCE_RSG_MIN && count >= (size_t)c->size)
-        return tdist__coll_reduce_rsg(c, sendbuf, recvbuf, count, dtype, op, premul, root);
-    return tdist__coll_reduce_tree(c, sendbuf, recvbuf, count, dtype, op, premul, root);
 }

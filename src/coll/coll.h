@@ -18,8 +18,11 @@
  * In-place: sendbuf == recvbuf is allowed wherever both exist.
  *
  * One file per algorithm (STYLE.md): all_reduce_ring.c,
- * all_reduce_rd.c, broadcast_tree.c, ...; coll.c holds the selection
- * by size and world size.
+ * all_reduce_rd.c, broadcast_tree.c, ..., the shared-memory line
+ * (shm_line.c), the fused small all_reduce (all_reduce_fused.c) and the
+ * monitored barrier (monitored_barrier.c); select.c holds the one
+ * selection function and the dispatch (tdist__coll_run), coll.c the
+ * helpers the algorithms share.
  */
 #ifndef TDIST_COLL_H
 #define TDIST_COLL_H
@@ -60,20 +63,207 @@ typedef enum tdist__ar_algo {
  * Thread-safe. */
 tdist_status_t tdist__coll_forced_ar_algo(tdist__ar_algo_t *out);
 
+typedef enum tdist__op {
+    TDIST__OP_NONE = 0,
+    TDIST__OP_BROADCAST,
+    TDIST__OP_ALL_REDUCE,
+    TDIST__OP_REDUCE,
+    TDIST__OP_ALL_GATHER,
+    TDIST__OP_ALL_GATHERV,
+    TDIST__OP_GATHER,
+    TDIST__OP_SCATTER,
+    TDIST__OP_REDUCE_SCATTER,
+    TDIST__OP_ALL_TO_ALL,
+    TDIST__OP_ALL_TO_ALLV,
+    TDIST__OP_BARRIER,
+    TDIST__OP_MONITORED_BARRIER,
+    TDIST__OP_ALL_REDUCE_COALESCED,
+    TDIST__OP_BROADCAST_COALESCED,
+    TDIST__OP_SEND,
+    TDIST__OP_RECV,
+    TDIST__OP_COUNT
+} tdist__op_t;
+
+/* The largest fingerprint pg/ hands coll/ (it rides in a line's aux part). */
+#define TDIST__COLL_FP_MAX 96
+
+/* "all_reduce", "send", ...; "unknown-op" outside the enum. Thread-safe. */
+const char *tdist__op_name(tdist__op_t op);
+
+/* One collective's arguments, as pg/ hands them to coll/ (its work's
+ * fields; what an op does not use is zero / NULL / -1). */
+typedef struct tdist__coll_args {
+    tdist__op_t op;
+    const void *sendbuf;
+    void *recvbuf;
+    size_t count;
+    tdist_dtype_t dtype;
+    tdist_redop_t redop;
+    double premul;
+    int root;
+    const size_t *sendcounts, *recvcounts; /* size entries (v forms) */
+    void *const *bufs;                     /* coalesced forms */
+    const size_t *counts;
+    size_t nbufs;
+    int avg_div;       /* AVG divides by this (0: the group size; a Join's active ranks) */
+} tdist__coll_args_t;
+
+/* pg/'s check of rule 2 as an algorithm sees it: an opaque fingerprint of
+ * len bytes (its common part, the same in every copy a rank sends).
+ * Algorithms that carry the check in their first exchange (the shm line,
+ * the fused all_reduce, the monitored barrier) send `common` (the line:
+ * `hash` in the blob every rank reads, `common` in the aux part), receive
+ * every peer's into theirs (size x len bytes; slot `have` may already
+ * hold one) and leave the wording of a difference to compare(). Every
+ * other algorithm runs exchange() (pg's own exchange and comparison)
+ * first. on == false (TDIST_CHECK_FINGERPRINT=0): nothing is compared. */
+typedef struct tdist__coll_check {
+    bool on;
+    size_t len;
+    const void *common;
+    uint64_t hash;
+    uint8_t *theirs;
+    int have;                               /* -1: none */
+    tdist_status_t (*exchange)(void *arg, int64_t deadline_ms); /* send, receive, compare */
+    tdist_status_t (*compare)(void *arg);   /* theirs filled: OK or the mismatch */
+    void *arg;
+} tdist__coll_check_t;
+
+/* coll/'s state of one group, kept between collectives (pg/ embeds it in
+ * the group; tdist__coll_group_init / _free). Used by one collective at a
+ * time (pg/ serialises them). */
+typedef struct tdist__coll_group {
+    tdist__coll_scratch_t scratch; /* algorithms' large temporaries */
+    tdist__ar_algo_t ar_algo;      /* TDIST_ALGO_ALLREDUCE, read at creation: when it
+                                      names an algorithm, all_reduce leaves the shm
+                                      paths for the point-to-point ones */
+    /* fused all_reduce: fingerprint + payload, fused_max bytes per rank */
+    size_t fused_max;
+    uint8_t *fused_out, *fused_in, *fused_acc;
+    const uint8_t **blobs;         /* shm line: size entries */
+    tdist__tp_req_t *reqs;         /* 2 x size: the fused and monitored exchanges */
+    tdist__tp_req_t **reqp;
+    /* hierarchical route (a group over several hosts): pg/ runs it on its
+     * subgroups; coll/ only chooses it (hier_min: bytes from which
+     * all_reduce / broadcast go hierarchical; 0: no hierarchy) */
+    size_t hier_min;
+    tdist_status_t (*hier_run)(void *arg, const tdist__coll_args_t *a, int64_t deadline_ms);
+    void *hier_arg;
+} tdist__coll_group_t;
+
+/* Set up g for a group of size ranks (TDIST_ALGO_ALLREDUCE read here).
+ * TDIST_OK or TDIST_ERR_NO_MEMORY / TDIST_ERR_INVALID_ARG. Not
+ * thread-safe. */
+tdist_status_t tdist__coll_group_init(tdist__coll_group_t *g, int size);
+/* Free what g holds (idempotent). */
+void tdist__coll_group_free(tdist__coll_group_t *g);
+
+struct tdist__coll_ctx;
+
+/* Another backend's collective (backend/backend.h): runs a to completion
+ * over the backend's group state be, blocking until c->deadline_ms at most
+ * and giving up when *c->aborted turns true; c->rank / c->size are the
+ * group's. pg's check has run before (through the backend's ALL_TO_ALL and
+ * ALL_GATHER slots), except for MONITORED_BARRIER, which carries it (chk). */
+typedef tdist_status_t (*tdist__coll_slot_t)(void *be, const struct tdist__coll_ctx *c,
+                                             const tdist__coll_args_t *a,
+                                             const tdist__coll_check_t *chk);
+
+/* One optional slot per collective (indexed by tdist__op_t); NULL: the
+ * native algorithm. */
+typedef struct tdist__coll_slots {
+    tdist__coll_slot_t slot[TDIST__OP_COUNT];
+} tdist__coll_slots_t;
+
 typedef struct tdist__coll_ctx {
-    tdist__tp_t *tp;     /* mesh over the group's ranks */
+    tdist__tp_t *tp;     /* mesh over the group's ranks (NULL: a backend group) */
     tdist__shmc_t *shm;  /* shared-memory collectives (shm_coll.c), or NULL */
     bool spin;           /* shm waits may spin: the caller's thread runs it (inline) */
     tdist__coll_scratch_t *scratch; /* kept between calls, or NULL (malloc each time) */
     int rank, size;      /* this rank and the group size */
     int64_t deadline_ms; /* absolute (tdist__now_ms clock); INT64_MAX: none */
     /* deadline_ms is a timeout instead (ms, < 0: none), counted from when a
-     * shm wait stops spinning: for a collective that is a single wait, so
-     * that peers already there cost no clock read (the tiny all_reduce) */
+     * shm wait stops spinning: tdist__coll_run keeps it so for a route that
+     * is a single wait (peers already there cost no clock read) and makes
+     * it absolute for any other */
     bool lazy_deadline;
+    int64_t timeout_ms;  /* what deadline_ms was made from (for messages) */
     tdist__ar_algo_t ar_forced; /* the group's TDIST_ALGO_ALLREDUCE (AUTO: none) */
+    tdist__coll_group_t *g;     /* the group's state (tdist__coll_run), or NULL */
+    /* another backend: its slots, its group state and its name */
+    const tdist__coll_slots_t *slots;
+    void *be;
+    const char *be_name;
+    const _Atomic bool *aborted; /* the group's abort flag (backends poll it) */
 } tdist__coll_ctx_t;
 
+/* The route a collective takes: the first exchange that carries pg/'s
+ * check, then the algorithm. */
+typedef enum tdist__coll_route {
+    TDIST__ROUTE_NATIVE = 0,   /* pg's fingerprint exchange, then a native algorithm */
+    TDIST__ROUTE_BACKEND,      /* pg's fingerprint exchange, then the backend's slot */
+    TDIST__ROUTE_HIER,         /* hierarchical (pg/'s subgroups), checked there */
+    TDIST__ROUTE_FUSED_AR,     /* TCP: fingerprint and payload in one message */
+    TDIST__ROUTE_MONITORED,    /* TCP: rank 0 collects, names who is missing */
+    TDIST__ROUTE_SHM_LINE,     /* shm: the line exchange (check and barrier), then algo */
+} tdist__coll_route_t;
+
+/* Every algorithm selection can name. */
+typedef enum tdist__coll_algo {
+    TDIST__ALGO_NONE = 0,      /* nothing after the first exchange (barrier) */
+    TDIST__ALGO_SLOT,          /* the backend's slot for the op */
+    TDIST__ALGO_AR_RING, TDIST__ALGO_AR_RD, TDIST__ALGO_AR_DIRECT, TDIST__ALGO_AR_SHM,
+    TDIST__ALGO_AR_SHM_TINY,   /* the payload rides in the line */
+    TDIST__ALGO_AR_SHM_SMALL,  /* one-shot through the staging slots */
+    TDIST__ALGO_BCAST_TREE, TDIST__ALGO_BCAST_CHAIN, TDIST__ALGO_BCAST_SHM,
+    TDIST__ALGO_BCAST_SHM_TINY,
+    TDIST__ALGO_REDUCE_TREE, TDIST__ALGO_REDUCE_RSG, TDIST__ALGO_REDUCE_SHM,
+    TDIST__ALGO_OP,            /* the op's one algorithm (gather, scatter, ...) */
+    TDIST__ALGO_MONITORED,     /* the monitored barrier's collection at rank 0 */
+} tdist__coll_algo_t;
+
+typedef struct tdist__coll_plan {
+    tdist__coll_route_t route;
+    tdist__coll_algo_t algo;
+} tdist__coll_plan_t;
+
+/* The one selection: from the op, its bytes, the group size, the
+ * backend's slots, the transport (c->shm), the hierarchy and the forced
+ * algorithm (c->g) to a route and an algorithm. Depends only on what every rank of the group
+ * agrees on (the fingerprint's fields and the group), so every rank
+ * chooses the same. Thresholds: select.c. */
+tdist__coll_plan_t tdist__coll_select(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
+                                      const tdist__coll_check_t *chk);
+
+/* Run one collective to completion on the calling thread: select, carry
+ * the check, run the algorithm, finish (AVG's division by a Join's active
+ * ranks included). Blocks until c->deadline_ms at most. */
+tdist_status_t tdist__coll_run(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
+                               const tdist__coll_check_t *chk);
+
+
+/* A monitored barrier's answer from rank 0 to the others (the native
+ * algorithm and a backend's send the same). */
+typedef struct tdist__mb_reply {
+    int32_t status;
+    char msg[508];
+} tdist__mb_reply_t;
+
+/* Rank 0's verdict of a monitored barrier into *rep: st is the
+ * collection's status; present[p] whether rank p arrived (present[0]
+ * true). The ranks missing when st is not OK (named by number, "did not
+ * arrive within <c->timeout_ms> ms" for a timeout), else the first
+ * fingerprint that differs (chk->compare; theirs[p] filled for every p).
+ * Thread-safe. */
+void tdist__coll_mb_verdict(const tdist__coll_ctx_t *c, const tdist__coll_check_t *chk,
+                            tdist_status_t st, const bool *present, tdist__mb_reply_t *rep);
+
+/* ------------------------------------------------- one collective each
+ *
+ * Each op's entry without pg/'s check (coll/'s own tests and callers):
+ * all_reduce, broadcast and reduce go through tdist__coll_run's selection
+ * (algo, when not AUTO, forces the all_reduce algorithm); the others are
+ * the op's one algorithm. */
 
 /* recvbuf = op over ranks of sendbuf (AVG: sum then divide by size;
  * PREMUL_SUM: each input scaled by premul first). */

@@ -73,6 +73,24 @@ tdist_status_t tdist__coll_finish(const tdist__coll_ctx_t *c, void *buf, size_t 
  * count % size blocks get one more); counts/displs have size entries. */
 void tdist__coll_split(size_t count, int size, size_t *counts, size_t *displs);
 
+/* ------------------------------------------------ per-op dispatch */
+
+/* select.c: run the algorithm the plan names for a (after the route's
+ * first exchange). */
+tdist_status_t tdist__coll_run_algo(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
+                                    const tdist__coll_check_t *chk, tdist__coll_algo_t algo);
+
+/* The routes that carry pg's check in their first exchange (coll.h:
+ * tdist__coll_check_t): shm_line.c, all_reduce_fused.c,
+ * monitored_barrier.c. */
+tdist_status_t tdist__coll_shm_line(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
+                                    const tdist__coll_check_t *chk, tdist__coll_algo_t algo);
+tdist_status_t tdist__coll_all_reduce_fused(const tdist__coll_ctx_t *c,
+                                            const tdist__coll_args_t *a,
+                                            const tdist__coll_check_t *chk);
+tdist_status_t tdist__coll_monitored_barrier(const tdist__coll_ctx_t *c,
+                                             const tdist__coll_check_t *chk);
+
 /* -------------------------------------------------------- algorithms */
 
 /* all_reduce_*.c: same contract as tdist__coll_all_reduce (size >= 2). */

@@ -150,12 +150,6 @@ tdist_status_t tdist_all_reduce(tdist_pg_t *pg, const void *sendbuf, void *recvb
     TDIST_CHECK(chk_size(fn, pg, count, 1, dtype, "buffers"));
     TDIST_CHECK(chk_buf(fn, pg, sendbuf, count, "sendbuf"));
     TDIST_CHECK(chk_buf(fn, pg, recvbuf, count, "recvbuf"));
-    if (!work && !(opts && opts->on_complete)) {
-        tdist_status_t st;
-        if (tdist__pg_tiny_all_reduce(pg, sendbuf, recvbuf, count, dtype, op,
-                                      opts ? opts->timeout_ms : -1, &st))
-            return st;
-    }
     struct tdist_work sw, *w = tdist__work_on_stack(&sw, TDIST__OP_ALL_REDUCE, opts, work);
     if (!w) return no_mem(fn);
     w->sendbuf = sendbuf;

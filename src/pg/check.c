@@ -17,31 +17,6 @@
 
 #include "pg/internal.h"
 
-static const char *const op_names[TDIST__OP_COUNT] = {
-    [TDIST__OP_NONE] = "none",
-    [TDIST__OP_BROADCAST] = "broadcast",
-    [TDIST__OP_ALL_REDUCE] = "all_reduce",
-    [TDIST__OP_REDUCE] = "reduce",
-    [TDIST__OP_ALL_GATHER] = "all_gather",
-    [TDIST__OP_ALL_GATHERV] = "all_gatherv",
-    [TDIST__OP_GATHER] = "gather",
-    [TDIST__OP_SCATTER] = "scatter",
-    [TDIST__OP_REDUCE_SCATTER] = "reduce_scatter",
-    [TDIST__OP_ALL_TO_ALL] = "all_to_all",
-    [TDIST__OP_ALL_TO_ALLV] = "all_to_allv",
-    [TDIST__OP_BARRIER] = "barrier",
-    [TDIST__OP_MONITORED_BARRIER] = "monitored_barrier",
-    [TDIST__OP_ALL_REDUCE_COALESCED] = "all_reduce_coalesced",
-    [TDIST__OP_BROADCAST_COALESCED] = "broadcast_coalesced",
-    [TDIST__OP_SEND] = "send",
-    [TDIST__OP_RECV] = "recv",
-};
-
-const char *tdist__op_name(tdist__op_t op)
-{
-    return (op > TDIST__OP_NONE && op < TDIST__OP_COUNT) ? op_names[op] : "unknown-op";
-}
-
 static uint64_t hash_counts(const size_t *c, size_t n)
 {
     uint64_t h = TDIST__FNV_INIT;
@@ -91,12 +66,12 @@ void tdist__fp_common(const struct tdist_work *w, uint64_t uid_hash, tdist__fp_t
 
 void tdist__fp_fill(tdist_pg_t *pg, const struct tdist_work *w)
 {
-    tdist__fp_common(w, pg->uid_hash, &pg->fp_mine[0]);
+    tdist__fp_common(w, pg->uid_hash, &pg->chk.mine[0]);
     for (int p = 0; p < pg->size; p++) {
-        if (p) pg->fp_mine[p] = pg->fp_mine[0];
+        if (p) pg->chk.mine[p] = pg->chk.mine[0];
         if (w->op == TDIST__OP_ALL_TO_ALLV) {
-            pg->fp_mine[p].send_to_you = w->sendcounts[p];
-            pg->fp_mine[p].recv_from_you = w->recvcounts[p];
+            pg->chk.mine[p].send_to_you = w->sendcounts[p];
+            pg->chk.mine[p].recv_from_you = w->recvcounts[p];
         }
     }
 }
@@ -172,6 +147,41 @@ void tdist__work_describe(const struct tdist_work *w, char *buf, size_t n)
     tdist__fp_describe(&fp, false, buf, n);
 }
 
+/* The line's 64-bit stand-in for a fingerprint: sum of its words, each
+ * times its own odd constant. A difference in any one word always changes
+ * it (an odd multiplier is invertible mod 2^64); differences in several
+ * cancel with probability about 2^-64. The multiplies are independent, so
+ * it costs a few cycles of latency, not a chain of ten. */
+static const uint64_t fp_mult[] = {
+    0x3cc04026ff2218f3ull, 0xb1545fbc0781bf83ull, 0x21414522c6e07da7ull,
+    0x0ace59957aa4a9a1ull, 0x9ef717a4709e7127ull, 0x5acaf58aab68ce59ull,
+    0xb48043a646d31849ull, 0x1e926c902f1af58bull, 0x524cff5480dd4c83ull,
+    0x8f872a6532f12893ull,
+};
+
+uint64_t tdist__fp_hash(const tdist__fp_t *fp)
+{
+    _Static_assert(sizeof(tdist__fp_t) == sizeof fp_mult, "one constant per fingerprint word");
+    /* from the fields, not the bytes: a word load spanning two 4-byte
+     * stores just made would stall on store forwarding */
+    const uint64_t w[] = {
+        fp->magic | (uint64_t)fp->op << 32,
+        fp->uid_hash,
+        fp->seq,
+        fp->count,
+        fp->vec_hash,
+        fp->aux,
+        (uint32_t)fp->dtype | (uint64_t)(uint32_t)fp->root << 32,
+        (uint32_t)fp->redop | (uint64_t)fp->flags << 32,
+        fp->send_to_you,
+        fp->recv_from_you,
+    };
+    _Static_assert(sizeof w == sizeof fp_mult, "every field");
+    uint64_t h = 0;
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) h += w[i] * fp_mult[i];
+    return h;
+}
+
 /* all_to_allv's pairwise verdict: the lowest (from, to) pair this rank
  * saw disagree; from = -1 when none. */
 typedef struct verdict {
@@ -186,6 +196,54 @@ static bool verdict_less(const verdict_t *a, const verdict_t *b)
     return a->from < b->from || (a->from == b->from && a->to < b->to);
 }
 
+/* Another backend's group: every rank's len-byte block(s) to every rank
+ * through the backend's own slot (op ALL_TO_ALL: block p of send goes to
+ * rank p; ALL_GATHER: send goes to everyone); recv gets size blocks. */
+static tdist_status_t be_exchange(tdist_pg_t *pg, const struct tdist_work *w, tdist__op_t op,
+                                  const void *send, void *recv, size_t len, int64_t deadline_ms)
+{
+    tdist__coll_slot_t slot = pg->backend->coll->slot[op];
+    if (!slot)
+        return tdist__error(TDIST_ERR_NOT_SUPPORTED, "the %s backend has no %s for the "
+                            "fingerprint check", pg->backend->name, tdist__op_name(op));
+    size_t *counts = malloc((size_t)pg->size * sizeof *counts);
+    if (!counts) return tdist__error(TDIST_ERR_NO_MEMORY, "fingerprint check: out of memory");
+    for (int p = 0; p < pg->size; p++) counts[p] = len;
+    tdist__coll_ctx_t c;
+    tdist__pg_coll_ctx(pg, false, w->timeout_ms >= 0 ? w->timeout_ms : pg->timeout_ms,
+                       deadline_ms, &c);
+    tdist__coll_args_t a = {.op = op, .sendbuf = send, .recvbuf = recv, .count = len,
+                            .dtype = TDIST_U8, .root = -1, .sendcounts = counts,
+                            .recvcounts = counts};
+    tdist_status_t st = slot(pg->be, &c, &a, NULL);
+    free(counts);
+    if (st != TDIST_OK)
+        tdist__error_context(st, op == TDIST__OP_ALL_TO_ALL ? "the fingerprint exchange"
+                                                            : "the all_to_allv check");
+    return st;
+}
+
+/* Natively: send mine[p] (len bytes) to every peer p and receive every
+ * peer's into theirs[p]; skip: a peer whose block is already in (-1:
+ * none). */
+static tdist_status_t tp_exchange(tdist_pg_t *pg, const uint8_t *mine, size_t mine_stride,
+                                  uint8_t *theirs, size_t len, int skip, int64_t deadline_ms)
+{
+    int k = 0;
+    for (int p = 0; p < pg->size; p++) {
+        if (p == pg->rank) continue;
+        TDIST_CHECK(tdist__tp_post_send(pg->tp, &pg->chk.reqs[k], p, mine + (size_t)p * mine_stride,
+                                        len));
+        pg->chk.reqp[k] = &pg->chk.reqs[k];
+        k++;
+        if (p == skip) continue;
+        TDIST_CHECK(tdist__tp_post_recv(pg->tp, &pg->chk.reqs[k], p, theirs + (size_t)p * len, len));
+        pg->chk.reqp[k] = &pg->chk.reqs[k];
+        k++;
+    }
+    return tdist__tp_wait(pg->tp, pg->chk.reqp, (size_t)k, deadline_ms);
+}
+
 static tdist_status_t a2av_round(tdist_pg_t *pg, const struct tdist_work *w, int64_t deadline_ms)
 {
     int n = pg->size, me = pg->rank;
@@ -193,36 +251,25 @@ static tdist_status_t a2av_round(tdist_pg_t *pg, const struct tdist_work *w, int
     for (int p = 0; p < n; p++) {
         /* me -> p: I send sendcounts[p]; p expects theirs[p].recv_from_you */
         uint64_t s = w->sendcounts[p];
-        uint64_t r = (p == me) ? w->recvcounts[me] : pg->fp_theirs[p].recv_from_you;
+        uint64_t r = (p == me) ? w->recvcounts[me] : pg->chk.theirs[p].recv_from_you;
         verdict_t v = {me, p, s, r};
         if (s != r && verdict_less(&v, &mine)) mine = v;
         /* p -> me */
-        s = (p == me) ? w->sendcounts[me] : pg->fp_theirs[p].send_to_you;
+        s = (p == me) ? w->sendcounts[me] : pg->chk.theirs[p].send_to_you;
         r = w->recvcounts[p];
         verdict_t v2 = {p, me, s, r};
         if (s != r && verdict_less(&v2, &mine)) mine = v2;
     }
     verdict_t *all = calloc((size_t)(unsigned)n, sizeof *all);
     if (!all) return tdist__error(TDIST_ERR_NO_MEMORY, "all_to_allv check: out of memory");
-    int k = 0;
-    for (int p = 0; p < n; p++) {
-        if (p == me) continue;
-        tdist_status_t st = tdist__tp_post_send(pg->tp, &pg->fp_reqs[k], p, &mine, sizeof mine);
-        if (st == TDIST_OK) {
-            pg->fp_reqp[k] = &pg->fp_reqs[k];
-            k++;
-            st = tdist__tp_post_recv(pg->tp, &pg->fp_reqs[k], p, &all[p], sizeof all[p]);
-        }
-        if (st != TDIST_OK) {
-            free(all);
-            return st;
-        }
-        pg->fp_reqp[k] = &pg->fp_reqs[k];
-        k++;
-    }
-    tdist_status_t st = tdist__tp_wait(pg->tp, pg->fp_reqp, (size_t)k, deadline_ms);
+    tdist_status_t st;
+    if (pg->backend)
+        st = be_exchange(pg, w, TDIST__OP_ALL_GATHER, &mine, all, sizeof mine, deadline_ms);
+    else
+        st = tp_exchange(pg, (const uint8_t *)&mine, 0, (uint8_t *)all, sizeof mine, -1,
+                         deadline_ms);
     if (st != TDIST_OK) {
-        free(all);
+        if (!pg->backend || !pg->backend->holds_memory(pg->be)) free(all); /* else the backend's */
         return st;
     }
     all[me] = mine;
@@ -240,23 +287,15 @@ static tdist_status_t a2av_round(tdist_pg_t *pg, const struct tdist_work *w, int
 
 tdist_status_t tdist__fp_exchange(tdist_pg_t *pg, const struct tdist_work *w, int64_t deadline_ms)
 {
-    int n = pg->size, me = pg->rank;
     tdist__fp_fill(pg, w);
-    if (n > 1) {
-        int k = 0;
-        for (int p = 0; p < n; p++) {
-            if (p == me) continue;
-            TDIST_CHECK(tdist__tp_post_send(pg->tp, &pg->fp_reqs[k], p, &pg->fp_mine[p],
-                                            sizeof(tdist__fp_t)));
-            pg->fp_reqp[k] = &pg->fp_reqs[k];
-            k++;
-            if (pg->fp_have == p) continue; /* already received (Join's shadowing) */
-            TDIST_CHECK(tdist__tp_post_recv(pg->tp, &pg->fp_reqs[k], p, &pg->fp_theirs[p],
-                                            sizeof(tdist__fp_t)));
-            pg->fp_reqp[k] = &pg->fp_reqs[k];
-            k++;
-        }
-        TDIST_CHECK(tdist__tp_wait(pg->tp, pg->fp_reqp, (size_t)k, deadline_ms));
+    if (pg->size > 1) {
+        size_t fs = sizeof(tdist__fp_t);
+        if (pg->backend)
+            TDIST_CHECK(be_exchange(pg, w, TDIST__OP_ALL_TO_ALL, pg->chk.mine, pg->chk.theirs, fs,
+                                    deadline_ms));
+        else
+            TDIST_CHECK(tp_exchange(pg, (const uint8_t *)pg->chk.mine, fs,
+                                    (uint8_t *)pg->chk.theirs, fs, pg->chk.have, deadline_ms));
     }
     TDIST_CHECK(tdist__fp_compare(pg));
     if (w->op == TDIST__OP_ALL_TO_ALLV) return a2av_round(pg, w, deadline_ms);
@@ -266,25 +305,25 @@ tdist_status_t tdist__fp_exchange(tdist_pg_t *pg, const struct tdist_work *w, in
 tdist_status_t tdist__fp_compare(tdist_pg_t *pg)
 {
     int n = pg->size, me = pg->rank;
-    pg->fp_theirs[me] = pg->fp_mine[me];
+    pg->chk.theirs[me] = pg->chk.mine[me];
     for (int p = 0; p < n; p++)
-        if (pg->fp_theirs[p].magic != TDIST__FP_MAGIC)
+        if (pg->chk.theirs[p].magic != TDIST__FP_MAGIC)
             return tdist__error(TDIST_ERR_MISMATCH,
                                 "collective mismatch: rank %d sent a malformed fingerprint "
                                 "(magic %08x; is it running another protocol?)",
-                                p, (unsigned)pg->fp_theirs[p].magic);
+                                p, (unsigned)pg->chk.theirs[p].magic);
     for (int p = 1; p < n; p++) {
-        if (tdist__fp_common_equal(&pg->fp_theirs[0], &pg->fp_theirs[p])) continue;
-        bool seq = pg->fp_theirs[0].seq != pg->fp_theirs[p].seq;
+        if (tdist__fp_common_equal(&pg->chk.theirs[0], &pg->chk.theirs[p])) continue;
+        bool seq = pg->chk.theirs[0].seq != pg->chk.theirs[p].seq;
         char a[160], b[160];
-        tdist__fp_describe(&pg->fp_theirs[0], seq, a, sizeof a);
-        tdist__fp_describe(&pg->fp_theirs[p], seq, b, sizeof b);
+        tdist__fp_describe(&pg->chk.theirs[0], seq, a, sizeof a);
+        tdist__fp_describe(&pg->chk.theirs[p], seq, b, sizeof b);
         if (strcmp(a, b) == 0) {
             /* differs only in what describe does not show */
             snprintf(b + strlen(b), sizeof b - strlen(b), " of another group (hash %016llx)",
-                     (unsigned long long)pg->fp_theirs[p].uid_hash);
+                     (unsigned long long)pg->chk.theirs[p].uid_hash);
         }
-        uint32_t fl = pg->fp_theirs[0].flags ^ pg->fp_theirs[p].flags;
+        uint32_t fl = pg->chk.theirs[0].flags ^ pg->chk.theirs[p].flags;
         const char *hint = (fl & TDIST__FP_JOIN_NOTIFY)
                                ? " (inside a Join, a rank that has run out of inputs can only "
                                  "take part in collectives issued after the iteration's "

@@ -56,9 +56,9 @@ tdist_status_t tdist_pg_error(const tdist_pg_t *pg, char *buf, size_t n)
     pthread_mutex_lock(&g->mu);
     tdist_status_t st = g->err;
     const char *m = g->errmsg;
-    if (st == TDIST_OK && g->p2p_err != TDIST_OK) {
-        st = g->p2p_err;
-        m = g->p2p_errmsg;
+    if (st == TDIST_OK && g->p2p.err != TDIST_OK) {
+        st = g->p2p.err;
+        m = g->p2p.errmsg;
     }
     if (st == TDIST_OK && atomic_load(&g->aborted)) {
         st = TDIST_ERR_ABORTED;
@@ -72,14 +72,13 @@ tdist_status_t tdist_pg_error(const tdist_pg_t *pg, char *buf, size_t n)
 tdist_status_t tdist_pg_abort(tdist_pg_t *pg)
 {
     if (!pg) return tdist__error(TDIST_ERR_INVALID_ARG, "tdist_pg_abort: pg is NULL");
-    if (pg->backend) pg->backend->abort(pg);
     tdist__pg_hier_abort(pg);
     pthread_mutex_lock(&pg->mu);
     atomic_store(&pg->aborted, true);
     if (pg->tp) tdist__tp_abort(pg->tp);
     if (pg->p2p_tp) tdist__tp_abort(pg->p2p_tp);
     pthread_cond_broadcast(&pg->cv);
-    pthread_cond_broadcast(&pg->p2p_cv);
+    pthread_cond_broadcast(&pg->p2p.cv);
     pthread_mutex_unlock(&pg->mu);
     return TDIST_OK;
 }
@@ -87,31 +86,33 @@ tdist_status_t tdist_pg_abort(tdist_pg_t *pg)
 static void pg_free(tdist_pg_t *pg)
 {
     if (!pg) return;
-    if (pg->backend) pg->backend->destroy(pg);
+    if (pg->backend) {
+        if (pg->backend->holds_memory(pg->be)) { /* pending requests may write these */
+            pg->chk.mine = NULL;
+            pg->chk.theirs = NULL;
+        }
+        pg->backend->destroy(pg->be);
+    }
     tdist__pg_hier_free(pg);
     tdist__shmc_destroy(pg->shm);
-    tdist__coll_scratch_release(&pg->scratch);
+    tdist__coll_group_free(&pg->coll);
     tdist__tp_destroy(pg->tp);
     tdist__tp_destroy(pg->p2p_tp);
     pthread_mutex_destroy(&pg->mu);
     pthread_cond_destroy(&pg->cv);
-    pthread_cond_destroy(&pg->p2p_cv);
+    pthread_cond_destroy(&pg->p2p.cv);
     free(pg->wranks);
     free(pg->name);
     free(pg->uid);
     free(pg->bind_addr);
     free(pg->errmsg);
-    free(pg->p2p_errmsg);
-    free(pg->fp_mine);
-    free(pg->fp_theirs);
-    free(pg->fp_reqs);
-    free(pg->fp_reqp);
-    free(pg->fused_out);
-    free(pg->fused_in);
-    free(pg->fused_acc);
-    free(pg->shm_blobs);
-    free(pg->p2p_send_seq);
-    free(pg->p2p_recv_seq);
+    free(pg->p2p.errmsg);
+    free(pg->chk.mine);
+    free(pg->chk.theirs);
+    free(pg->chk.reqs);
+    free(pg->chk.reqp);
+    free(pg->p2p.send_seq);
+    free(pg->p2p.recv_seq);
     free(pg);
 }
 
@@ -248,21 +249,22 @@ out:
     return st;
 }
 
-/* Allocate a group and connect its meshes. wranks is taken over. */
-static tdist_status_t pg_build(tdist_world_t *world, tdist_store_t *store, int rank, int size,
+/* A new group's part every backend shares: the struct, its locks, names,
+ * fingerprint scratch, p2p sequences and coll/'s state (TDIST_ALGO_ALLREDUCE
+ * and TDIST_CHECK_FINGERPRINT are read here, once). wranks is taken over. */
+static tdist_status_t pg_alloc(tdist_world_t *world, tdist_store_t *store, int rank, int size,
                                int *wranks, const char *uid, const char *name, int64_t timeout_ms,
-                               tdist__tp_kind_t kind, const char *bind_addr, tdist_pg_t **out)
+                               tdist_pg_t **out)
 {
     tdist_pg_t *pg = calloc(1, sizeof *pg);
     if (!pg) {
         free(wranks);
         return tdist__error(TDIST_ERR_NO_MEMORY, "group %s: out of memory", name);
     }
-    pg->fp_have = -1;
+    pg->chk.have = -1;
     pthread_mutex_init(&pg->mu, NULL);
     pthread_cond_init(&pg->cv, NULL);
-    pthread_cond_init(&pg->p2p_cv, NULL);
-    pg->kind = kind;
+    pthread_cond_init(&pg->p2p.cv, NULL);
     pg->world = world;
     pg->store = store;
     pg->rank = rank;
@@ -270,38 +272,73 @@ static tdist_status_t pg_build(tdist_world_t *world, tdist_store_t *store, int r
     pg->wranks = wranks;
     pg->uid = tdist__strdup(uid);
     pg->name = tdist__strdup(name);
-    pg->bind_addr = tdist__strdup(bind_addr);
     pg->timeout_ms = timeout_ms;
     pg->uid_hash = tdist__fnv1a(TDIST__FNV_INIT, uid, strlen(uid));
     int64_t chk = 1;
     if (tdist__env_int("TDIST_CHECK_FINGERPRINT", 0, 1, &chk) == TDIST_ERR_INVALID_ARG) chk = 1;
     tdist_clear_error();
     pg->check_fp = chk != 0;
-    pg->fp_mine = calloc((size_t)size, sizeof *pg->fp_mine);
-    pg->fp_theirs = calloc((size_t)size, sizeof *pg->fp_theirs);
-    pg->fp_reqs = calloc((size_t)(2 * size), sizeof *pg->fp_reqs);
-    pg->fp_reqp = calloc((size_t)(2 * size), sizeof *pg->fp_reqp);
-    pg->p2p_send_seq = calloc((size_t)size, sizeof(uint64_t));
-    pg->p2p_recv_seq = calloc((size_t)size, sizeof(uint64_t));
-    pg->fused_max = tdist__fused_max(size);
-    pg->fused_out = malloc(sizeof(tdist__fp_t) + pg->fused_max);
-    pg->fused_in = malloc((size_t)size * pg->fused_max);
-    pg->fused_acc = malloc(pg->fused_max);
+    pg->chk.mine = calloc((size_t)size, sizeof *pg->chk.mine);
+    pg->chk.theirs = calloc((size_t)size, sizeof *pg->chk.theirs);
+    pg->chk.reqs = calloc((size_t)(2 * size), sizeof *pg->chk.reqs);
+    pg->chk.reqp = calloc((size_t)(2 * size), sizeof *pg->chk.reqp);
+    pg->p2p.send_seq = calloc((size_t)size, sizeof(uint64_t));
+    pg->p2p.recv_seq = calloc((size_t)size, sizeof(uint64_t));
     tdist_status_t st = TDIST_OK;
-    if (!pg->uid || !pg->name || (bind_addr && !pg->bind_addr) || !pg->fp_mine || !pg->fp_theirs ||
-        !pg->fp_reqs || !pg->fp_reqp || !pg->p2p_send_seq || !pg->p2p_recv_seq ||
-        !pg->fused_out || !pg->fused_in || !pg->fused_acc) {
+    if (!pg->uid || !pg->name || !pg->chk.mine || !pg->chk.theirs || !pg->chk.reqs ||
+        !pg->chk.reqp || !pg->p2p.send_seq || !pg->p2p.recv_seq) {
+        st = tdist__error(TDIST_ERR_NO_MEMORY, "group %s: out of memory", name);
+    } else if ((st = tdist__coll_group_init(&pg->coll, size)) != TDIST_OK) {
+        tdist__error_context(st, "rank %d group %s", rank, name);
+    }
+    if (st != TDIST_OK) {
+        pg_free(pg);
+        return st;
+    }
+    *out = pg;
+    return TDIST_OK;
+}
+
+/* A group on another backend over its state be (taken over). */
+static tdist_status_t pg_build_backend(const tdist__backend_t *b, void *be, tdist_world_t *world,
+                                       int rank, int size, int *wranks, const char *uid,
+                                       const char *name, int64_t timeout_ms, tdist_pg_t **out)
+{
+    tdist_pg_t *pg = NULL;
+    tdist_status_t st = pg_alloc(world, tdist_world_store(world), rank, size, wranks, uid, name,
+                                 timeout_ms, &pg);
+    if (st != TDIST_OK) {
+        b->destroy(be);
+        return st;
+    }
+    pg->backend = b;
+    pg->be = be;
+    st = tdist__pg_start_engine(pg);
+    if (st != TDIST_OK) {
+        pg_free(pg);
+        return st;
+    }
+    TDIST_LOGD("group %s: rank %d of %d on the %s backend", name, rank, size, b->name);
+    *out = pg;
+    return TDIST_OK;
+}
+
+/* A native group: allocate it and connect its meshes. wranks is taken over. */
+static tdist_status_t pg_build(tdist_world_t *world, tdist_store_t *store, int rank, int size,
+                               int *wranks, const char *uid, const char *name, int64_t timeout_ms,
+                               tdist__tp_kind_t kind, const char *bind_addr, tdist_pg_t **out)
+{
+    tdist_pg_t *pg = NULL;
+    TDIST_CHECK(pg_alloc(world, store, rank, size, wranks, uid, name, timeout_ms, &pg));
+    pg->kind = kind;
+    pg->bind_addr = tdist__strdup(bind_addr);
+    tdist_status_t st = TDIST_OK;
+    if (bind_addr && !pg->bind_addr) {
         st = tdist__error(TDIST_ERR_NO_MEMORY, "group %s: out of memory", name);
         goto fail;
     }
-    /* configuration the collectives read: once, here */
-    st = tdist__coll_forced_ar_algo(&pg->ar_algo);
-    if (st != TDIST_OK) {
-        tdist__error_context(st, "rank %d group %s", rank, name);
-        goto fail;
-    }
-    int64_t deadline = tdist__deadline_ms(timeout_ms);
     bool shmc = kind == TDIST__TP_SHM && size > 1;
+    int64_t deadline = tdist__deadline_ms(timeout_ms);
     tdist__tp_opts_t o = {.bind_addr = bind_addr, .tag = make_tag(uid, "coll"),
                           .shm_coll_bytes = shmc ? tdist__shmc_area_bytes() : 0};
     TDIST_CHECK_GOTO(tdist__tp_listen(kind, rank, size, &o, &pg->tp), st, fail);
@@ -310,15 +347,7 @@ static tdist_status_t pg_build(tdist_world_t *world, tdist_store_t *store, int r
     TDIST_CHECK_GOTO(tdist__tp_listen(kind, rank, size, &o, &pg->p2p_tp), st, fail);
     TDIST_CHECK_GOTO(exchange_and_connect(pg, pg->tp, "addr", deadline), st, fail);
     TDIST_CHECK_GOTO(exchange_and_connect(pg, pg->p2p_tp, "p2p", deadline), st, fail);
-    if (shmc) {
-        pg->shm_blobs = calloc((size_t)size, sizeof *pg->shm_blobs);
-        if (!pg->shm_blobs) {
-            st = tdist__error(TDIST_ERR_NO_MEMORY, "group %s: out of memory", name);
-            goto fail;
-        }
-        TDIST_CHECK_GOTO(tdist__shmc_create(pg->tp, rank, size, &pg->shm), st, fail);
-        pg->ar_forced = pg->ar_algo != TDIST__AR_AUTO;
-    }
+    if (shmc) TDIST_CHECK_GOTO(tdist__shmc_create(pg->tp, rank, size, &pg->shm), st, fail);
     TDIST_CHECK_GOTO(tdist__pg_hier_setup(pg, deadline), st, fail);
     TDIST_CHECK_GOTO(tdist__pg_start_engine(pg), st, fail);
     *out = pg;
@@ -357,13 +386,12 @@ tdist_status_t tdist_pg_create_world(tdist_world_t *world, const tdist_pg_opts_t
     if (opts && opts->timeout_ms <= 0)
         return tdist__error(TDIST_ERR_INVALID_ARG, "%s: opts.timeout_ms must be > 0 (got %lld)",
                             fn, (long long)opts->timeout_ms);
-    const tdist__backend_t *be = NULL;
-    TDIST_CHECK(tdist__backend_for_world(world, opts, &be));
-    if (be) return be->create_world(world, opts, out); /* backend/ */
-    tdist__tp_kind_t kind;
-    TDIST_CHECK(pick_transport(world, opts ? opts->transport : NULL, fn, &kind));
+    const tdist__backend_t *backend = NULL;
+    TDIST_CHECK(tdist__backend_for_world(world, opts, &backend));
+    tdist__tp_kind_t kind = TDIST__TP_SHM;
+    if (!backend) TDIST_CHECK(pick_transport(world, opts ? opts->transport : NULL, fn, &kind));
     const char *bind = NULL;
-    if (kind == TDIST__TP_TCP) TDIST_CHECK(pick_bind(world, opts, NULL, &bind));
+    if (!backend && kind == TDIST__TP_TCP) TDIST_CHECK(pick_bind(world, opts, NULL, &bind));
     int size = tdist_world_size(world), rank = tdist_world_rank(world);
     tdist_store_t *store = tdist_world_store(world);
     if (size < 1 || rank < 0 || !store)
@@ -382,8 +410,19 @@ tdist_status_t tdist_pg_create_world(tdist_world_t *world, const tdist_pg_opts_t
         snprintf(uid, sizeof uid, "world");
     else
         snprintf(uid, sizeof uid, "world~%d", k);
-    tdist_status_t st =
-        pg_build(world, store, rank, size, wranks, uid, name, timeout, kind, bind, out);
+    tdist_status_t st;
+    if (backend) {
+        void *be = NULL;
+        int brank = rank, bsize = size;
+        st = backend->create_world(world, &be, &brank, &bsize);
+        if (st == TDIST_OK)
+            st = pg_build_backend(backend, be, world, brank, bsize, wranks, uid, name, timeout,
+                                  out);
+        else
+            free(wranks);
+    } else {
+        st = pg_build(world, store, rank, size, wranks, uid, name, timeout, kind, bind, out);
+    }
     if (st != TDIST_OK) tdist__error_context(st, "%s: rank %d", fn, rank);
     return st;
 }
@@ -393,15 +432,23 @@ static tdist_status_t make_sub(tdist_pg_t *parent, const int *ranks, int n, int 
                                const char *uid, const char *defname, const tdist_pg_opts_t *opts,
                                tdist__tp_kind_t kind, const char *bind, tdist_pg_t **out)
 {
-    if (parent->backend) /* backend/: the subgroup keeps its parent's backend */
-        return parent->backend->create_sub(parent, ranks, n, me, uid,
-                                           opts && opts->name ? opts->name : defname,
-                                           opts ? opts->timeout_ms : parent->timeout_ms, out);
     int *wranks = malloc((size_t)n * sizeof *wranks);
     if (!wranks) return tdist__error(TDIST_ERR_NO_MEMORY, "group %s: out of memory", defname);
     for (int i = 0; i < n; i++) wranks[i] = parent->wranks[ranks[i]];
     int64_t timeout = opts ? opts->timeout_ms : parent->timeout_ms;
     const char *name = opts && opts->name ? opts->name : defname;
+    if (parent->backend) { /* the subgroup keeps its parent's backend */
+        void *be = NULL;
+        /* the tag tells apart creations on the same parent (same count on every rank) */
+        tdist_status_t st = parent->backend->create_sub(parent->be, ranks, n,
+                                                        (parent->n_children - 1) & 0x7fff, &be);
+        if (st != TDIST_OK) {
+            free(wranks);
+            return st;
+        }
+        return pg_build_backend(parent->backend, be, parent->world, me, n, wranks, uid, name,
+                                timeout, out);
+    }
     return pg_build(parent->world, parent->store, me, n, wranks, uid, name, timeout, kind, bind,
                     out);
 }

@@ -105,6 +105,8 @@ out:
     return st;
 }
 
+static tdist_status_t hier_run(void *arg, const tdist__coll_args_t *a, int64_t deadline_ms);
+
 tdist_status_t tdist__pg_hier_setup(tdist_pg_t *pg, int64_t deadline_ms)
 {
     if (pg->kind != TDIST__TP_TCP || pg->size < 3) return TDIST_OK;
@@ -129,13 +131,13 @@ tdist_status_t tdist__pg_hier_setup(tdist_pg_t *pg, int64_t deadline_ms)
             if (r == me) my_local = m;
             members[m++] = r;
         }
-    pg->hier_leader = members[0];
+    pg->hier.leader = members[0];
     char uid[256], name[256];
     if (m > 1) {
         snprintf(uid, sizeof uid, "%s/hl%d", pg->uid, h);
         snprintf(name, sizeof name, "%s.local%d", pg->name, h);
         TDIST_CHECK_GOTO(tdist__pg_build_sub(pg, members, m, my_local, uid, name, TDIST__TP_SHM,
-                                             &pg->hier_local),
+                                             &pg->hier.local),
                          st, out);
     }
     /* cross: the leaders, by host index */
@@ -151,18 +153,19 @@ tdist_status_t tdist__pg_hier_setup(tdist_pg_t *pg, int64_t deadline_ms)
         snprintf(uid, sizeof uid, "%s/hx", pg->uid);
         snprintf(name, sizeof name, "%s.cross", pg->name);
         TDIST_CHECK_GOTO(tdist__pg_build_sub(pg, members, nl, my_cross, uid, name, TDIST__TP_TCP,
-                                             &pg->hier_cross),
+                                             &pg->hier.cross),
                          st, out);
     }
-    pg->hier_host = malloc((size_t)n * sizeof *pg->hier_host);
-    if (!pg->hier_host) {
+    pg->hier.host = malloc((size_t)n * sizeof *pg->hier.host);
+    if (!pg->hier.host) {
         st = tdist__error(TDIST_ERR_NO_MEMORY, "group %s: out of memory", pg->name);
         goto out;
     }
-    memcpy(pg->hier_host, host, (size_t)n * sizeof *host);
-    pg->hier_nhosts = nhosts;
-    pg->hier_min = min_bytes();
-    pg->hier = true;
+    memcpy(pg->hier.host, host, (size_t)n * sizeof *host);
+    pg->hier.nhosts = nhosts;
+    pg->coll.hier_min = min_bytes();
+    pg->coll.hier_run = hier_run;
+    pg->coll.hier_arg = pg;
 out:
     free(host);
     free(members);
@@ -171,36 +174,19 @@ out:
 
 void tdist__pg_hier_abort(tdist_pg_t *pg)
 {
-    if (pg->hier_local) tdist_pg_abort(pg->hier_local);
-    if (pg->hier_cross) tdist_pg_abort(pg->hier_cross);
+    if (pg->hier.local) tdist_pg_abort(pg->hier.local);
+    if (pg->hier.cross) tdist_pg_abort(pg->hier.cross);
 }
 
 void tdist__pg_hier_free(tdist_pg_t *pg)
 {
-    tdist_pg_destroy(pg->hier_local);
-    tdist_pg_destroy(pg->hier_cross);
-    pg->hier_local = pg->hier_cross = NULL;
-    free(pg->hier_host);
-    pg->hier_host = NULL;
-    pg->hier = false;
-}
-
-bool tdist__pg_hier_eligible(const tdist_pg_t *pg, const struct tdist_work *w)
-{
-    if (!pg->hier) return false;
-    size_t es = tdist_dtype_size(w->dtype);
-    switch (w->op) {
-    case TDIST__OP_ALL_REDUCE:
-    case TDIST__OP_BROADCAST:
-        return w->count * es >= pg->hier_min;
-    case TDIST__OP_ALL_REDUCE_COALESCED: {
-        size_t tot = 0;
-        for (size_t i = 0; i < w->nbufs; i++) tot += w->counts[i];
-        return tot * es >= pg->hier_min;
-    }
-    default:
-        return false;
-    }
+    tdist_pg_destroy(pg->hier.local);
+    tdist_pg_destroy(pg->hier.cross);
+    pg->hier.local = pg->hier.cross = NULL;
+    free(pg->hier.host);
+    pg->hier.host = NULL;
+    pg->coll.hier_min = 0;
+    pg->coll.hier_run = NULL;
 }
 
 /* A sub-collective's failure: fail the subgroup (so its members blocked on
@@ -230,24 +216,24 @@ static tdist_status_t hier_all_reduce_buf(tdist_pg_t *pg, void *buf, size_t coun
     if (op == TDIST_PREMUL_SUM) {
         cross_op = TDIST_SUM;
         o.premul_factor = premul;
-        if (!pg->hier_local) TDIST_CHECK(tdist_scale(buf, count, dtype, premul));
+        if (!pg->hier.local) TDIST_CHECK(tdist_scale(buf, count, dtype, premul));
     }
     tdist_status_t st;
-    if (pg->hier_local) {
-        st = tdist_reduce_to(pg->hier_local, buf, buf, count, dtype, local_op, 0, &o, NULL);
-        if (st != TDIST_OK) return sub_failed(pg->hier_local, st, "reduce on this host");
+    if (pg->hier.local) {
+        st = tdist_reduce_to(pg->hier.local, buf, buf, count, dtype, local_op, 0, &o, NULL);
+        if (st != TDIST_OK) return sub_failed(pg->hier.local, st, "reduce on this host");
     }
     o.premul_factor = 1.0;
-    if (pg->hier_cross) {
-        st = tdist_all_reduce(pg->hier_cross, buf, buf, count, dtype, cross_op, &o, NULL);
+    if (pg->hier.cross) {
+        st = tdist_all_reduce(pg->hier.cross, buf, buf, count, dtype, cross_op, &o, NULL);
         if (st != TDIST_OK) {
-            if (pg->hier_local) sub_failed(pg->hier_local, st, "all_reduce across hosts");
-            return sub_failed(pg->hier_cross, st, "all_reduce across hosts");
+            if (pg->hier.local) sub_failed(pg->hier.local, st, "all_reduce across hosts");
+            return sub_failed(pg->hier.cross, st, "all_reduce across hosts");
         }
     }
-    if (pg->hier_local) {
-        st = tdist_broadcast(pg->hier_local, buf, count, dtype, 0, &o, NULL);
-        if (st != TDIST_OK) return sub_failed(pg->hier_local, st, "broadcast on this host");
+    if (pg->hier.local) {
+        st = tdist_broadcast(pg->hier.local, buf, count, dtype, 0, &o, NULL);
+        if (st != TDIST_OK) return sub_failed(pg->hier.local, st, "broadcast on this host");
     }
     if (op == TDIST_AVG) TDIST_CHECK(tdist_divide(buf, count, dtype, avg_div > 0 ? avg_div : pg->size));
     return TDIST_OK;
@@ -261,49 +247,51 @@ static tdist_status_t hier_broadcast(tdist_pg_t *pg, void *buf, size_t count, td
     int64_t left = deadline_ms == INT64_MAX ? -1 : deadline_ms - tdist__now_ms();
     if (left != -1 && left < 1) left = 1;
     o.timeout_ms = left < 0 ? pg->timeout_ms : left;
-    int root_host = pg->hier_host[root], my_host = pg->hier_host[pg->rank];
+    int root_host = pg->hier.host[root], my_host = pg->hier.host[pg->rank];
     tdist_status_t st;
     /* 1. on the root's host: from the root to everyone there (its leader too) */
-    if (my_host == root_host && pg->hier_local) {
+    if (my_host == root_host && pg->hier.local) {
         int lroot = 0;
-        for (int r = 0; r < root; r++) lroot += pg->hier_host[r] == root_host;
-        st = tdist_broadcast(pg->hier_local, buf, count, dtype, lroot, &o, NULL);
-        if (st != TDIST_OK) return sub_failed(pg->hier_local, st, "broadcast on the root's host");
+        for (int r = 0; r < root; r++) lroot += pg->hier.host[r] == root_host;
+        st = tdist_broadcast(pg->hier.local, buf, count, dtype, lroot, &o, NULL);
+        if (st != TDIST_OK) return sub_failed(pg->hier.local, st, "broadcast on the root's host");
     }
     /* 2. among leaders, from the root host's leader (cross rank = host index) */
-    if (pg->hier_cross) {
-        st = tdist_broadcast(pg->hier_cross, buf, count, dtype, root_host, &o, NULL);
+    if (pg->hier.cross) {
+        st = tdist_broadcast(pg->hier.cross, buf, count, dtype, root_host, &o, NULL);
         if (st != TDIST_OK) {
-            if (pg->hier_local && my_host != root_host)
-                sub_failed(pg->hier_local, st, "broadcast across hosts");
-            return sub_failed(pg->hier_cross, st, "broadcast across hosts");
+            if (pg->hier.local && my_host != root_host)
+                sub_failed(pg->hier.local, st, "broadcast across hosts");
+            return sub_failed(pg->hier.cross, st, "broadcast across hosts");
         }
     }
     /* 3. on the other hosts: from the leader */
-    if (my_host != root_host && pg->hier_local) {
-        st = tdist_broadcast(pg->hier_local, buf, count, dtype, 0, &o, NULL);
-        if (st != TDIST_OK) return sub_failed(pg->hier_local, st, "broadcast on this host");
+    if (my_host != root_host && pg->hier.local) {
+        st = tdist_broadcast(pg->hier.local, buf, count, dtype, 0, &o, NULL);
+        if (st != TDIST_OK) return sub_failed(pg->hier.local, st, "broadcast on this host");
     }
     return TDIST_OK;
 }
 
-tdist_status_t tdist__pg_hier_run(tdist_pg_t *pg, struct tdist_work *w, int64_t deadline_ms)
+/* coll/'s hierarchical route (tdist__coll_group_t.hier_run; pg's check
+ * has run on the whole group first). */
+static tdist_status_t hier_run(void *arg, const tdist__coll_args_t *a, int64_t deadline_ms)
 {
-    if (pg->check_fp) TDIST_CHECK(tdist__fp_exchange(pg, w, deadline_ms));
-    size_t es = tdist_dtype_size(w->dtype);
-    switch (w->op) {
+    tdist_pg_t *pg = arg;
+    size_t es = tdist_dtype_size(a->dtype);
+    switch (a->op) {
     case TDIST__OP_ALL_REDUCE:
-        if (w->sendbuf && w->sendbuf != w->recvbuf) memcpy(w->recvbuf, w->sendbuf, w->count * es);
-        return hier_all_reduce_buf(pg, w->recvbuf, w->count, w->dtype, w->redop, w->premul,
-                                   w->avg_div, deadline_ms);
+        if (a->sendbuf && a->sendbuf != a->recvbuf) memcpy(a->recvbuf, a->sendbuf, a->count * es);
+        return hier_all_reduce_buf(pg, a->recvbuf, a->count, a->dtype, a->redop, a->premul,
+                                   a->avg_div, deadline_ms);
     case TDIST__OP_ALL_REDUCE_COALESCED:
-        for (size_t i = 0; i < w->nbufs; i++)
-            TDIST_CHECK(hier_all_reduce_buf(pg, w->bufs[i], w->counts[i], w->dtype, w->redop,
-                                            w->premul, w->avg_div, deadline_ms));
+        for (size_t i = 0; i < a->nbufs; i++)
+            TDIST_CHECK(hier_all_reduce_buf(pg, a->bufs[i], a->counts[i], a->dtype, a->redop,
+                                            a->premul, a->avg_div, deadline_ms));
         return TDIST_OK;
     case TDIST__OP_BROADCAST:
-        return hier_broadcast(pg, w->recvbuf, w->count, w->dtype, w->root, deadline_ms);
+        return hier_broadcast(pg, a->recvbuf, a->count, a->dtype, a->root, deadline_ms);
     default:
-        return tdist__error(TDIST_ERR_INTERNAL, "hierarchical: op %d", (int)w->op);
+        return tdist__error(TDIST_ERR_INTERNAL, "hierarchical: op %d", (int)a->op);
     }
 }

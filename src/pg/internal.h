@@ -25,30 +25,11 @@
 
 #include "core/internal.h"
 #include "tdist/pg.h"
+#include "backend/backend.h"
 #include "coll/coll.h"
 #include "pg/join_iface.h"
 #include "transport/transport.h"
 
-typedef enum tdist__op {
-    TDIST__OP_NONE = 0,
-    TDIST__OP_BROADCAST,
-    TDIST__OP_ALL_REDUCE,
-    TDIST__OP_REDUCE,
-    TDIST__OP_ALL_GATHER,
-    TDIST__OP_ALL_GATHERV,
-    TDIST__OP_GATHER,
-    TDIST__OP_SCATTER,
-    TDIST__OP_REDUCE_SCATTER,
-    TDIST__OP_ALL_TO_ALL,
-    TDIST__OP_ALL_TO_ALLV,
-    TDIST__OP_BARRIER,
-    TDIST__OP_MONITORED_BARRIER,
-    TDIST__OP_ALL_REDUCE_COALESCED,
-    TDIST__OP_BROADCAST_COALESCED,
-    TDIST__OP_SEND,
-    TDIST__OP_RECV,
-    TDIST__OP_COUNT
-} tdist__op_t;
 
 /* The fixed-size fingerprint every rank sends every peer before a
  * collective (host byte order). The common part is the same in every
@@ -73,19 +54,6 @@ typedef struct tdist__fp {
 #define TDIST__FP_MAGIC 0x74647066u /* "tdpf" */
 /* flags: the all_gather is a Join's per-iteration notification */
 #define TDIST__FP_JOIN_NOTIFY 1u
-/* Over point-to-point transports, all_reduce payloads up to
- * tdist__fused_max(group size) bytes travel with the fingerprint, one
- * message to every peer: at most TDIST__FUSED_MAX, and at most
- * TDIST__FUSED_FANOUT bytes sent by a rank in all (payload x (size - 1)),
- * so a large group does not trade a few round trips for a flood. */
-#define TDIST__FUSED_MAX 16384
-#define TDIST__FUSED_FANOUT 65536
-static inline size_t tdist__fused_max(int size)
-{
-    size_t f = size > 1 ? TDIST__FUSED_FANOUT / (size_t)(size - 1) : TDIST__FUSED_MAX;
-    return f < TDIST__FUSED_MAX ? f : TDIST__FUSED_MAX;
-}
-
 struct tdist_work {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -128,39 +96,26 @@ struct tdist_work {
     _Alignas(8) uint8_t hdr[24];
     tdist__tp_req_t hreq, preq;
     bool hdr_checked;
+    tdist__be_p2p_t be_op; /* another backend's view of this send / recv */
+    bool be_posted;     /* be_op is with the backend (until p2p_release) */
     int p2p_status;     /* result being delivered (p2p thread) */
     char *p2p_msg;
 };
 
-/* Other backends behind the same group API (src/backend/, docs/mpi.md).
- * A group whose backend is NULL is native (coll/ over transport/). A
- * backend group has no meshes (tp, p2p_tp NULL); the engine, the work
- * handles, the sticky error and the fingerprints stay pg's. */
-typedef struct tdist__backend {
-    const char *name;
-    /* tdist_pg_create_world / new_group / split (members: parent ranks in
-     * subgroup order, me: this rank's index; only members call it). */
-    tdist_status_t (*create_world)(tdist_world_t *world, const tdist_pg_opts_t *opts,
-                                   tdist_pg_t **out);
-    tdist_status_t (*create_sub)(tdist_pg_t *parent, const int *members, int n, int me,
-                                 const char *uid, const char *name, int64_t timeout_ms,
-                                 tdist_pg_t **out);
-    /* run w's fingerprint check and collective (engine side) */
-    tdist_status_t (*run)(tdist_pg_t *pg, struct tdist_work *w, int64_t timeout_ms,
-                          int64_t deadline_ms);
-    tdist_status_t (*p2p_submit)(tdist_pg_t *pg, struct tdist_work *w, tdist_work_t **work);
-    void (*abort)(tdist_pg_t *pg);   /* any thread, never blocks */
-    void (*destroy)(tdist_pg_t *pg); /* frees pg->be (engine and p2p thread stopped) */
-} tdist__backend_t;
-
-/* backend/backend.c: the backend of a new world group: opts->backend, else
- * TDIST_BACKEND, else native (*out = NULL). */
-tdist_status_t tdist__backend_for_world(tdist_world_t *world, const tdist_pg_opts_t *opts,
-                                        const tdist__backend_t **out);
-
+/* A process group, by concern. Who touches what:
+ *  - identity: set at creation, read-only after;
+ *  - engine: the ordered queue, the sticky error, the meshes (mu);
+ *  - chk: the fingerprint check's scratch (engine side: whoever runs
+ *    works, serialised by busy);
+ *  - coll: coll/'s state and the shared-memory collectives (engine side);
+ *  - join: rule 4's state (set by join/ under mu, read at submit; the
+ *    shift is engine side);
+ *  - hier: the subgroups of a group over several hosts (hier.c);
+ *  - p2p: send / recv (under mu, driven by the p2p thread). */
 struct tdist_pg {
-    const tdist__backend_t *backend; /* NULL: native */
-    void *be;                        /* the backend's state */
+    /* identity */
+    const tdist__backend_t *backend; /* NULL: native; else backend/backend.h */
+    void *be;                        /* the backend's state of this group */
     tdist__tp_kind_t kind; /* transport of both meshes */
     tdist_world_t *world; /* borrowed */
     tdist_store_t *store; /* borrowed: the world's */
@@ -174,6 +129,7 @@ struct tdist_pg {
     bool check_fp;        /* TDIST_CHECK_FINGERPRINT (measurement only) */
     int n_children;       /* creation counter for subgroup uids */
 
+    /* engine */
     pthread_mutex_t mu;
     pthread_cond_t cv;    /* engine: queue not empty / stop */
     tdist__tp_t *tp;      /* collective mesh; NULL once failed and destroyed */
@@ -189,67 +145,55 @@ struct tdist_pg {
     pthread_t engine;
     bool engine_started;
 
-    /* fingerprint exchange scratch (engine thread) */
-    tdist__fp_t *fp_mine, *fp_theirs;
-    tdist__tp_req_t *fp_reqs;
-    tdist__tp_req_t **fp_reqp;
-    /* fused small all_reduce (engine.c): fingerprint + payload in one
-     * message; scratch of fused_max = tdist__fused_max(size) bytes per rank */
-    size_t fused_max;
-    uint8_t *fused_out, *fused_in, *fused_acc;
+    struct {
+        tdist__fp_t *mine, *theirs; /* size entries: sent to / received from each rank */
+        tdist__tp_req_t *reqs;      /* 2 x size */
+        tdist__tp_req_t **reqp;
+        tdist__fp_t common;         /* this collective's common part */
+        int have;                   /* TCP: the rank whose fingerprint for the next exchange
+                                       is already in theirs (Join's shadowing; -1: none) */
+    } chk;
+
     /* shared-memory collectives (every rank on this host, shm transport):
      * NULL otherwise. Valid while tp is. */
-    tdist__coll_scratch_t scratch; /* coll/'s large temporaries (engine thread) */
     tdist__shmc_t *shm;
-    tdist__ar_algo_t ar_algo; /* TDIST_ALGO_ALLREDUCE, read at creation (coll ctx) */
-    bool ar_forced;          /* it names an algorithm and the group has shm collectives:
-                                all_reduce leaves them for the point-to-point ones */
-    const uint8_t **shm_blobs; /* size entries: exchange scratch */
-    /* the blocking tiny all_reduce's last fingerprint (seq aside) and its
-     * hash with seq 0: the next call of the same shape only adds seq's
-     * term (engine.c, fp_hash). Caller's thread, under busy. */
-    tdist__fp_t tiny_fp;
-    uint64_t tiny_h0;
+    tdist__coll_group_t coll; /* coll/'s state: scratch, forced algorithm, hierarchy */
 
-    /* Join (rule 4). The mode and the borrowed mask are set by join/ on the
-     * training thread (tdist__pg_join_set, under mu) and read at submit. */
-    int join_mode;           /* TDIST__JOIN_* */
-    const uint8_t *join_out; /* size entries: 1 = that rank has joined (borrowed) */
-    int join_leader;         /* lowest active rank */
-    int join_divisor;        /* AVG's divisor while ranks have joined */
-    uint64_t join_iter;      /* the Join's iteration (for messages) */
-    /* engine side (whoever runs works; serialised by busy) */
-    uint64_t seq_shift;      /* shadow collectives run so far: added to each work's seq */
-    int fp_have;             /* TCP: the rank whose fingerprint for the next
-                                exchange is already in fp_theirs (-1: none) */
+    struct {
+        int mode;            /* TDIST__JOIN_* */
+        const uint8_t *out;  /* size entries: 1 = that rank has joined (borrowed) */
+        int leader;          /* lowest active rank */
+        int divisor;         /* AVG's divisor while ranks have joined */
+        uint64_t iter;       /* the Join's iteration (for messages) */
+        uint64_t seq_shift;  /* shadow collectives run so far: added to each work's seq */
+    } join;
 
-    /* hierarchical collectives (hier.c): a TCP group over several hosts */
-    bool hier;               /* on */
-    tdist_pg_t *hier_local;  /* this host's ranks of the group (shm); NULL if alone */
-    tdist_pg_t *hier_cross;  /* the first rank of every host (tcp); NULL off leaders */
-    int hier_leader;         /* group rank of this host's first rank */
-    int *hier_host;          /* host index of every group rank */
-    int hier_nhosts;
-    size_t hier_min;         /* bytes from which all_reduce / broadcast go hierarchical */
+    struct {
+        tdist_pg_t *local;   /* this host's ranks of the group (shm); NULL if alone */
+        tdist_pg_t *cross;   /* the first rank of every host (tcp); NULL off leaders */
+        int leader;          /* group rank of this host's first rank */
+        int *host;           /* host index of every group rank */
+        int nhosts;
+    } hier;
 
-    /* p2p (guarded by mu, driven by the p2p thread) */
-    pthread_t p2p_thread;
-    bool p2p_started;
-    pthread_cond_t p2p_cv;
-    struct tdist_work *p2p_head, *p2p_tail; /* submitted, not yet posted */
-    struct tdist_work *p2p_active;          /* posted, in progress */
-    uint64_t *p2p_send_seq, *p2p_recv_seq;
-    tdist_status_t p2p_err;
-    char *p2p_errmsg;
+    struct {
+        pthread_t thread;
+        bool started;
+        pthread_cond_t cv;
+        struct tdist_work *head, *tail; /* submitted, not yet posted */
+        struct tdist_work *active;      /* posted, in progress */
+        uint64_t *send_seq, *recv_seq;  /* per peer */
+        tdist_status_t err;             /* sticky for the p2p path */
+        char *errmsg;
+    } p2p;
 };
 
 /* ---------------------------------------------------------------- check.c */
 
-const char *tdist__op_name(tdist__op_t op);
 /* "all_reduce(f32, 1024, sum)" for a work / a fingerprint. */
 void tdist__work_describe(const struct tdist_work *w, char *buf, size_t n);
 void tdist__fp_describe(const tdist__fp_t *fp, bool with_seq, char *buf, size_t n);
-/* Fill pg->fp_mine[p] for every peer p. */
+/* Fill pg->chk.mine[p] for every peer p. */
 void tdist__fp_fill(tdist_pg_t *pg, const struct tdist_work *w);
 /* The common part of w's fingerprint (per-peer fields zero). */
 void tdist__fp_common(const struct tdist_work *w, uint64_t uid_hash, tdist__fp_t *fp);
@@ -286,9 +230,11 @@ static inline void tdist__fp_init(tdist__fp_t *fp, tdist__op_t op, uint64_t uid_
  * transport's error. */
 tdist_status_t tdist__fp_exchange(tdist_pg_t *pg, const struct tdist_work *w,
                                   int64_t deadline_ms);
-/* Compare every rank's common part (pg->fp_theirs, own copied in) with
+/* Compare every rank's common part (pg->chk.theirs, own copied in) with
  * rank 0's: TDIST_OK or TDIST_ERR_MISMATCH naming the first that differs. */
 tdist_status_t tdist__fp_compare(tdist_pg_t *pg);
+/* The shm line's 64-bit stand-in for a fingerprint (common part). */
+uint64_t tdist__fp_hash(const tdist__fp_t *fp);
 /* Compare one received fingerprint's common part with the local one;
  * true if equal. */
 bool tdist__fp_common_equal(const tdist__fp_t *a, const tdist__fp_t *b);
@@ -304,17 +250,12 @@ struct tdist_work *tdist__work_new(tdist__op_t op, const tdist_coll_opts_t *opts
 struct tdist_work *tdist__work_on_stack(struct tdist_work *w, tdist__op_t op,
                                         const tdist_coll_opts_t *opts, tdist_work_t **work);
 void tdist__work_release(struct tdist_work *w);
+/* A submitted work: to the caller (async: *work = w), or waited for and
+ * released (work NULL: blocking); the call's status. */
+tdist_status_t tdist__work_hand_over(struct tdist_work *w, tdist_work_t **work);
 /* Finish w with st (msg may be NULL on success): call on_complete, wake
  * waiters, drop the engine's reference. */
 void tdist__work_finish(struct tdist_work *w, tdist_status_t st, const char *msg);
-/* The fast path of a blocking tiny all_reduce (engine.c): on an idle
- * shared-memory group outside a Join, run it on the caller's thread
- * straight through the exchange line, without a work; *st is its result
- * and true is returned. false: not eligible here, nothing was done (the
- * caller takes the general path). */
-bool tdist__pg_tiny_all_reduce(tdist_pg_t *pg, const void *sendbuf, void *recvbuf, size_t count,
-                               tdist_dtype_t dtype, tdist_redop_t op, int64_t timeout_ms,
-                               tdist_status_t *st);
 /* Queue w (owned by the engine from now on) and return it to the caller
  * (async), or wait for it (work == NULL). Assigns the sequence number. */
 tdist_status_t tdist__pg_submit(tdist_pg_t *pg, struct tdist_work *w, tdist_work_t **work);
@@ -339,7 +280,14 @@ tdist_status_t tdist__pg_join_check(tdist_pg_t *pg, struct tdist_work *w);
  * leader announces until it announces w itself (or something that cannot
  * be shadowed, left for w's own check to report). Engine side. */
 tdist_status_t tdist__pg_shadow_until(tdist_pg_t *pg, struct tdist_work *w, int64_t deadline_ms);
-/* Run w's exchange and algorithm (no status, no finish): engine.c. */
+/* coll/'s context for one collective of pg (engine side). */
+void tdist__pg_coll_ctx(tdist_pg_t *pg, bool spin, int64_t timeout_ms, int64_t deadline_ms,
+                        tdist__coll_ctx_t *c);
+/* A deadline not read yet: tdist__pg_run_body lets coll/ count timeout_ms
+ * from the first wait that stops spinning. */
+#define TDIST__DEADLINE_LAZY INT64_MIN
+/* Run w's exchange and algorithm (no status, no finish): engine.c.
+ * deadline_ms: absolute, or TDIST__DEADLINE_LAZY. */
 tdist_status_t tdist__pg_run_body(tdist_pg_t *pg, struct tdist_work *w, int64_t timeout_ms,
                                   int64_t deadline_ms);
 
@@ -350,8 +298,6 @@ tdist_status_t tdist__pg_run_body(tdist_pg_t *pg, struct tdist_work *w, int64_t 
 tdist_status_t tdist__pg_hier_setup(tdist_pg_t *pg, int64_t deadline_ms);
 void tdist__pg_hier_abort(tdist_pg_t *pg);
 void tdist__pg_hier_free(tdist_pg_t *pg);
-bool tdist__pg_hier_eligible(const tdist_pg_t *pg, const struct tdist_work *w);
-tdist_status_t tdist__pg_hier_run(tdist_pg_t *pg, struct tdist_work *w, int64_t deadline_ms);
 
 /* group.c: an internal subgroup of parent (members: parent ranks in
  * subgroup order; me: this rank's index there) over transport kind. */

@@ -13,6 +13,11 @@
  * and checks every header against the matching recv: a disagreement
  * (dtype, count, sequence) is TDIST_ERR_MISMATCH, sticky for the group's
  * p2p path (the byte streams can no longer be trusted).
+ *
+ * On another backend the same thread posts each operation through the
+ * backend's p2p_post (the same header, then the payload), polls it with
+ * p2p_test and pauses with p2p_idle between polls (backend/backend.h);
+ * ordering, sequences, header checks, deadlines and failures stay here.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,9 +58,9 @@ static void mark(tdist_pg_t *pg, struct tdist_work *w, tdist_status_t st, const 
 /* Make the p2p path fail (sticky) with st / msg (under pg->mu). */
 static void p2p_fail(tdist_pg_t *pg, tdist_status_t st, const char *msg)
 {
-    if (pg->p2p_err == TDIST_OK) {
-        pg->p2p_err = st;
-        pg->p2p_errmsg = tdist__strdup(msg);
+    if (pg->p2p.err == TDIST_OK) {
+        pg->p2p.err = st;
+        pg->p2p.errmsg = tdist__strdup(msg);
         tdist__tp_abort(pg->p2p_tp);
     }
 }
@@ -73,16 +78,10 @@ static void deliver(struct tdist_work *done)
     }
 }
 
-static void post(tdist_pg_t *pg, struct tdist_work *w)
+static tdist_status_t post_native(tdist_pg_t *pg, struct tdist_work *w, size_t bytes)
 {
-    p2p_hdr_t *h = (p2p_hdr_t *)(void *)w->hdr;
-    size_t bytes = w->count * tdist_dtype_size(w->dtype);
     tdist_status_t st;
     if (w->op == TDIST__OP_SEND) {
-        h->magic = P2P_MAGIC;
-        h->dtype = (int32_t)w->dtype;
-        h->seq = w->seq;
-        h->count = w->count;
         st = tdist__tp_post_send(pg->p2p_tp, &w->hreq, w->root, w->hdr, sizeof w->hdr);
         if (st == TDIST_OK)
             st = tdist__tp_post_send(pg->p2p_tp, &w->preq, w->root, w->sendbuf, bytes);
@@ -90,6 +89,32 @@ static void post(tdist_pg_t *pg, struct tdist_work *w)
         st = tdist__tp_post_recv(pg->p2p_tp, &w->hreq, w->root, w->hdr, sizeof w->hdr);
         if (st == TDIST_OK) st = tdist__tp_post_recv(pg->p2p_tp, &w->preq, w->root, w->recvbuf, bytes);
     }
+    return st;
+}
+
+static tdist_status_t post_backend(tdist_pg_t *pg, struct tdist_work *w)
+{
+    bool send = w->op == TDIST__OP_SEND;
+    w->be_op = (tdist__be_p2p_t){.send = send, .peer = w->root, .hdr = w->hdr,
+                                 .hdr_len = sizeof w->hdr,
+                                 .buf = send ? (void *)w->sendbuf : w->recvbuf,
+                                 .count = w->count, .dtype = w->dtype};
+    tdist_status_t st = pg->backend->p2p_post(pg->be, &w->be_op);
+    w->be_posted = st == TDIST_OK;
+    return st;
+}
+
+static void post(tdist_pg_t *pg, struct tdist_work *w)
+{
+    p2p_hdr_t *h = (p2p_hdr_t *)(void *)w->hdr;
+    if (w->op == TDIST__OP_SEND) {
+        h->magic = P2P_MAGIC;
+        h->dtype = (int32_t)w->dtype;
+        h->seq = w->seq;
+        h->count = w->count;
+    }
+    tdist_status_t st = pg->backend ? post_backend(pg, w)
+                                    : post_native(pg, w, w->count * tdist_dtype_size(w->dtype));
     if (st != TDIST_OK) {
         const char *cause = tdist_last_error();
         p2p_fail(pg, st, cause);
@@ -129,91 +154,136 @@ static bool check_hdr(tdist_pg_t *pg, struct tdist_work *w)
     return false;
 }
 
+/* Where w stands: *hd / *pd whether its header / payload are done, and the
+ * first failure of either (TDIST_OK while none). */
+static tdist_status_t poll_work(tdist_pg_t *pg, struct tdist_work *w, bool *hd, bool *pd)
+{
+    if (pg->backend) {
+        bool hdr_in = false;
+        tdist_status_t st = w->be_posted ? pg->backend->p2p_test(pg->be, &w->be_op, &hdr_in)
+                                         : TDIST_INPROGRESS;
+        *hd = hdr_in || st == TDIST_OK;
+        *pd = st == TDIST_OK;
+        return st == TDIST_INPROGRESS ? TDIST_OK : st;
+    }
+    *hd = tdist__tp_req_done(&w->hreq);
+    *pd = tdist__tp_req_done(&w->preq);
+    tdist_status_t hs = *hd ? tdist__tp_req_status(&w->hreq) : TDIST_OK;
+    tdist_status_t ps = *pd ? tdist__tp_req_status(&w->preq) : TDIST_OK;
+    return hs != TDIST_OK ? hs : ps;
+}
+
+/* Decide w if it can be (under pg->mu): done, failed, aborted, timed out. */
+static void decide(tdist_pg_t *pg, struct tdist_work *w, int64_t now)
+{
+    bool hd = false, pd = false;
+    tdist_status_t st = poll_work(pg, w, &hd, &pd);
+    /* a recv's header first: a disagreement is worded from it (a longer
+     * payload than the recv expects fails the transfer too) */
+    if (w->op == TDIST__OP_RECV && !w->hdr_checked && hd && (st == TDIST_OK || pg->backend) &&
+        !check_hdr(pg, w))
+        return;
+    char *cause = NULL;
+    if (st != TDIST_OK && st != TDIST_INPROGRESS) {
+        if (pg->backend) cause = tdist__strdup(tdist_last_error());
+        mark(pg, w, st, cause ? cause : pg->p2p.errmsg ? pg->p2p.errmsg : "transport failed");
+        if (pg->backend) p2p_fail(pg, st, w->p2p_msg ? w->p2p_msg : "p2p failed");
+        free(cause);
+    } else if (hd && pd && (w->op == TDIST__OP_SEND || w->hdr_checked)) {
+        mark(pg, w, TDIST_OK, NULL);
+    } else if (pg->p2p.err != TDIST_OK) {
+        mark(pg, w, pg->p2p.err, pg->p2p.errmsg);
+    } else if (atomic_load(&pg->aborted) || pg->stop) {
+        mark(pg, w, TDIST_ERR_ABORTED, "the group was aborted");
+    } else if (now >= w->deadline_ms) {
+        char why[200];
+        snprintf(why, sizeof why, "timed out after %lld ms (rank %d did not %s)",
+                 (long long)w->timeout_ms, w->root,
+                 w->op == TDIST__OP_SEND ? "receive it" : "send");
+        mark(pg, w, TDIST_ERR_TIMEOUT, why);
+        p2p_fail(pg, TDIST_ERR_TIMEOUT, w->p2p_msg ? w->p2p_msg : why);
+    }
+}
+
+/* Move the decided works of the active list to *dtail (under pg->mu);
+ * another backend lets go of them. */
+static void sweep(tdist_pg_t *pg, struct tdist_work ***dtail)
+{
+    int64_t now = tdist__now_ms();
+    for (struct tdist_work **pp = &pg->p2p.active; *pp;) {
+        struct tdist_work *w = *pp;
+        if (w->p2p_status == TDIST_INPROGRESS) decide(pg, w, now);
+        if (w->p2p_status == TDIST_INPROGRESS) {
+            pp = &w->next;
+            continue;
+        }
+        if (w->be_posted) {
+            pg->backend->p2p_release(pg->be, &w->be_op, w->p2p_status != TDIST_OK);
+            w->be_posted = false;
+        }
+        *pp = w->next;
+        w->next = NULL;
+        **dtail = w;
+        *dtail = &w->next;
+    }
+}
+
+/* Drive the operations in flight for a while (pg->mu not held): the
+ * native mesh for 1 ms, or another backend's pause. */
+static void drive(tdist_pg_t *pg, int64_t idle_us)
+{
+    if (pg->backend) {
+        pg->backend->p2p_idle(pg->be, idle_us);
+        pthread_mutex_lock(&pg->mu);
+        return;
+    }
+    tdist_status_t st = tdist__tp_progress(pg->p2p_tp, 1);
+    if (st != TDIST_OK) {
+        char *cause = tdist__strdup(tdist_last_error());
+        pthread_mutex_lock(&pg->mu);
+        p2p_fail(pg, st, cause ? cause : "p2p transport failed");
+        free(cause);
+    } else {
+        pthread_mutex_lock(&pg->mu);
+    }
+}
+
 static void *p2p_main(void *arg)
 {
     tdist_pg_t *pg = arg;
+    int64_t idle_since = (int64_t)(tdist__now_ns() / 1000u);
     pthread_mutex_lock(&pg->mu);
     for (;;) {
         struct tdist_work *done = NULL, **dtail = &done;
+        bool posted = pg->p2p.head != NULL;
         /* Post what was submitted, in order. */
-        while (pg->p2p_head) {
-            struct tdist_work *w = pg->p2p_head;
-            pg->p2p_head = w->next;
-            if (!pg->p2p_head) pg->p2p_tail = NULL;
-            w->next = pg->p2p_active;
-            pg->p2p_active = w;
+        while (pg->p2p.head) {
+            struct tdist_work *w = pg->p2p.head;
+            pg->p2p.head = w->next;
+            if (!pg->p2p.head) pg->p2p.tail = NULL;
+            w->next = pg->p2p.active;
+            pg->p2p.active = w;
             w->p2p_status = TDIST_INPROGRESS;
-            if (pg->p2p_err == TDIST_OK && !atomic_load(&pg->aborted)) post(pg, w);
+            if (pg->p2p.err == TDIST_OK && !atomic_load(&pg->aborted)) post(pg, w);
         }
-        bool stopping = pg->stop || atomic_load(&pg->aborted) || pg->p2p_err != TDIST_OK;
-        /* Sweep: finished, failed, timed out. */
-        int64_t now = tdist__now_ms();
-        for (struct tdist_work **pp = &pg->p2p_active; *pp;) {
-            struct tdist_work *w = *pp;
-            if (w->p2p_status == TDIST_INPROGRESS) {
-                if (w->op == TDIST__OP_RECV && !w->hdr_checked && tdist__tp_req_done(&w->hreq) &&
-                    tdist__tp_req_status(&w->hreq) == TDIST_OK)
-                    check_hdr(pg, w);
-            }
-            if (w->p2p_status == TDIST_INPROGRESS) {
-                bool hd = tdist__tp_req_done(&w->hreq), pd = tdist__tp_req_done(&w->preq);
-                tdist_status_t hs = hd ? tdist__tp_req_status(&w->hreq) : TDIST_OK;
-                tdist_status_t ps = pd ? tdist__tp_req_status(&w->preq) : TDIST_OK;
-                if (hd && pd && hs == TDIST_OK && ps == TDIST_OK &&
-                    (w->op == TDIST__OP_SEND || w->hdr_checked)) {
-                    mark(pg, w, TDIST_OK, NULL);
-                } else if (hs != TDIST_OK && hs != TDIST_INPROGRESS) {
-                    mark(pg, w, hs, pg->p2p_errmsg ? pg->p2p_errmsg : "transport failed");
-                } else if (ps != TDIST_OK && ps != TDIST_INPROGRESS) {
-                    mark(pg, w, ps, pg->p2p_errmsg ? pg->p2p_errmsg : "transport failed");
-                } else if (pg->p2p_err != TDIST_OK) {
-                    mark(pg, w, pg->p2p_err, pg->p2p_errmsg);
-                } else if (atomic_load(&pg->aborted) || pg->stop) {
-                    mark(pg, w, TDIST_ERR_ABORTED, "the group was aborted");
-                } else if (now >= w->deadline_ms) {
-                    char cause[200];
-                    snprintf(cause, sizeof cause, "timed out after %lld ms (rank %d did not %s)",
-                             (long long)w->timeout_ms, w->root,
-                             w->op == TDIST__OP_SEND ? "receive it" : "send");
-                    mark(pg, w, TDIST_ERR_TIMEOUT, cause);
-                    char *p = op_prefix(pg, w);
-                    char *full = tdist__asprintf("%s: %s", p ? p : "p2p", cause);
-                    p2p_fail(pg, TDIST_ERR_TIMEOUT, full ? full : cause);
-                    free(p);
-                    free(full);
-                }
-            }
-            if (w->p2p_status != TDIST_INPROGRESS) {
-                *pp = w->next;
-                w->next = NULL;
-                *dtail = w;
-                dtail = &w->next;
-            } else {
-                pp = &w->next;
-            }
-        }
+        bool stopping = pg->stop || atomic_load(&pg->aborted) || pg->p2p.err != TDIST_OK;
+        sweep(pg, &dtail);
+        if (done || posted) idle_since = (int64_t)(tdist__now_ns() / 1000u);
         if (done) {
             pthread_mutex_unlock(&pg->mu);
             deliver(done);
             pthread_mutex_lock(&pg->mu);
             continue;
         }
-        if (pg->stop && !pg->p2p_active && !pg->p2p_head) break;
-        if (!pg->p2p_active) {
-            if (!pg->p2p_head) pthread_cond_wait(&pg->p2p_cv, &pg->mu);
+        if (pg->stop && !pg->p2p.active && !pg->p2p.head) break;
+        if (!pg->p2p.active) {
+            if (!pg->p2p.head) pthread_cond_wait(&pg->p2p.cv, &pg->mu);
+            idle_since = (int64_t)(tdist__now_ns() / 1000u);
             continue;
         }
-        if (stopping) continue; /* everything active gets marked above */
+        if (stopping || pg->p2p.head) continue; /* everything active gets marked above */
         pthread_mutex_unlock(&pg->mu);
-        tdist_status_t st = tdist__tp_progress(pg->p2p_tp, 1);
-        if (st != TDIST_OK) {
-            char *cause = tdist__strdup(tdist_last_error());
-            pthread_mutex_lock(&pg->mu);
-            p2p_fail(pg, st, cause ? cause : "p2p transport failed");
-            free(cause);
-        } else {
-            pthread_mutex_lock(&pg->mu);
-        }
+        drive(pg, (int64_t)(tdist__now_ns() / 1000u) - idle_since);
     }
     pthread_mutex_unlock(&pg->mu);
     return NULL;
@@ -224,14 +294,13 @@ tdist_status_t tdist__p2p_submit(tdist_pg_t *pg, struct tdist_work *w, tdist_wor
     w->nranks = pg->size;
     pthread_mutex_lock(&pg->mu);
     tdist_status_t jst =
-        pg->join_mode != TDIST__JOIN_NONE ? tdist__pg_join_check(pg, w) : TDIST_OK;
+        pg->join.mode != TDIST__JOIN_NONE ? tdist__pg_join_check(pg, w) : TDIST_OK;
     pthread_mutex_unlock(&pg->mu);
     if (jst != TDIST_OK) {
         atomic_store(&w->refs, 1);
         tdist__work_release(w);
         return jst;
     }
-    if (pg->backend) return pg->backend->p2p_submit(pg, w, work); /* backend/ */
     int64_t timeout = w->timeout_ms >= 0 ? w->timeout_ms : pg->timeout_ms;
     w->timeout_ms = timeout;
     w->deadline_ms = tdist__deadline_ms(timeout);
@@ -244,29 +313,29 @@ tdist_status_t tdist__p2p_submit(tdist_pg_t *pg, struct tdist_work *w, tdist_wor
     } else if (pg->err != TDIST_OK) {
         st = pg->err;
         why = pg->errmsg;
-    } else if (pg->p2p_err != TDIST_OK) {
-        st = pg->p2p_err;
-        why = pg->p2p_errmsg;
-    } else if (!pg->p2p_started) {
-        int rc = pthread_create(&pg->p2p_thread, NULL, p2p_main, pg);
+    } else if (pg->p2p.err != TDIST_OK) {
+        st = pg->p2p.err;
+        why = pg->p2p.errmsg;
+    } else if (!pg->p2p.started) {
+        int rc = pthread_create(&pg->p2p.thread, NULL, p2p_main, pg);
         if (rc != 0) {
             st = tdist__error_errno(rc, "group %s: cannot start the p2p thread", pg->name);
             why = tdist_last_error();
         } else {
-            pg->p2p_started = true;
+            pg->p2p.started = true;
         }
     }
     if (st == TDIST_OK) {
         if (w->op == TDIST__OP_SEND)
-            w->seq = ++pg->p2p_send_seq[w->root];
+            w->seq = ++pg->p2p.send_seq[w->root];
         else
-            w->seq = ++pg->p2p_recv_seq[w->root];
-        if (pg->p2p_tail)
-            pg->p2p_tail->next = w;
+            w->seq = ++pg->p2p.recv_seq[w->root];
+        if (pg->p2p.tail)
+            pg->p2p.tail->next = w;
         else
-            pg->p2p_head = w;
-        pg->p2p_tail = w;
-        pthread_cond_signal(&pg->p2p_cv);
+            pg->p2p.head = w;
+        pg->p2p.tail = w;
+        pthread_cond_signal(&pg->p2p.cv);
         pthread_mutex_unlock(&pg->mu);
     } else {
         char *p = op_prefix(pg, w);
@@ -278,23 +347,17 @@ tdist_status_t tdist__p2p_submit(tdist_pg_t *pg, struct tdist_work *w, tdist_wor
         tdist__work_release(w);
         return st;
     }
-    if (work) {
-        *work = w;
-        return TDIST_OK;
-    }
-    st = tdist_work_wait(w, -1);
-    tdist__work_release(w);
-    return st;
+    return tdist__work_hand_over(w, work);
 }
 
 void tdist__p2p_stop(tdist_pg_t *pg)
 {
     pthread_mutex_lock(&pg->mu);
-    bool started = pg->p2p_started;
+    bool started = pg->p2p.started;
     pg->stop = true;
     if (pg->p2p_tp) tdist__tp_abort(pg->p2p_tp);
-    pthread_cond_broadcast(&pg->p2p_cv);
+    pthread_cond_broadcast(&pg->p2p.cv);
     pthread_mutex_unlock(&pg->mu);
-    if (started) pthread_join(pg->p2p_thread, NULL);
-    pg->p2p_started = false;
+    if (started) pthread_join(pg->p2p.thread, NULL);
+    pg->p2p.started = false;
 }

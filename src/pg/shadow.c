@@ -37,18 +37,18 @@ void tdist__pg_join_set(tdist_pg_t *pg, int mode, const uint8_t *joined, int lea
                         int divisor, uint64_t iteration)
 {
     pthread_mutex_lock(&pg->mu);
-    pg->join_mode = mode;
-    pg->join_out = joined;
-    pg->join_leader = leader;
-    pg->join_divisor = divisor;
-    pg->join_iter = iteration;
+    pg->join.mode = mode;
+    pg->join.out = joined;
+    pg->join.leader = leader;
+    pg->join.divisor = divisor;
+    pg->join.iter = iteration;
     pthread_mutex_unlock(&pg->mu);
 }
 
 int tdist__pg_join_mode(tdist_pg_t *pg)
 {
     pthread_mutex_lock(&pg->mu);
-    int m = pg->join_mode;
+    int m = pg->join.mode;
     pthread_mutex_unlock(&pg->mu);
     return m;
 }
@@ -83,7 +83,7 @@ static tdist_status_t refuse(const tdist_pg_t *pg, const struct tdist_work *w, c
                         "rank %d group %s %s (not issued; next seq %llu), Join iteration %llu: "
                         "%s",
                         pg->rank, pg->name, d, (unsigned long long)(pg->next_seq + 1),
-                        (unsigned long long)pg->join_iter, why);
+                        (unsigned long long)pg->join.iter, why);
 }
 
 tdist_status_t tdist__pg_join_check(tdist_pg_t *pg, struct tdist_work *w)
@@ -91,7 +91,7 @@ tdist_status_t tdist__pg_join_check(tdist_pg_t *pg, struct tdist_work *w)
     bool notify = (w->fp_flags & TDIST__FP_JOIN_NOTIFY) != 0;
     bool p2p = w->op == TDIST__OP_SEND || w->op == TDIST__OP_RECV;
     char why[300];
-    switch (pg->join_mode) {
+    switch (pg->join.mode) {
     case TDIST__JOIN_PRE:
         if (notify || p2p) return TDIST_OK;
         return refuse(pg, w,
@@ -105,14 +105,14 @@ tdist_status_t tdist__pg_join_check(tdist_pg_t *pg, struct tdist_work *w)
          * other backends (MPI) exchange fingerprints all-to-all: a joined
          * rank cannot look first, so only the joinables' hooks shadow */
         if (!p2p && !pg->backend && (pg->shm || pg->check_fp))
-            w->shadow_leader = pg->join_leader;
+            w->shadow_leader = pg->join.leader;
         return TDIST_OK;
     case TDIST__JOIN_ACTIVE:
         break;
     default:
         return TDIST_OK;
     }
-    const uint8_t *out = pg->join_out;
+    const uint8_t *out = pg->join.out;
     bool any = false;
     for (int r = 0; out && r < pg->size && !any; r++) any = out[r] != 0;
     if (!any || notify) return TDIST_OK;
@@ -128,7 +128,7 @@ tdist_status_t tdist__pg_join_check(tdist_pg_t *pg, struct tdist_work *w)
         snprintf(why, sizeof why,
                  "root rank %d has run out of inputs (joined): a %s rooted at a joined rank "
                  "cannot be shadowed; root it at an active rank (the lowest is %d)",
-                 w->root, tdist__op_name(w->op), pg->join_leader);
+                 w->root, tdist__op_name(w->op), pg->join.leader);
         return refuse(pg, w, why);
     }
     if (w->op == TDIST__OP_ALL_GATHERV || w->op == TDIST__OP_ALL_TO_ALLV ||
@@ -144,7 +144,7 @@ tdist_status_t tdist__pg_join_check(tdist_pg_t *pg, struct tdist_work *w)
                                                   : "barrier");
         return refuse(pg, w, why);
     }
-    if (w->redop == TDIST_AVG) w->avg_div = pg->join_divisor;
+    if (w->redop == TDIST_AVG) w->avg_div = pg->join.divisor;
     return TDIST_OK;
 }
 
@@ -159,7 +159,7 @@ static tdist_status_t peek_leader(tdist_pg_t *pg, int leader, int64_t deadline_m
     if (!pg->tp) return tdist__error(TDIST_ERR_CONNECTION, "the group's mesh is closed");
     memset(fp, 0, sizeof *fp);
     if (pg->shm) {
-        tdist__coll_ctx_t c = {.tp = pg->tp, .shm = pg->shm, .ar_forced = pg->ar_algo, .rank = pg->rank,
+        tdist__coll_ctx_t c = {.tp = pg->tp, .shm = pg->shm, .ar_forced = pg->coll.ar_algo, .rank = pg->rank,
                                .size = pg->size, .deadline_ms = deadline_ms};
         const uint8_t *aux = NULL;
         size_t al = 0;
@@ -167,16 +167,16 @@ static tdist_status_t peek_leader(tdist_pg_t *pg, int leader, int64_t deadline_m
         memcpy(fp, aux, TDIST_MIN(al, sizeof *fp));
         return TDIST_OK;
     }
-    if (pg->fp_have == leader) {
-        *fp = pg->fp_theirs[leader];
+    if (pg->chk.have == leader) {
+        *fp = pg->chk.theirs[leader];
         return TDIST_OK;
     }
     tdist__tp_req_t r;
     tdist__tp_req_t *rp = &r;
-    TDIST_CHECK(tdist__tp_post_recv(pg->tp, &r, leader, &pg->fp_theirs[leader], sizeof *fp));
+    TDIST_CHECK(tdist__tp_post_recv(pg->tp, &r, leader, &pg->chk.theirs[leader], sizeof *fp));
     TDIST_CHECK(tdist__tp_wait(pg->tp, &rp, 1, deadline_ms));
-    pg->fp_have = leader;
-    *fp = pg->fp_theirs[leader];
+    pg->chk.have = leader;
+    *fp = pg->chk.theirs[leader];
     return TDIST_OK;
 }
 
@@ -274,7 +274,7 @@ static tdist_status_t run_shadow(tdist_pg_t *pg, const struct tdist_work *planne
     sw.recvcounts = rc;
     int64_t timeout = planned->timeout_ms >= 0 ? planned->timeout_ms : pg->timeout_ms;
     st = tdist__pg_run_body(pg, &sw, timeout, deadline_ms);
-    pg->fp_have = -1;
+    pg->chk.have = -1;
 out:
     free(sb);
     free(rb);
@@ -309,7 +309,7 @@ tdist_status_t tdist__pg_shadow_until(tdist_pg_t *pg, struct tdist_work *w, int6
             return tdist__error_context(st, "rank %d (joined) shadowing rank %d's %s", pg->rank,
                                         leader, d);
         }
-        pg->seq_shift++;
+        pg->join.seq_shift++;
         w->seq++;
     }
     return tdist__error(TDIST_ERR_INTERNAL, "rank %d (joined): shadowed %d collectives before "

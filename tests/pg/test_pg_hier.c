@@ -55,16 +55,16 @@ static void hier_body(int rank, int n, void *arg)
     tdist_pg_t *pg;
     open_hosts(rank, layout, &w, &pg, (int64_t)(30000 * tdist_test_timeout_mult()));
     /* the group really is hierarchical, with the expected subgroups */
-    ASSERT_TRUE(pg->hier);
+    ASSERT_TRUE(pg->coll.hier_run != NULL);
     int mine = 0, first = -1;
     for (int r = 0; r < n; r++)
         if (layout[r] == layout[rank]) {
             if (first < 0) first = r;
             mine++;
         }
-    ASSERT_TRUE((pg->hier_local != NULL) == (mine > 1));
-    ASSERT_TRUE((pg->hier_cross != NULL) == (first == rank));
-    if (pg->hier_local) ASSERT_EQ(tdist_pg_size(pg->hier_local), mine);
+    ASSERT_TRUE((pg->hier.local != NULL) == (mine > 1));
+    ASSERT_TRUE((pg->hier.cross != NULL) == (first == rank));
+    if (pg->hier.local) ASSERT_EQ(tdist_pg_size(pg->hier.local), mine);
 
     tdist_coll_opts_t co;
     tdist_coll_opts_init(&co);
@@ -142,7 +142,7 @@ static void hier_death_body(int rank, int n, void *arg)
     tdist_world_t *w;
     tdist_pg_t *pg;
     open_hosts(rank, "aabb", &w, &pg, 20000);
-    ASSERT_TRUE(pg->hier);
+    ASSERT_TRUE(pg->coll.hier_run != NULL);
     ASSERT_OK(tdist_barrier(pg, NULL, NULL));
     if (rank == 3) raise(SIGKILL);
     size_t count = 1 << 18;

@@ -6,7 +6,7 @@
 #ifndef TDIST_BACKEND_MPI_H
 #define TDIST_BACKEND_MPI_H
 
-#include "pg/internal.h"
+#include "backend/backend.h"
 
 extern const tdist__backend_t tdist__backend_mpi;
 

@@ -1,12 +1,11 @@
 /*
  * backend/mpi/mpi_coll.c — the MPI backend's collectives (docs/mpi.md).
  *
- * Every collective first exchanges the fingerprints (rule 2) with one
- * MPI_Ialltoall of the fixed-size tdist__fp_t (per peer, so all_to_allv's
- * "I send you s / I expect r" travel too) and compares them with pg's
- * tdist__fp_compare: the mismatch message is the native one, word for
- * word. Then the collective maps to MPI's non-blocking one, polled until
- * done or the deadline (rule 3, mpi_internal.h).
+ * One slot per collective (backend/backend.h): pg has checked the
+ * fingerprints (rule 2) before, through this table's own all_to_all and
+ * all_gather slots, so the mismatch message is the native one, word for
+ * word. Each collective maps to MPI's non-blocking one, polled until done,
+ * the deadline or an abort (rule 3, mpi_internal.h).
  *
  * dtypes: f32 f64 i8 u8 i32 i64 are MPI's own; f16 and bf16 move as
  * MPI_UINT16_T. f16, bf16, i8 and u8 reduce with user-defined MPI_Ops that
@@ -34,7 +33,7 @@
 
 /* ------------------------------------------------------------ types, ops */
 
-static MPI_Datatype mdt(tdist_dtype_t d)
+MPI_Datatype tdist__mpi_dtype(tdist_dtype_t d)
 {
     switch (d) {
     case TDIST_F32: return MPI_FLOAT;
@@ -184,162 +183,91 @@ static tdist_status_t int_counts(const size_t *c, int n, int *ic, int *id, const
         if (rc_ != MPI_SUCCESS) return tdist__mpi_error(rc_, TDIST_ERR_CONNECTION, name);     \
     } while (0)
 
-/* ------------------------------------------------------------ fingerprints */
-
-typedef struct verdict {
-    int32_t from, to;
-    uint64_t sends, expects;
-} verdict_t;
-
-static bool verdict_less(const verdict_t *a, const verdict_t *b)
-{
-    if (a->from < 0) return false;
-    if (b->from < 0) return true;
-    return a->from < b->from || (a->from == b->from && a->to < b->to);
-}
-
-static tdist_status_t fp_exchange(tdist_pg_t *pg, tdist__mpib_t *b, const struct tdist_work *w,
-                                  int64_t timeout_ms, int64_t deadline_ms)
-{
-    int n = pg->size, me = pg->rank;
-    tdist__fp_fill(pg, w);
-    MPI_Request r;
-    int fs = (int)sizeof(tdist__fp_t);
-    MPICALL(MPI_Ialltoall(pg->fp_mine, fs, MPI_BYTE, pg->fp_theirs, fs, MPI_BYTE, b->coll, &r),
-            "MPI_Ialltoall (fingerprints)");
-    TDIST_CHECK(tdist__mpi_wait(pg, b, &r, 1, deadline_ms, timeout_ms,
-                                "MPI_Ialltoall of the fingerprints"));
-    TDIST_CHECK(tdist__fp_compare(pg));
-    if (w->op != TDIST__OP_ALL_TO_ALLV) return TDIST_OK;
-    /* all_to_allv: the lowest disagreeing (from, to) pair, everywhere */
-    verdict_t mine = {.from = -1, .to = -1};
-    for (int p = 0; p < n; p++) {
-        uint64_t s = w->sendcounts[p];
-        uint64_t rr = (p == me) ? w->recvcounts[me] : pg->fp_theirs[p].recv_from_you;
-        verdict_t v = {me, p, s, rr};
-        if (s != rr && verdict_less(&v, &mine)) mine = v;
-        s = (p == me) ? w->sendcounts[me] : pg->fp_theirs[p].send_to_you;
-        rr = w->recvcounts[p];
-        verdict_t v2 = {p, me, s, rr};
-        if (s != rr && verdict_less(&v2, &mine)) mine = v2;
-    }
-    verdict_t *all = calloc((size_t)n, sizeof *all);
-    if (!all) return no_mem();
-    int vs = (int)sizeof(verdict_t);
-    int rc = MPI_Iallgather(&mine, vs, MPI_BYTE, all, vs, MPI_BYTE, b->coll, &r);
-    if (rc != MPI_SUCCESS) {
-        free(all);
-        return tdist__mpi_error(rc, TDIST_ERR_CONNECTION, "MPI_Iallgather (all_to_allv check)");
-    }
-    tdist_status_t st = tdist__mpi_wait(pg, b, &r, 1, deadline_ms, timeout_ms,
-                                        "MPI_Iallgather of the all_to_allv check");
-    if (st != TDIST_OK) return st; /* all stays with MPI */
-    verdict_t best = {.from = -1, .to = -1};
-    for (int p = 0; p < n; p++)
-        if (verdict_less(&all[p], &best)) best = all[p];
-    free(all);
-    if (best.from < 0) return TDIST_OK;
-    return tdist__error(TDIST_ERR_MISMATCH,
-                        "collective mismatch: all_to_allv splits disagree: rank %d sends %llu "
-                        "elements to rank %d, which expects %llu from rank %d",
-                        best.from, (unsigned long long)best.sends, best.to,
-                        (unsigned long long)best.expects, best.from);
-}
-
 /* ------------------------------------------------------- monitored barrier */
 
-typedef struct mb_reply {
-    int32_t status;
-    char msg[508];
-} mb_reply_t;
-
-static tdist_status_t monitored_barrier(tdist_pg_t *pg, tdist__mpib_t *b,
-                                        const struct tdist_work *w, int64_t timeout_ms,
-                                        int64_t deadline_ms)
+/* Ranks other than 0: send rank 0 the fingerprint, wait for its verdict
+ * (2 s past the deadline, so rank 0's report of the missing arrives). */
+static tdist_status_t mb_arrive(tdist__mpib_t *b, const tdist__coll_ctx_t *c,
+                                const tdist__coll_check_t *chk)
 {
-    int n = pg->size, me = pg->rank, fs = (int)sizeof(tdist__fp_t);
-    if (n == 1) return TDIST_OK;
-    tdist__fp_fill(pg, w);
-    if (me != 0) {
-        mb_reply_t *rep = calloc(1, sizeof *rep);
-        if (!rep) return no_mem();
-        MPI_Request r[2];
-        MPICALL(MPI_Isend(&pg->fp_mine[0], fs, MPI_BYTE, 0, MB_TAG, b->coll, &r[0]), "MPI_Isend");
-        MPICALL(MPI_Irecv(rep, (int)sizeof *rep, MPI_BYTE, 0, MB_TAG, b->coll, &r[1]), "MPI_Irecv");
-        int64_t dl = deadline_ms == INT64_MAX ? INT64_MAX : deadline_ms + 2000;
-        tdist_status_t st = tdist__mpi_wait(pg, b, r, 2, dl, timeout_ms, "monitored_barrier");
-        if (st == TDIST_ERR_TIMEOUT)
-            return tdist__error(TDIST_ERR_TIMEOUT,
-                                "monitored_barrier: rank 0 (the monitor) did not answer within "
-                                "%lld ms",
-                                (long long)timeout_ms); /* rep stays with MPI */
-        if (st != TDIST_OK) return st;
-        rep->msg[sizeof rep->msg - 1] = '\0';
-        st = (tdist_status_t)rep->status;
-        if (st != TDIST_OK) st = tdist__error(st, "%s", rep->msg);
-        free(rep);
-        return st;
-    }
-    MPI_Request *r = malloc((size_t)n * sizeof *r);
-    if (!r) return no_mem();
-    r[0] = MPI_REQUEST_NULL;
+    tdist__mb_reply_t *rep = calloc(1, sizeof *rep);
+    if (!rep) return no_mem();
+    MPI_Request r[2];
+    MPICALL(MPI_Isend(chk->common, (int)chk->len, MPI_BYTE, 0, MB_TAG, b->coll, &r[0]), "MPI_Isend");
+    MPICALL(MPI_Irecv(rep, (int)sizeof *rep, MPI_BYTE, 0, MB_TAG, b->coll, &r[1]), "MPI_Irecv");
+    int64_t dl = c->deadline_ms == INT64_MAX ? INT64_MAX : c->deadline_ms + 2000;
+    tdist_status_t st = tdist__mpi_wait(c->aborted, b, r, 2, dl, c->timeout_ms, "monitored_barrier");
+    if (st == TDIST_ERR_TIMEOUT)
+        return tdist__error(TDIST_ERR_TIMEOUT,
+                            "monitored_barrier: rank 0 (the monitor) did not answer within "
+                            "%lld ms",
+                            (long long)c->timeout_ms); /* rep stays with MPI */
+    if (st != TDIST_OK) return st;
+    rep->msg[sizeof rep->msg - 1] = '\0';
+    st = (tdist_status_t)rep->status;
+    if (st != TDIST_OK) st = tdist__error(st, "%s", rep->msg);
+    free(rep);
+    return st;
+}
+
+/* Rank 0 tells every rank that arrived (the others time out). */
+static tdist_status_t mb_tell(tdist__mpib_t *b, const tdist__coll_ctx_t *c, const bool *present,
+                              tdist__mb_reply_t *rep)
+{
+    int n = c->size;
+    MPI_Request *s = malloc((size_t)n * sizeof *s);
+    if (!s) return no_mem();
+    s[0] = MPI_REQUEST_NULL;
     for (int p = 1; p < n; p++) {
-        int rc = MPI_Irecv(&pg->fp_theirs[p], fs, MPI_BYTE, p, MB_TAG, b->coll, &r[p]);
+        s[p] = MPI_REQUEST_NULL;
+        if (present[p]) MPI_Isend(rep, (int)sizeof *rep, MPI_BYTE, p, MB_TAG, b->coll, &s[p]);
+    }
+    tdist_status_t st = tdist__mpi_wait(c->aborted, b, s, n, tdist__deadline_ms(1000), 1000,
+                                        "monitored_barrier's answer");
+    free(s);
+    return st;
+}
+
+static tdist_status_t slot_monitored_barrier(void *be, const tdist__coll_ctx_t *c,
+                                             const tdist__coll_args_t *a,
+                                             const tdist__coll_check_t *chk)
+{
+    (void)a;
+    tdist__mpib_t *b = be;
+    int n = c->size;
+    if (n == 1) return TDIST_OK;
+    if (c->rank != 0) return mb_arrive(b, c, chk);
+    MPI_Request *r = malloc((size_t)n * sizeof *r);
+    bool *present = calloc((size_t)n, sizeof *present);
+    if (!r || !present) {
+        free(r);
+        free(present);
+        return no_mem();
+    }
+    r[0] = MPI_REQUEST_NULL;
+    present[0] = true;
+    for (int p = 1; p < n; p++) {
+        int rc = MPI_Irecv(chk->theirs + (size_t)p * chk->len, (int)chk->len, MPI_BYTE, p, MB_TAG,
+                           b->coll, &r[p]);
         if (rc != MPI_SUCCESS) {
             b->leaked = true;
             free(r);
+            free(present);
             return tdist__mpi_error(rc, TDIST_ERR_CONNECTION, "MPI_Irecv");
         }
     }
-    tdist_status_t st = tdist__mpi_wait(pg, b, r, n, deadline_ms, timeout_ms, "monitored_barrier");
-    mb_reply_t rep;
+    tdist_status_t st = tdist__mpi_wait(c->aborted, b, r, n, c->deadline_ms, c->timeout_ms,
+                                        "monitored_barrier");
+    for (int p = 1; p < n; p++) present[p] = r[p] == MPI_REQUEST_NULL;
+    tdist__mb_reply_t rep;
     memset(&rep, 0, sizeof rep);
-    if (st != TDIST_OK) {
-        char list[200] = "";
-        int missing = 0;
-        for (int p = 1; p < n; p++) {
-            if (r[p] == MPI_REQUEST_NULL) continue;
-            size_t l = strlen(list);
-            snprintf(list + l, sizeof list - l, "%s%d", missing ? ", " : "", p);
-            missing++;
-        }
-        char cause[400];
-        snprintf(cause, sizeof cause, "%.300s", tdist_last_error());
-        if (st == TDIST_ERR_TIMEOUT)
-            snprintf(rep.msg, sizeof rep.msg,
-                     "monitored_barrier: rank%s %s did not arrive within %lld ms",
-                     missing == 1 ? "" : "s", list, (long long)timeout_ms);
-        else
-            snprintf(rep.msg, sizeof rep.msg, "monitored_barrier: rank%s %s did not arrive (%.150s)",
-                     missing == 1 ? "" : "s", list, cause);
-        rep.status = st;
-    } else {
-        for (int p = 1; p < n && rep.status == TDIST_OK; p++) {
-            if (tdist__fp_common_equal(&pg->fp_mine[0], &pg->fp_theirs[p])) continue;
-            char a[160], c[160];
-            tdist__fp_describe(&pg->fp_mine[0], false, a, sizeof a);
-            tdist__fp_describe(&pg->fp_theirs[p], false, c, sizeof c);
-            snprintf(rep.msg, sizeof rep.msg, "collective mismatch: rank 0 %s vs rank %d %s", a, p, c);
-            rep.status = TDIST_ERR_MISMATCH;
-        }
-    }
+    tdist__coll_mb_verdict(c, chk, st, present, &rep);
     if (st == TDIST_OK || st == TDIST_ERR_TIMEOUT) {
-        /* tell every rank that arrived (the ones that did not: they time out) */
-        MPI_Request *s = malloc((size_t)n * sizeof *s);
-        if (s) {
-            s[0] = MPI_REQUEST_NULL;
-            for (int p = 1; p < n; p++) {
-                s[p] = MPI_REQUEST_NULL;
-                if (r[p] == MPI_REQUEST_NULL)
-                    MPI_Isend(&rep, (int)sizeof rep, MPI_BYTE, p, MB_TAG, b->coll, &s[p]);
-            }
-            tdist_status_t st2 = tdist__mpi_wait(pg, b, s, n, tdist__deadline_ms(1000), 1000,
-                                                 "monitored_barrier's answer");
-            if (st == TDIST_OK && st2 != TDIST_OK) st = st2;
-            free(s);
-        }
+        tdist_status_t st2 = mb_tell(b, c, present, &rep);
+        if (st == TDIST_OK && st2 != TDIST_OK) st = st2;
     }
     free(r);
+    free(present);
     if (rep.status != TDIST_OK) return tdist__error((tdist_status_t)rep.status, "%s", rep.msg);
     return st;
 }
@@ -464,13 +392,14 @@ static MPI_Request *req_next(reqs_t *q)
         if (rc_ != MPI_SUCCESS) return tdist__mpi_error(rc_, TDIST_ERR_CONNECTION, name);     \
     } while (0)
 #define RQ (&q->p[q->n - 1])
+#define RQ_LAST(q) (&(q)->p[(q)->n - 1])
 
 /* One collective's MPI call(s), posted into q: what every post_* below
  * reads. */
 typedef struct call {
-    tdist_pg_t *pg;
+    const tdist__coll_ctx_t *cx;
     tdist__mpib_t *b;
-    struct tdist_work *w;
+    const tdist__coll_args_t *w;
     reqs_t *q;
     MPI_Comm c;
     MPI_Datatype t;
@@ -499,14 +428,14 @@ static tdist_status_t post_bcast(const call_t *k, void *const *bufs, const size_
 /* all_reduce and reduce: per CHUNK, in place where the API allows. */
 static tdist_status_t post_reduce(const call_t *k)
 {
-    struct tdist_work *w = k->w;
+    const tdist__coll_args_t *w = k->w;
     reqs_t *q = k->q;
     size_t es = k->es;
     bool all = w->op == TDIST__OP_ALL_REDUCE;
     const char *name = all ? "MPI_Iallreduce" : "MPI_Ireduce";
     const char *src = w->sendbuf;
     char *dst = w->recvbuf;
-    bool root = all || k->pg->rank == w->root;
+    bool root = all || k->cx->rank == w->root;
     bool inplace = root && src == dst;
     if (k->premul) {
         char *tmp = scratch(k->b, k->bytes);
@@ -533,7 +462,7 @@ static tdist_status_t post_reduce(const call_t *k)
  * place, per CHUNK. */
 static tdist_status_t post_reduce_coalesced(const call_t *k)
 {
-    struct tdist_work *w = k->w;
+    const tdist__coll_args_t *w = k->w;
     reqs_t *q = k->q;
     const char *name = "MPI_Iallreduce (coalesced)";
     for (size_t i = 0; i < w->nbufs; i++) {
@@ -552,10 +481,10 @@ static tdist_status_t post_reduce_coalesced(const call_t *k)
 
 static tdist_status_t post_all_gather(const call_t *k)
 {
-    struct tdist_work *w = k->w;
+    const tdist__coll_args_t *w = k->w;
     tdist__mpib_t *b = k->b;
     reqs_t *q = k->q;
-    int n = k->pg->size, me = k->pg->rank;
+    int n = k->cx->size, me = k->cx->rank;
     const char *name = w->op == TDIST__OP_ALL_GATHER ? "MPI_Iallgather" : "MPI_Iallgatherv";
     TDIST_CHECK(int_counts(w->recvcounts, n, b->ic, b->id, name));
     size_t total = 0, mine = w->recvcounts[me] * k->es, at = (size_t)b->id[me] * k->es;
@@ -582,9 +511,9 @@ static tdist_status_t post_all_gather(const call_t *k)
  * buffers overlap otherwise. */
 static tdist_status_t post_gather_scatter(const call_t *k)
 {
-    struct tdist_work *w = k->w;
+    const tdist__coll_args_t *w = k->w;
     reqs_t *q = k->q;
-    int n = k->pg->size, me = k->pg->rank;
+    int n = k->cx->size, me = k->cx->rank;
     bool gather = w->op == TDIST__OP_GATHER;
     const char *name = gather ? "MPI_Igather" : "MPI_Iscatter";
     size_t bytes = k->bytes, all = bytes * (size_t)n;
@@ -618,9 +547,9 @@ static tdist_status_t post_gather_scatter(const call_t *k)
 
 static tdist_status_t post_reduce_scatter(const call_t *k)
 {
-    struct tdist_work *w = k->w;
+    const tdist__coll_args_t *w = k->w;
     reqs_t *q = k->q;
-    int n = k->pg->size;
+    int n = k->cx->size;
     const char *name = "MPI_Ireduce_scatter_block";
     if (k->cnt > INT_MAX || k->cnt * (size_t)n > INT_MAX) return too_big(name, k->cnt * (size_t)n);
     size_t tot = k->bytes * (size_t)n;
@@ -645,10 +574,10 @@ static tdist_status_t post_reduce_scatter(const call_t *k)
 
 static tdist_status_t post_all_to_all(const call_t *k)
 {
-    struct tdist_work *w = k->w;
+    const tdist__coll_args_t *w = k->w;
     tdist__mpib_t *b = k->b;
     reqs_t *q = k->q;
-    int n = k->pg->size;
+    int n = k->cx->size;
     size_t es = k->es;
     const char *name = w->op == TDIST__OP_ALL_TO_ALL ? "MPI_Ialltoall" : "MPI_Ialltoallv";
     TDIST_CHECK(int_counts(w->sendcounts, n, b->ic, b->id, name));
@@ -674,101 +603,98 @@ static tdist_status_t post_all_to_all(const call_t *k)
     return TDIST_OK;
 }
 
-/* Post w's MPI calls into q (one post_* per kind of collective); *name:
- * the MPI call, for messages. */
-static tdist_status_t post_coll(tdist_pg_t *pg, tdist__mpib_t *b, struct tdist_work *w, reqs_t *q,
-                                const char **name)
-{
-    call_t k = {.pg = pg, .b = b, .w = w, .q = q, .c = b->coll, .t = mdt(w->dtype),
-                .es = tdist_dtype_size(w->dtype), .cnt = w->count, .op = MPI_OP_NULL};
-    k.bytes = k.cnt * k.es;
-    bool reduces = w->op == TDIST__OP_ALL_REDUCE || w->op == TDIST__OP_REDUCE ||
-                   w->op == TDIST__OP_REDUCE_SCATTER || w->op == TDIST__OP_ALL_REDUCE_COALESCED;
-    if (reduces) TDIST_CHECK(mop(w->dtype, w->redop, &k.op));
-    k.premul = reduces && w->redop == TDIST_PREMUL_SUM;
-    switch (w->op) {
-    case TDIST__OP_BROADCAST:
-        *name = "MPI_Ibcast";
-        return post_bcast(&k, &w->recvbuf, &w->count, 1);
-    case TDIST__OP_BROADCAST_COALESCED:
-        *name = "MPI_Ibcast (coalesced)";
-        return post_bcast(&k, w->bufs, w->counts, w->nbufs);
-    case TDIST__OP_ALL_REDUCE:
-    case TDIST__OP_REDUCE:
-        *name = w->op == TDIST__OP_ALL_REDUCE ? "MPI_Iallreduce" : "MPI_Ireduce";
-        return post_reduce(&k);
-    case TDIST__OP_ALL_REDUCE_COALESCED:
-        *name = "MPI_Iallreduce (coalesced)";
-        return post_reduce_coalesced(&k);
-    case TDIST__OP_ALL_GATHER:
-    case TDIST__OP_ALL_GATHERV:
-        *name = w->op == TDIST__OP_ALL_GATHER ? "MPI_Iallgather" : "MPI_Iallgatherv";
-        return post_all_gather(&k);
-    case TDIST__OP_GATHER:
-    case TDIST__OP_SCATTER:
-        *name = w->op == TDIST__OP_GATHER ? "MPI_Igather" : "MPI_Iscatter";
-        return post_gather_scatter(&k);
-    case TDIST__OP_REDUCE_SCATTER:
-        *name = "MPI_Ireduce_scatter_block";
-        return post_reduce_scatter(&k);
-    case TDIST__OP_ALL_TO_ALL:
-    case TDIST__OP_ALL_TO_ALLV:
-        *name = w->op == TDIST__OP_ALL_TO_ALL ? "MPI_Ialltoall" : "MPI_Ialltoallv";
-        return post_all_to_all(&k);
-    case TDIST__OP_BARRIER:
-        *name = "MPI_Ibarrier";
-        POST(q, MPI_Ibarrier(k.c, RQ), *name);
-        return TDIST_OK;
-    default:
-        return tdist__error(TDIST_ERR_INTERNAL, "MPI backend: op %s is not a collective",
-                            tdist__op_name(w->op));
-    }
-}
-
 #undef RQ
 
-/* AVG's division (where the result is). */
-static tdist_status_t finish(tdist_pg_t *pg, const struct tdist_work *w)
-{
-    if (w->redop != TDIST_AVG) return TDIST_OK;
-    int64_t div = w->avg_div > 0 ? w->avg_div : pg->size;
-    switch (w->op) {
-    case TDIST__OP_ALL_REDUCE:
-    case TDIST__OP_REDUCE_SCATTER:
-        return tdist_divide(w->recvbuf, w->count, w->dtype, div);
-    case TDIST__OP_REDUCE:
-        return pg->rank == w->root ? tdist_divide(w->recvbuf, w->count, w->dtype, div) : TDIST_OK;
-    case TDIST__OP_ALL_REDUCE_COALESCED:
-        for (size_t i = 0; i < w->nbufs; i++)
-            TDIST_CHECK(tdist_divide(w->bufs[i], w->counts[i], w->dtype, div));
-        return TDIST_OK;
-    default:
-        return TDIST_OK;
-    }
-}
+typedef tdist_status_t (*post_fn)(const call_t *k);
 
-tdist_status_t tdist__mpi_run(tdist_pg_t *pg, struct tdist_work *w, int64_t timeout_ms,
-                              int64_t deadline_ms)
+/* Run one collective: post its MPI call(s) with post, wait for them
+ * (name: the MPI call, for messages), then AVG's division where the
+ * result is (by the group size: coll/ has turned a Join's AVG into a SUM
+ * and divides it itself). */
+static tdist_status_t run(void *be, const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
+                          post_fn post, const char *name)
 {
-    tdist__mpib_t *b = pg->be;
+    tdist__mpib_t *b = be;
     if (b->leaked)
         return tdist__error(TDIST_ERR_ABORTED, "an earlier MPI request of the group is still "
                                                "pending (the group failed)");
-    if (w->fp_override || w->shadow_leader >= 0)
-        return tdist__error(TDIST_ERR_NOT_SUPPORTED,
-                            "Join's shadow collectives are not supported on the MPI backend");
-    if (w->op == TDIST__OP_MONITORED_BARRIER)
-        return monitored_barrier(pg, b, w, timeout_ms, deadline_ms);
-    if (pg->check_fp && pg->size > 1) TDIST_CHECK(fp_exchange(pg, b, w, timeout_ms, deadline_ms));
     reqs_t q;
     q.p = q.r;
     q.n = 0;
     q.cap = MAXREQ;
-    const char *name = "MPI";
-    tdist_status_t st = post_coll(pg, b, w, &q, &name);
-    if (st == TDIST_OK) st = tdist__mpi_wait(pg, b, q.p, q.n, deadline_ms, timeout_ms, name);
-    else if (q.n > 0) b->leaked = true; /* the calls already posted stay with MPI */
+    call_t k = {.cx = c, .b = b, .w = a, .q = &q, .c = b->coll, .t = tdist__mpi_dtype(a->dtype),
+                .es = tdist_dtype_size(a->dtype), .cnt = a->count, .op = MPI_OP_NULL};
+    k.bytes = k.cnt * k.es;
+    bool reduces = a->op == TDIST__OP_ALL_REDUCE || a->op == TDIST__OP_REDUCE ||
+                   a->op == TDIST__OP_REDUCE_SCATTER || a->op == TDIST__OP_ALL_REDUCE_COALESCED;
+    tdist_status_t st = reduces ? mop(a->dtype, a->redop, &k.op) : TDIST_OK;
+    k.premul = reduces && a->redop == TDIST_PREMUL_SUM;
+    if (st == TDIST_OK) st = post(&k);
+    if (st == TDIST_OK)
+        st = tdist__mpi_wait(c->aborted, b, q.p, q.n, c->deadline_ms, c->timeout_ms, name);
+    else if (q.n > 0)
+        b->leaked = true; /* the calls already posted stay with MPI */
     if (q.p != q.r && !b->leaked) free(q.p);
-    if (st == TDIST_OK) st = finish(pg, w);
-    return st;
+    if (st != TDIST_OK || a->redop != TDIST_AVG || !reduces) return st;
+    if (a->op == TDIST__OP_REDUCE && c->rank != a->root) return TDIST_OK;
+    if (a->op != TDIST__OP_ALL_REDUCE_COALESCED)
+        return tdist_divide(a->recvbuf, a->count, a->dtype, c->size);
+    for (size_t i = 0; i < a->nbufs; i++)
+        TDIST_CHECK(tdist_divide(a->bufs[i], a->counts[i], a->dtype, c->size));
+    return TDIST_OK;
 }
+
+static tdist_status_t post_bcast_one(const call_t *k)
+{
+    return post_bcast(k, &k->w->recvbuf, &k->w->count, 1);
+}
+static tdist_status_t post_bcast_coalesced(const call_t *k)
+{
+    return post_bcast(k, k->w->bufs, k->w->counts, k->w->nbufs);
+}
+static tdist_status_t post_barrier(const call_t *k)
+{
+    reqs_t *q = k->q;
+    POST(q, MPI_Ibarrier(k->c, RQ_LAST(q)), "MPI_Ibarrier");
+    return TDIST_OK;
+}
+
+/* One slot per collective: the MPI call(s) it posts and their name. */
+#define SLOT(fn, post, name)                                                                 \
+    static tdist_status_t fn(void *be, const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,\
+                             const tdist__coll_check_t *chk)                                  \
+    {                                                                                        \
+        (void)chk;                                                                           \
+        return run(be, c, a, post, name);                                                    \
+    }
+SLOT(slot_broadcast, post_bcast_one, "MPI_Ibcast")
+SLOT(slot_broadcast_coalesced, post_bcast_coalesced, "MPI_Ibcast (coalesced)")
+SLOT(slot_all_reduce, post_reduce, "MPI_Iallreduce")
+SLOT(slot_reduce, post_reduce, "MPI_Ireduce")
+SLOT(slot_all_reduce_coalesced, post_reduce_coalesced, "MPI_Iallreduce (coalesced)")
+SLOT(slot_all_gather, post_all_gather, "MPI_Iallgather")
+SLOT(slot_all_gatherv, post_all_gather, "MPI_Iallgatherv")
+SLOT(slot_gather, post_gather_scatter, "MPI_Igather")
+SLOT(slot_scatter, post_gather_scatter, "MPI_Iscatter")
+SLOT(slot_reduce_scatter, post_reduce_scatter, "MPI_Ireduce_scatter_block")
+SLOT(slot_all_to_all, post_all_to_all, "MPI_Ialltoall")
+SLOT(slot_all_to_allv, post_all_to_all, "MPI_Ialltoallv")
+SLOT(slot_barrier, post_barrier, "MPI_Ibarrier")
+#undef SLOT
+
+const tdist__coll_slots_t tdist__mpi_slots = {.slot = {
+    [TDIST__OP_BROADCAST] = slot_broadcast,
+    [TDIST__OP_BROADCAST_COALESCED] = slot_broadcast_coalesced,
+    [TDIST__OP_ALL_REDUCE] = slot_all_reduce,
+    [TDIST__OP_REDUCE] = slot_reduce,
+    [TDIST__OP_ALL_REDUCE_COALESCED] = slot_all_reduce_coalesced,
+    [TDIST__OP_ALL_GATHER] = slot_all_gather,
+    [TDIST__OP_ALL_GATHERV] = slot_all_gatherv,
+    [TDIST__OP_GATHER] = slot_gather,
+    [TDIST__OP_SCATTER] = slot_scatter,
+    [TDIST__OP_REDUCE_SCATTER] = slot_reduce_scatter,
+    [TDIST__OP_ALL_TO_ALL] = slot_all_to_all,
+    [TDIST__OP_ALL_TO_ALLV] = slot_all_to_allv,
+    [TDIST__OP_BARRIER] = slot_barrier,
+    [TDIST__OP_MONITORED_BARRIER] = slot_monitored_barrier,
+}};

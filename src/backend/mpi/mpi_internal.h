@@ -5,10 +5,10 @@
  *
  * A group owns three duplicates of its communicator, all with
  * MPI_ERRORS_RETURN:
- *   coll  the engine's: fingerprints, collectives, monitored_barrier
- *         (one work at a time: the engine thread or the caller's inline
- *         path, serialised by pg->busy);
- *   p2p   the p2p thread's send / recv (a header then the payload);
+ *   coll  the collective slots': pg's fingerprint exchange, collectives,
+ *         monitored_barrier (one at a time: pg serialises a group's
+ *         collectives);
+ *   p2p   pg's p2p thread's send / recv (pg's header, then the payload);
  *   mgmt  the caller's thread: MPI_Comm_create_group of subgroups, so
  *         group creation never races with the engine's collectives.
  *
@@ -35,22 +35,23 @@ typedef struct tdist__mpib {
     void *tmp;
     size_t tmp_len;
     int *ic, *id, *ic2, *id2; /* size entries: counts / displacements */
-    /* p2p thread: posted operations */
-    struct tdist__mpi_p2p *active;
 } tdist__mpib_t;
 
 /* "MPI_Xxx failed: <MPI's error string>" with status st. */
 tdist_status_t tdist__mpi_error(int rc, tdist_status_t st, const char *what);
 
 /* Wait for n requests (entries may be MPI_REQUEST_NULL) until done, the
- * deadline (TDIST_ERR_TIMEOUT naming what and timeout_ms), an abort of pg
+ * deadline (TDIST_ERR_TIMEOUT naming what and timeout_ms), *aborted
  * (TDIST_ERR_ABORTED) or an MPI error. On timeout / abort the pending
  * requests stay with MPI and b->leaked is set. */
-tdist_status_t tdist__mpi_wait(tdist_pg_t *pg, tdist__mpib_t *b, MPI_Request *r, int n,
-                               int64_t deadline_ms, int64_t timeout_ms, const char *what);
+tdist_status_t tdist__mpi_wait(const _Atomic bool *aborted, tdist__mpib_t *b, MPI_Request *r,
+                               int n, int64_t deadline_ms, int64_t timeout_ms, const char *what);
 
 /* One poll's pause (see above): waited_us since the wait began. */
 void tdist__mpi_backoff(const tdist__mpib_t *b, int64_t waited_us);
+
+/* The MPI datatype that carries dtype (f16 and bf16: MPI_UINT16_T). */
+MPI_Datatype tdist__mpi_dtype(tdist_dtype_t dtype);
 
 /* Microseconds, monotonic. */
 int64_t tdist__mpi_now_us(void);
@@ -61,8 +62,7 @@ tdist_status_t tdist__mpim_world_init(const char *url, const tdist_init_opts_t *
                                       tdist_world_t **out);
 void tdist__mpim_world_leave(tdist_world_t *w);
 
-/* mpi_coll.c: the table's run op. */
-tdist_status_t tdist__mpi_run(tdist_pg_t *pg, struct tdist_work *w, int64_t timeout_ms,
-                              int64_t deadline_ms);
+/* mpi_coll.c: the table's collective slots. */
+extern const tdist__coll_slots_t tdist__mpi_slots;
 
 #endif /* TDIST_BACKEND_MPI_INTERNAL_H */

@@ -1,0 +1,508 @@
+/*
+ * coll/select.c — the one selection of a route and an algorithm for every
+ * collective, and the dispatch that runs it (tdist__coll_run).
+ *
+ * Route (the first exchange, which carries pg/'s check of rule 2):
+ *   hierarchical    a group over several hosts with pg/'s local and cross
+ *                   subgroups: all_reduce (and its coalesced form) and
+ *                   broadcast of hier_min bytes or more
+ *   shm line        every rank on one host: every collective starts with
+ *                   the line exchange (shm_line.c)
+ *   fused           TCP: an all_reduce up to tdist__fused_max(size) bytes
+ *                   sends its payload with the fingerprint
+ *   monitored       TCP: monitored_barrier's collection at rank 0
+ *   native          pg's fingerprint exchange, then the algorithm
+ * Algorithm (size >= 2):
+ *   all_reduce      shm: tiny (payload in the line, up to the blob), small
+ *                   (one shot through the staging slots, up to 2 KiB, or
+ *                   8 KiB with more ranks than CPUs; not PREMUL_SUM), else
+ *                   staged — unless TDIST_ALGO_ALLREDUCE forces one;
+ *                   point-to-point: direct up to 256 B, recursive doubling
+ *                   below 256 KiB (or count < size), ring above
+ *   broadcast       shm: tiny (in the root's line) or staged; point-to-
+ *                   point: binomial tree, pipelined chain from 1 MiB when
+ *                   size > 2
+ *   reduce          shm: staged; point-to-point: binomial tree, ring
+ *                   reduce-scatter + gather from 512 KiB (count >= size)
+ *   others          their one algorithm (all_gatherv: direct up to 32 KiB
+ *                   in all, ring above, in all_gatherv.c)
+ * Every input of the choice is something every rank agrees on (the
+ * fingerprint's fields, the group), so every rank takes the same route.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll/coll_internal.h"
+
+/* The shm line carries a 64-bit fingerprint hash; a tiny payload fills
+ * the rest of the blob. */
+#define SHM_TINY_MAX (TDIST__SHMC_BLOB_MAX - sizeof(uint64_t))
+
+/* Above that and up to this size an all_reduce goes in one shot through
+ * the staging slots: one wait instead of the staged protocol's three, each
+ * rank reducing everything. That pays most when ranks share CPUs (every
+ * wait a yield); with a CPU each, the staged protocol's split of the work
+ * wins sooner. Measured on 2 vCPUs (docs/pg.md). */
+#ifndef TDIST_SHM_SMALL_MAX
+#define TDIST_SHM_SMALL_MAX (2u * 1024u)
+#endif
+#ifndef TDIST_SHM_SMALL_MAX_OVERSUB
+#define TDIST_SHM_SMALL_MAX_OVERSUB (8u * 1024u)
+#endif
+
+/* Over point-to-point transports, all_reduce payloads up to
+ * fused_max(group size) bytes travel with the fingerprint, one message to
+ * every peer: at most FUSED_MAX, and at most FUSED_FANOUT bytes sent by a
+ * rank in all (payload x (size - 1)), so a large group does not trade a
+ * few round trips for a flood. */
+#define FUSED_MAX 16384
+#define FUSED_FANOUT 65536
+
+static size_t fused_max(int size)
+{
+    size_t f = size > 1 ? FUSED_FANOUT / (size_t)(size - 1) : FUSED_MAX;
+    return f < FUSED_MAX ? f : FUSED_MAX;
+}
+
+/* ---------------------------------------------------------- op names */
+
+static const char *const op_names[TDIST__OP_COUNT] = {
+    [TDIST__OP_NONE] = "none",
+    [TDIST__OP_BROADCAST] = "broadcast",
+    [TDIST__OP_ALL_REDUCE] = "all_reduce",
+    [TDIST__OP_REDUCE] = "reduce",
+    [TDIST__OP_ALL_GATHER] = "all_gather",
+    [TDIST__OP_ALL_GATHERV] = "all_gatherv",
+    [TDIST__OP_GATHER] = "gather",
+    [TDIST__OP_SCATTER] = "scatter",
+    [TDIST__OP_REDUCE_SCATTER] = "reduce_scatter",
+    [TDIST__OP_ALL_TO_ALL] = "all_to_all",
+    [TDIST__OP_ALL_TO_ALLV] = "all_to_allv",
+    [TDIST__OP_BARRIER] = "barrier",
+    [TDIST__OP_MONITORED_BARRIER] = "monitored_barrier",
+    [TDIST__OP_ALL_REDUCE_COALESCED] = "all_reduce_coalesced",
+    [TDIST__OP_BROADCAST_COALESCED] = "broadcast_coalesced",
+    [TDIST__OP_SEND] = "send",
+    [TDIST__OP_RECV] = "recv",
+};
+
+const char *tdist__op_name(tdist__op_t op)
+{
+    return (op > TDIST__OP_NONE && op < TDIST__OP_COUNT) ? op_names[op] : "unknown-op";
+}
+
+/* ------------------------------------------------------- group state */
+
+tdist_status_t tdist__coll_forced_ar_algo(tdist__ar_algo_t *out)
+{
+    const char *e = getenv("TDIST_ALGO_ALLREDUCE");
+    *out = TDIST__AR_AUTO;
+    if (!e || !*e || strcmp(e, "auto") == 0) return TDIST_OK;
+    if (strcmp(e, "ring") == 0)
+        *out = TDIST__AR_RING;
+    else if (strcmp(e, "rd") == 0)
+        *out = TDIST__AR_RD;
+    else if (strcmp(e, "direct") == 0)
+        *out = TDIST__AR_DIRECT;
+    else
+        return tdist__error(TDIST_ERR_INVALID_ARG,
+                            "TDIST_ALGO_ALLREDUCE=\"%s\": expected ring, rd, direct or auto", e);
+    return TDIST_OK;
+}
+
+tdist_status_t tdist__coll_group_init(tdist__coll_group_t *g, int size)
+{
+    memset(g, 0, sizeof *g);
+    TDIST_CHECK(tdist__coll_forced_ar_algo(&g->ar_algo));
+    size_t n = (size_t)(unsigned)size;
+    g->fused_max = fused_max(size);
+    g->fused_out = malloc(g->fused_max + TDIST__COLL_FP_MAX);
+    g->fused_in = malloc(n * g->fused_max);
+    g->fused_acc = malloc(g->fused_max);
+    g->reqs = calloc(2 * n, sizeof *g->reqs);
+    g->reqp = calloc(2 * n, sizeof *g->reqp);
+    g->blobs = calloc(n, sizeof *g->blobs);
+    if (!g->fused_out || !g->fused_in || !g->fused_acc || !g->reqs || !g->reqp || !g->blobs) {
+        tdist__coll_group_free(g);
+        return tdist__error(TDIST_ERR_NO_MEMORY, "collective state for %d ranks: out of memory",
+                            size);
+    }
+    return TDIST_OK;
+}
+
+void tdist__coll_group_free(tdist__coll_group_t *g)
+{
+    tdist__coll_scratch_release(&g->scratch);
+    free(g->fused_out);
+    free(g->fused_in);
+    free(g->fused_acc);
+    free(g->reqs);
+    free(g->reqp);
+    free((void *)g->blobs);
+    g->fused_out = g->fused_in = g->fused_acc = NULL;
+    g->reqs = NULL;
+    g->reqp = NULL;
+    g->blobs = NULL;
+}
+
+/* ---------------------------------------------------------- selection */
+
+static size_t args_bytes(const tdist__coll_args_t *a)
+{
+    size_t es = tdist_dtype_size(a->dtype);
+    if (a->op == TDIST__OP_ALL_REDUCE_COALESCED) {
+        size_t tot = 0;
+        for (size_t i = 0; i < a->nbufs; i++) tot += a->counts[i];
+        return tot * es;
+    }
+    return a->count * es;
+}
+
+static bool hier_eligible(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a)
+{
+    if (!c->g || !c->g->hier_run || c->g->hier_min == 0) return false;
+    switch (a->op) {
+    case TDIST__OP_ALL_REDUCE:
+    case TDIST__OP_BROADCAST:
+    case TDIST__OP_ALL_REDUCE_COALESCED:
+        return args_bytes(a) >= c->g->hier_min;
+    default:
+        return false;
+    }
+}
+
+static bool ar_forced(const tdist__coll_ctx_t *c) { return c->ar_forced != TDIST__AR_AUTO; }
+
+static tdist__coll_algo_t ar_p2p(const tdist__coll_ctx_t *c, size_t count, size_t bytes)
+{
+    switch (c->ar_forced) {
+    case TDIST__AR_RING: return TDIST__ALGO_AR_RING;
+    case TDIST__AR_RD: return TDIST__ALGO_AR_RD;
+    case TDIST__AR_DIRECT: return TDIST__ALGO_AR_DIRECT;
+    case TDIST__AR_AUTO:
+    default: break;
+    }
+    if (bytes <= TDIST__COLL_AR_DIRECT_MAX) return TDIST__ALGO_AR_DIRECT;
+    if (bytes < TDIST__COLL_AR_RD_MAX || count < (size_t)c->size) return TDIST__ALGO_AR_RD;
+    return TDIST__ALGO_AR_RING;
+}
+
+static tdist__coll_algo_t select_shm(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a)
+{
+    size_t bytes = args_bytes(a);
+    switch (a->op) {
+    case TDIST__OP_ALL_REDUCE: {
+        if (ar_forced(c)) return ar_p2p(c, a->count, bytes);
+        if (a->count > 0 && bytes <= SHM_TINY_MAX) return TDIST__ALGO_AR_SHM_TINY;
+        size_t max = tdist__tp_oversubscribed(c->tp) ? TDIST_SHM_SMALL_MAX_OVERSUB
+                                                     : TDIST_SHM_SMALL_MAX;
+        if (a->redop != TDIST_PREMUL_SUM && bytes <= TDIST_MIN(max, tdist__shmc_small_max()))
+            return TDIST__ALGO_AR_SHM_SMALL;
+        return TDIST__ALGO_AR_SHM;
+    }
+    case TDIST__OP_ALL_REDUCE_COALESCED:
+        return ar_forced(c) ? TDIST__ALGO_OP : TDIST__ALGO_AR_SHM;
+    case TDIST__OP_BROADCAST:
+        return a->count > 0 && bytes <= SHM_TINY_MAX ? TDIST__ALGO_BCAST_SHM_TINY
+                                                     : TDIST__ALGO_BCAST_SHM;
+    case TDIST__OP_REDUCE:
+        return TDIST__ALGO_REDUCE_SHM;
+    case TDIST__OP_BARRIER:
+        return TDIST__ALGO_NONE;
+    case TDIST__OP_MONITORED_BARRIER:
+        return TDIST__ALGO_MONITORED;
+    default:
+        return TDIST__ALGO_OP;
+    }
+}
+
+static tdist__coll_algo_t select_p2p(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a)
+{
+    size_t bytes = args_bytes(a);
+    switch (a->op) {
+    case TDIST__OP_ALL_REDUCE:
+        return ar_p2p(c, a->count, bytes);
+    case TDIST__OP_BROADCAST:
+        return bytes >= TDIST__COLL_BCAST_CHAIN_MIN && c->size > 2 ? TDIST__ALGO_BCAST_CHAIN
+                                                                   : TDIST__ALGO_BCAST_TREE;
+    case TDIST__OP_REDUCE:
+        return bytes >= TDIST__COLL_REDUCE_RSG_MIN && a->count >= (size_t)c->size
+                   ? TDIST__ALGO_REDUCE_RSG
+                   : TDIST__ALGO_REDUCE_TREE;
+    case TDIST__OP_MONITORED_BARRIER:
+        return TDIST__ALGO_MONITORED;
+    default:
+        return TDIST__ALGO_OP;
+    }
+}
+
+tdist__coll_plan_t tdist__coll_select(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
+                                      const tdist__coll_check_t *chk)
+{
+    tdist__coll_plan_t p = {TDIST__ROUTE_NATIVE, TDIST__ALGO_OP};
+    if (c->slots && c->slots->slot[a->op]) {
+        p.route = TDIST__ROUTE_BACKEND;
+        p.algo = TDIST__ALGO_SLOT;
+        return p;
+    }
+    if (hier_eligible(c, a)) {
+        p.route = TDIST__ROUTE_HIER;
+        return p;
+    }
+    if (c->shm) {
+        /* without the group's state (coll/'s own entries) there is no line */
+        p.route = c->g ? TDIST__ROUTE_SHM_LINE : TDIST__ROUTE_NATIVE;
+        p.algo = select_shm(c, a);
+        if (!c->g && (p.algo == TDIST__ALGO_AR_SHM_TINY || p.algo == TDIST__ALGO_AR_SHM_SMALL))
+            p.algo = TDIST__ALGO_AR_SHM;
+        if (!c->g && p.algo == TDIST__ALGO_BCAST_SHM_TINY) p.algo = TDIST__ALGO_BCAST_SHM;
+        if (!c->g && (p.algo == TDIST__ALGO_NONE || p.algo == TDIST__ALGO_MONITORED))
+            p.algo = TDIST__ALGO_OP;
+        return p;
+    }
+    p.algo = select_p2p(c, a);
+    if (a->op == TDIST__OP_MONITORED_BARRIER) {
+        p.route = TDIST__ROUTE_MONITORED;
+    } else if (a->op == TDIST__OP_ALL_REDUCE && chk && chk->on && c->size > 1 && a->count > 0 &&
+               c->g && args_bytes(a) <= c->g->fused_max) {
+        p.route = TDIST__ROUTE_FUSED_AR;
+    }
+    return p;
+}
+
+/* ----------------------------------------------------------- dispatch */
+
+static tdist_status_t run_all_reduce(const tdist__coll_ctx_t *c, tdist__coll_algo_t algo,
+                                     const void *sendbuf, void *recvbuf, size_t count,
+                                     tdist_dtype_t dtype, tdist_redop_t op, double premul)
+{
+    if (count == 0) return TDIST_OK;
+    if (c->size == 1) {
+        TDIST_CHECK(tdist__coll_load(recvbuf, sendbuf, count, dtype, op, premul));
+        return tdist__coll_finish(c, recvbuf, count, dtype, op);
+    }
+    switch (algo) {
+    case TDIST__ALGO_AR_SHM:
+        return tdist__shmc_all_reduce(c, sendbuf, recvbuf, count, dtype, op, premul, -1);
+    case TDIST__ALGO_AR_RING:
+        return tdist__coll_all_reduce_ring(c, sendbuf, recvbuf, count, dtype, op, premul);
+    case TDIST__ALGO_AR_DIRECT:
+        return tdist__coll_all_reduce_direct(c, sendbuf, recvbuf, count, dtype, op, premul);
+    case TDIST__ALGO_AR_RD:
+        return tdist__coll_all_reduce_rd(c, sendbuf, recvbuf, count, dtype, op, premul);
+    default: { /* a coalesced buffer: chosen by its own size */
+        tdist__coll_algo_t own = c->shm && !ar_forced(c)
+                                     ? TDIST__ALGO_AR_SHM
+                                     : ar_p2p(c, count, tdist__coll_bytes(count, dtype));
+        return run_all_reduce(c, own, sendbuf, recvbuf, count, dtype, op, premul);
+    }
+    }
+}
+
+static tdist_status_t run_broadcast(const tdist__coll_ctx_t *c, tdist__coll_algo_t algo, void *buf,
+                                    size_t count, tdist_dtype_t dtype, int root)
+{
+    size_t bytes = tdist__coll_bytes(count, dtype);
+    if (bytes == 0 || c->size == 1) return TDIST_OK;
+    switch (algo) {
+    case TDIST__ALGO_BCAST_SHM:
+    case TDIST__ALGO_BCAST_SHM_TINY:
+        return tdist__shmc_broadcast(c, buf, count, dtype, root);
+    case TDIST__ALGO_BCAST_CHAIN:
+        return tdist__coll_broadcast_chain(c, buf, bytes, root);
+    case TDIST__ALGO_BCAST_TREE:
+        return tdist__coll_broadcast_tree(c, buf, bytes, root);
+    default: /* a coalesced buffer: chosen by its own size */
+        if (c->shm) return tdist__shmc_broadcast(c, buf, count, dtype, root);
+        return run_broadcast(c, bytes >= TDIST__COLL_BCAST_CHAIN_MIN && c->size > 2
+                                    ? TDIST__ALGO_BCAST_CHAIN : TDIST__ALGO_BCAST_TREE,
+                             buf, count, dtype, root);
+    }
+}
+
+static tdist_status_t run_reduce(const tdist__coll_ctx_t *c, tdist__coll_algo_t algo,
+                                 const tdist__coll_args_t *a)
+{
+    if (a->count == 0) return TDIST_OK;
+    if (c->size == 1) {
+        TDIST_CHECK(tdist__coll_load(a->recvbuf, a->sendbuf, a->count, a->dtype, a->redop,
+                                     a->premul));
+        return tdist__coll_finish(c, a->recvbuf, a->count, a->dtype, a->redop);
+    }
+    switch (algo) {
+    case TDIST__ALGO_REDUCE_SHM:
+        return tdist__shmc_all_reduce(c, a->sendbuf, a->recvbuf, a->count, a->dtype, a->redop,
+                                      a->premul, a->root);
+    case TDIST__ALGO_REDUCE_RSG:
+        return tdist__coll_reduce_rsg(c, a->sendbuf, a->recvbuf, a->count, a->dtype, a->redop,
+                                      a->premul, a->root);
+    default:
+        return tdist__coll_reduce_tree(c, a->sendbuf, a->recvbuf, a->count, a->dtype, a->redop,
+                                       a->premul, a->root);
+    }
+}
+
+/* all_to_allv: coll needs disjoint buffers, so in place goes through a copy. */
+static tdist_status_t run_all_to_allv(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a)
+{
+    const void *sb = a->sendbuf;
+    void *tmp = NULL;
+    if (sb && sb == a->recvbuf) {
+        size_t tot = 0;
+        for (int p = 0; p < c->size; p++) tot += a->sendcounts[p];
+        TDIST_CHECK(tdist__coll_alloc(c, tot * tdist_dtype_size(a->dtype), "in-place all_to_allv",
+                                      &tmp));
+        memcpy(tmp, sb, tot * tdist_dtype_size(a->dtype));
+        sb = tmp;
+    }
+    tdist_status_t st =
+        tdist__coll_all_to_allv(c, sb, a->sendcounts, a->recvbuf, a->recvcounts, a->dtype);
+    free(tmp);
+    return st;
+}
+
+tdist_status_t tdist__coll_run_algo(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
+                                    const tdist__coll_check_t *chk, tdist__coll_algo_t algo)
+{
+    switch (a->op) {
+    case TDIST__OP_BROADCAST:
+        return run_broadcast(c, algo, a->recvbuf, a->count, a->dtype, a->root);
+    case TDIST__OP_ALL_REDUCE:
+        return run_all_reduce(c, algo, a->sendbuf, a->recvbuf, a->count, a->dtype, a->redop,
+                              a->premul);
+    case TDIST__OP_REDUCE:
+        return run_reduce(c, algo, a);
+    case TDIST__OP_ALL_GATHER:
+    case TDIST__OP_ALL_GATHERV:
+        return tdist__coll_all_gatherv(c, a->sendbuf, a->recvbuf, a->recvcounts, a->dtype);
+    case TDIST__OP_GATHER:
+        return tdist__coll_gather(c, a->sendbuf, a->recvbuf, a->count, a->dtype, a->root);
+    case TDIST__OP_SCATTER:
+        return tdist__coll_scatter(c, a->sendbuf, a->recvbuf, a->count, a->dtype, a->root);
+    case TDIST__OP_REDUCE_SCATTER:
+        return tdist__coll_reduce_scatter(c, a->sendbuf, a->recvbuf, a->count, a->dtype,
+                                          a->redop, a->premul);
+    case TDIST__OP_ALL_TO_ALL:
+    case TDIST__OP_ALL_TO_ALLV:
+        return run_all_to_allv(c, a);
+    case TDIST__OP_BARRIER:
+        return algo == TDIST__ALGO_NONE ? TDIST_OK : tdist__coll_barrier(c);
+    case TDIST__OP_MONITORED_BARRIER:
+        return tdist__coll_monitored_barrier(c, chk);
+    case TDIST__OP_ALL_REDUCE_COALESCED:
+        for (size_t i = 0; i < a->nbufs; i++)
+            TDIST_CHECK(run_all_reduce(c, TDIST__ALGO_OP, a->bufs[i], a->bufs[i], a->counts[i],
+                                       a->dtype, a->redop, a->premul));
+        return TDIST_OK;
+    case TDIST__OP_BROADCAST_COALESCED:
+        for (size_t i = 0; i < a->nbufs; i++)
+            TDIST_CHECK(run_broadcast(c, TDIST__ALGO_OP, a->bufs[i], a->counts[i], a->dtype,
+                                      a->root));
+        return TDIST_OK;
+    default:
+        return tdist__error(TDIST_ERR_INTERNAL, "unknown collective %d", (int)a->op);
+    }
+}
+
+/* Under a Join without divide_by_initial_world_size, AVG divides by the
+ * ranks still active: reduce as SUM, then divide here. */
+static tdist_status_t divide_active(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a)
+{
+    switch (a->op) {
+    case TDIST__OP_ALL_REDUCE:
+    case TDIST__OP_REDUCE_SCATTER:
+        return tdist_divide(a->recvbuf, a->count, a->dtype, a->avg_div);
+    case TDIST__OP_REDUCE:
+        if (c->rank != a->root) return TDIST_OK;
+        return tdist_divide(a->recvbuf, a->count, a->dtype, a->avg_div);
+    case TDIST__OP_ALL_REDUCE_COALESCED:
+        for (size_t i = 0; i < a->nbufs; i++)
+            TDIST_CHECK(tdist_divide(a->bufs[i], a->counts[i], a->dtype, a->avg_div));
+        return TDIST_OK;
+    default:
+        return TDIST_OK;
+    }
+}
+
+/* A route whose only wait is the shm line's gather. */
+static bool single_wait(tdist__coll_plan_t p)
+{
+    return p.route == TDIST__ROUTE_SHM_LINE &&
+           (p.algo == TDIST__ALGO_AR_SHM_TINY || p.algo == TDIST__ALGO_BCAST_SHM_TINY ||
+            p.algo == TDIST__ALGO_NONE);
+}
+
+tdist_status_t tdist__coll_run(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
+                               const tdist__coll_check_t *chk)
+{
+    if (a->redop == TDIST_AVG && a->avg_div > 0 && a->avg_div != c->size) {
+        tdist__coll_args_t sum = *a;
+        sum.redop = TDIST_SUM;
+        sum.avg_div = 0;
+        TDIST_CHECK(tdist__coll_run(c, &sum, chk));
+        return divide_active(c, a);
+    }
+    tdist__coll_plan_t p = tdist__coll_select(c, a, chk);
+    tdist__coll_ctx_t abs;
+    if (c->lazy_deadline && !single_wait(p)) {
+        abs = *c;
+        abs.deadline_ms = tdist__deadline_ms(c->deadline_ms);
+        abs.lazy_deadline = false;
+        c = &abs;
+    }
+    if (p.route != TDIST__ROUTE_BACKEND && !c->tp)
+        return tdist__error(TDIST_ERR_NOT_SUPPORTED, "the %s backend has no %s, and the group has "
+                            "no native mesh to run it on", c->be_name ? c->be_name : "group's",
+                            tdist__op_name(a->op));
+    switch (p.route) {
+    case TDIST__ROUTE_BACKEND:
+        if (a->op != TDIST__OP_MONITORED_BARRIER && chk && chk->on && c->size > 1)
+            TDIST_CHECK(chk->exchange(chk->arg, c->deadline_ms));
+        return c->slots->slot[a->op](c->be, c, a, chk);
+    case TDIST__ROUTE_HIER:
+        if (chk && chk->on) TDIST_CHECK(chk->exchange(chk->arg, c->deadline_ms));
+        return c->g->hier_run(c->g->hier_arg, a, c->deadline_ms);
+    case TDIST__ROUTE_SHM_LINE:
+        return tdist__coll_shm_line(c, a, chk, p.algo);
+    case TDIST__ROUTE_FUSED_AR:
+        return tdist__coll_all_reduce_fused(c, a, chk);
+    case TDIST__ROUTE_MONITORED:
+        return tdist__coll_monitored_barrier(c, chk);
+    case TDIST__ROUTE_NATIVE:
+    default:
+        if (chk && chk->on) TDIST_CHECK(chk->exchange(chk->arg, c->deadline_ms));
+        return tdist__coll_run_algo(c, a, chk, p.algo);
+    }
+}
+
+/* ------------------------------------------------ one collective each */
+
+tdist_status_t tdist__coll_all_reduce(const tdist__coll_ctx_t *c, const void *sendbuf,
+                                      void *recvbuf, size_t count, tdist_dtype_t dtype,
+                                      tdist_redop_t op, double premul, tdist__ar_algo_t algo)
+{
+    tdist__coll_ctx_t c2 = *c;
+    if (algo != TDIST__AR_AUTO) c2.ar_forced = algo;
+    tdist__coll_args_t a = {.op = TDIST__OP_ALL_REDUCE, .sendbuf = sendbuf, .recvbuf = recvbuf,
+                            .count = count, .dtype = dtype, .redop = op, .premul = premul,
+                            .root = -1};
+    return tdist__coll_run(&c2, &a, NULL);
+}
+
+tdist_status_t tdist__coll_broadcast(const tdist__coll_ctx_t *c, void *buf, size_t count,
+                                     tdist_dtype_t dtype, int root)
+{
+    tdist__coll_args_t a = {.op = TDIST__OP_BROADCAST, .sendbuf = buf, .recvbuf = buf,
+                            .count = count, .dtype = dtype, .root = root};
+    return tdist__coll_run(c, &a, NULL);
+}
+
+tdist_status_t tdist__coll_reduce(const tdist__coll_ctx_t *c, const void *sendbuf, void *recvbuf,
+                                  size_t count, tdist_dtype_t dtype, tdist_redop_t op,
+                                  double premul, int root)
+{
+    tdist__coll_args_t a = {.op = TDIST__OP_REDUCE, .sendbuf = sendbuf, .recvbuf = recvbuf,
+                            .count = count, .dtype = dtype, .redop = op, .premul = premul,
+                            .root = root};
+    return tdist__coll_run(c, &a, NULL);
+}
