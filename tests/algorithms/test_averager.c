@@ -22,7 +22,8 @@
  *    buffers without a gradient are not averaged.
  * 3. average_optimizer_state: the momentum buffers are averaged too, only
  *    with the option.
- * 4. Under Join: a joined rank's parameters enter the averages.
+ * 4. Under Join: a joined rank's parameters enter the averages, in the
+ *    world and in subgroups.
  * 5. Bad options fail at create; ranks with different schedules fail
  *    together. */
 #include <math.h>
@@ -32,36 +33,13 @@
 
 #include "harness.h"
 #include "oracle_h4.h"
+#include "oracle_util.h"
 #include "tdist/algorithms.h"
 #include "tdist/join.h"
-
-static uint32_t bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static float f32(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
 
 static void open_pg(tdist_world_t **w, tdist_pg_t **pg)
 {
     tdist_test_open_world(w, pg, (int64_t)(20000 * tdist_test_timeout_mult()));
-}
-
-/* Gloo's ring all_reduce (SUM) of v[r * stride + i], r < w (R0.1). */
-static float ring_sum(const float *v, size_t stride, int w, size_t n, size_t i)
-{
-    size_t s = (n + 2 * (size_t)w - 1) / (2 * (size_t)w);
-    int c = (int)(i / (2 * s));
-    float acc = v[(size_t)((c + w - 1) % w) * stride + i];
-    for (int j = w - 2; j >= 0; j--) acc = v[(size_t)((c + j) % w) * stride + i] + acc;
-    return acc;
 }
 
 /* ==================================================== 1. against PyTorch */
@@ -371,11 +349,26 @@ TEST(post_local_optim_average_optimizer_state, 60) { tdist_test_run_ranks(4, sta
 #define JN 6
 static const int jsteps[4] = {5, 1, 3, 0};
 
+/* What an active rank holds after step k: its own start (8 rank + i),
+ * an average over all four (12 + i), or over its pair ({0,1}: 4 + i,
+ * {2,3}: 20 + i). */
+static float join_expect(bool hier, int rank, int k, int i)
+{
+    if (!hier) return k == 0 ? (float)(8 * rank + i) : (float)(12 + i);
+    if (k == 0) return (float)(8 * rank + i);
+    if (k < 4) return (float)((rank < 2 ? 4 : 20) + i);
+    return (float)(12 + i);
+}
+
 /* lr 0: the steps leave the parameters alone, so each average is the
- * mean of the four ranks' current values, whoever has joined. */
+ * mean of the current values in its group, whoever has joined.
+ * Periodic (period 2, warm-up 1): the world at steps 1 and 3.
+ * Hierarchical ({1: 2, 4: 4}, warm-up 1): the pairs at steps 1 to 3, the
+ * world at step 4; ranks 1 and 3 take part in their pairs' averages from
+ * their shadow iterations. */
 static void join_body(int rank, int n, void *arg)
 {
-    (void)arg;
+    bool hier = arg != NULL;
     ASSERT_EQ(n, 4);
     tdist_world_t *w;
     tdist_pg_t *pg;
@@ -392,12 +385,19 @@ static void join_body(int rank, int n, void *arg)
     so.lr = 0;
     tdist_optim_t *opt;
     ASSERT_OK(tdist_optim_create_sgd(&op, 1, &so, &opt));
+    static const tdist_averager_level_t lv[2] = {{1, 2}, {4, 4}};
     tdist_averager_opts_t ao;
     tdist_averager_opts_init(&ao);
-    ao.period = 2;
     ao.warmup_steps = 1;
     tdist_averager_t *a;
-    ASSERT_OK(tdist_periodic_averager_create(pg, &ao, &a));
+    if (hier) {
+        ao.levels = lv;
+        ao.num_levels = 2;
+        ASSERT_OK(tdist_hierarchical_averager_create(pg, &ao, &a));
+    } else {
+        ao.period = 2;
+        ASSERT_OK(tdist_periodic_averager_create(pg, &ao, &a));
+    }
     tdist_post_local_optim_t *plo;
     ASSERT_OK(tdist_post_local_optim_create(opt, &op, 1, a, NULL, &plo));
     tdist_joinable_t j[2];
@@ -411,11 +411,10 @@ static void join_body(int rank, int n, void *arg)
         ASSERT_OK(tdist_ddp_grad_ready(ddp, 0));
         ASSERT_OK(tdist_ddp_backward_end(ddp));
         ASSERT_OK(tdist_post_local_optim_step(plo));
-        /* the first average (step 1) is over all four starting values,
-         * rank 1 (joined after step 0) and rank 3 (joined at once)
-         * included; later ones change nothing */
+        /* rank 1 (joined after step 0) and rank 3 (joined at once)
+         * contribute their starting values to the first averages */
         for (int i = 0; i < JN; i++) {
-            float e = k == 0 ? (float)(8 * rank + i) : (float)(12 + i);
+            float e = join_expect(hier, rank, k, i);
             if (p[i] != e) FAIL("step %d element %d: %g, expected %g", k, i, p[i], e);
         }
     }
@@ -431,6 +430,11 @@ static void join_body(int rank, int n, void *arg)
 }
 
 TEST(post_local_optim_join, 90) { tdist_test_run_ranks(4, join_body, NULL); }
+TEST(post_local_optim_join_hierarchical, 90)
+{
+    static int hier = 1;
+    tdist_test_run_ranks(4, join_body, &hier);
+}
 
 /* ============================================================== 5. errors */
 
