@@ -1038,6 +1038,26 @@ TDIST_API tdist_optim_t *tdist_diloco_inner(tdist_diloco_t *d);
  * owned by d; NULL for a bad index. */
 TDIST_API const float *tdist_diloco_synced(const tdist_diloco_t *d, size_t i);
 
+/* Checkpointing: the options, the synchronised parameters, the outer
+ * optimizer's state (momentum), the inner steps since the last outer step
+ * and the counters, and the inner optimizer's state when DiLoCo created it
+ * (a caller's inner optimizer is saved by the caller, tdist_optim_save;
+ * so are the parameters). The int8 hook's error-feedback residuals are not
+ * saved: they restart at zero. state_size: the bytes save needs. save
+ * writes them to buf (cap bytes; TDIST_ERR_INVALID_ARG if too small) and
+ * *written (may be NULL). load restores them into d, which must have been
+ * created with the same options, buffer count and element count
+ * (TDIST_ERR_MISMATCH otherwise), and with inner NULL exactly when the
+ * saver's was; a damaged, truncated or foreign buffer is
+ * TDIST_ERR_INVALID_ARG. On any error d is unchanged. Local: no
+ * communication, every rank saves and loads its own (the synchronised
+ * parameters are the same on every rank). Call between steps. Host byte
+ * order; the caller owns buf. */
+TDIST_API size_t tdist_diloco_state_size(const tdist_diloco_t *d);
+TDIST_API tdist_status_t tdist_diloco_save(const tdist_diloco_t *d, void *buf, size_t cap,
+                                           size_t *written);
+TDIST_API tdist_status_t tdist_diloco_load(tdist_diloco_t *d, const void *buf, size_t len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -24,7 +24,10 @@
  *    synchronisations with its progress, then zeros; a last one when any
  *    rank has unsynchronised steps.
  * 5. Bad options fail at create; ranks with different options fail
- *    together at the first synchronisation. */
+ *    together at the first synchronisation.
+ * 6. Checkpoints: 4 steps, save, a new state, load, 3 steps = 7 steps,
+ *    bit for bit; loading into other options, a damaged or a truncated
+ *    state fails and changes nothing. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -423,3 +426,75 @@ static void errors_body(int rank, int n, void *arg)
 }
 
 TEST(diloco_bad_options_and_mismatch, 60) { tdist_test_run_ranks(2, errors_body, NULL); }
+
+/* ========================================================= 6. checkpoints */
+
+static const scen_t ck = {.w = 2, .h = 3, .nesterov = true, .momentum = 0.9, .wire = TDIST_F32};
+
+static void ck_steps(tdist_diloco_t *d, int rank, float *p, float *g, int n)
+{
+    for (int k = 0; k < n; k++) {
+        grad_of(rank, p, g);
+        ASSERT_OK(tdist_diloco_step(d));
+    }
+}
+
+static void checkpoint_body(int rank, int n, void *arg)
+{
+    (void)arg;
+    ASSERT_EQ(n, 2);
+    tdist_world_t *w;
+    tdist_pg_t *pg;
+    open_pg(&w, &pg);
+    float p[NT], g[NT], want_p[NT], want_s[NT], saved_p[NT];
+    tdist_optim_t *none;
+    /* 7 steps in one go */
+    for (size_t e = 0; e < NT; e++) p[e] = start(e);
+    tdist_diloco_t *d = make_diloco(&ck, pg, p, g, &none);
+    ck_steps(d, rank, p, g, 7);
+    memcpy(want_p, p, sizeof p);
+    memcpy(want_s, tdist_diloco_synced(d, 0), sizeof want_s);
+    tdist_diloco_destroy(d);
+    /* 4, save (the model with it), a new state, load, 3 */
+    for (size_t e = 0; e < NT; e++) p[e] = start(e);
+    d = make_diloco(&ck, pg, p, g, &none);
+    ck_steps(d, rank, p, g, 4);
+    size_t size = tdist_diloco_state_size(d), written = 0;
+    unsigned char *buf = malloc(size);
+    ASSERT_TRUE(buf != NULL);
+    ASSERT_STATUS(tdist_diloco_save(d, buf, size - 1, &written), TDIST_ERR_INVALID_ARG);
+    ASSERT_OK(tdist_diloco_save(d, buf, size, &written));
+    ASSERT_EQ(written, size);
+    memcpy(saved_p, p, sizeof p);
+    tdist_diloco_destroy(d);
+    for (size_t e = 0; e < NT; e++) p[e] = 0.5f; /* the synced copy starts elsewhere */
+    d = make_diloco(&ck, pg, p, g, &none);
+    memcpy(p, saved_p, sizeof p);
+    ASSERT_STATUS(tdist_diloco_load(d, buf, size - 3), TDIST_ERR_INVALID_ARG);
+    buf[size / 2] ^= 1;
+    ASSERT_STATUS(tdist_diloco_load(d, buf, size), TDIST_ERR_INVALID_ARG);
+    ASSERT_CONTAINS(tdist_last_error(), "nothing was changed");
+    ASSERT_TRUE(tdist_diloco_synced(d, 0)[0] == 0.5f);
+    buf[size / 2] ^= 1;
+    ASSERT_OK(tdist_diloco_load(d, buf, size));
+    ck_steps(d, rank, p, g, 3);
+    ASSERT_MEMEQ(p, want_p, sizeof p);
+    ASSERT_MEMEQ(tdist_diloco_synced(d, 0), want_s, sizeof want_s);
+    tdist_diloco_stats_t st;
+    ASSERT_OK(tdist_diloco_get_stats(d, &st));
+    ASSERT_EQ(st.inner_steps, 7);
+    ASSERT_EQ(st.outer_steps, 2);
+    tdist_diloco_destroy(d);
+    /* other options */
+    scen_t other = ck;
+    other.h = 2;
+    d = make_diloco(&other, pg, p, g, &none);
+    ASSERT_STATUS(tdist_diloco_load(d, buf, size), TDIST_ERR_MISMATCH);
+    ASSERT_CONTAINS(tdist_last_error(), "saved with other options (H 3");
+    tdist_diloco_destroy(d);
+    free(buf);
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
+}
+
+TEST(diloco_checkpoint_resumes_bit_for_bit, 60) { tdist_test_run_ranks(2, checkpoint_body, NULL); }
