@@ -39,7 +39,8 @@
  * K steps (the post-local-SGD optimizer, a second joinable of each
  * epoch's Join). --diloco H is DiLoCo without DDP: H inner steps of the
  * same SGD, then an outer Nesterov step (lr 0.7, momentum 0.9) on the
- * averaged pseudo-gradient; DiLoCo is the epoch's joinable, and a last
+ * averaged pseudo-gradient (H:bf16 or H:int8: sent as bf16, or as int8
+ * blocks with error feedback); DiLoCo is the epoch's joinable, and a last
  * synchronisation ends every epoch. In both, the loss and accuracy totals
  * are summed once per epoch instead of every step.
  *
@@ -189,6 +190,7 @@ typedef struct args {
     int epochs;
     train_mode_t mode;
     int period;    /* K or H */
+    tdist_dtype_t wire; /* DiLoCo: how the pseudo-gradient crosses (f32, bf16, i8) */
     hook_kind_t hook;
     int psgd_rank; /* powersgd:R */
     char hook_name[32];
@@ -203,7 +205,8 @@ static void usage(FILE *f, const char *prog)
             "  HOOK    DDP's comm hook: allreduce (default), fp16, bf16, powersgd:R\n"
             "          (PowerSGD of rank R = 1..%d), int8 (with error feedback)\n"
             "  K       post-local SGD: average the parameters every K = 1..10000 steps\n"
-            "  H       DiLoCo: an outer step every H = 1..10000 inner steps\n",
+            "  H       DiLoCo: an outer step every H = 1..10000 inner steps; H:bf16 or\n"
+            "          H:int8 sends the pseudo-gradient as bf16 or int8 blocks\n",
             prog, MAX_PSGD_RANK);
 }
 
@@ -287,6 +290,10 @@ static void parse_args(int argc, char **argv, args_t *a)
         if (per) {
             char *end;
             long v = strtol(per, &end, 10);
+            a->wire = TDIST_F32;
+            if (a->mode == MODE_DILOCO && strcmp(end, ":bf16") == 0) a->wire = TDIST_BF16;
+            if (a->mode == MODE_DILOCO && strcmp(end, ":int8") == 0) a->wire = TDIST_I8;
+            if (a->wire != TDIST_F32) end += strlen(end);
             if (*per == '\0' || *end != '\0' || v < 1 || v > 10000) {
                 fprintf(stderr, "train_digits: bad period '%s'\n", per);
                 usage(stderr, prog);
@@ -603,14 +610,17 @@ int main(int argc, char **argv)
         tdist_diloco_opts_t o; /* outer: Nesterov, lr 0.7, momentum 0.9 (the defaults) */
         tdist_diloco_opts_init(&o);
         o.inner_steps = args.period;
+        o.wire = args.wire;
+        o.int8_error_feedback = true; /* int8: the rounds' quantisation errors carried over */
         CHECK(tdist_diloco_create(pg, op, np, opt, &o, &av.diloco));
     }
 
     size_t n_params = 0;
     for (size_t i = 0; i < np; i++) n_params += params[i].count;
     if (args.mode != MODE_DDP)
-        snprintf(args.hook_name, sizeof args.hook_name, "%s:%d",
-                 args.mode == MODE_LOCAL_SGD ? "local-sgd" : "diloco", args.period);
+        snprintf(args.hook_name, sizeof args.hook_name, "%s:%d%s",
+                 args.mode == MODE_LOCAL_SGD ? "local-sgd" : "diloco", args.period,
+                 args.wire == TDIST_BF16 ? ":bf16" : args.wire == TDIST_I8 ? ":int8" : "");
     printf("train_digits: rank %d of %d: %s %s, shard of %zu training images, %zu steps of "
            "%d per epoch\n", rank, size, args.mode == MODE_DDP ? "hook" : "mode", args.hook_name,
            shard_n, steps, LOCAL_BATCH);
@@ -622,7 +632,8 @@ int main(int argc, char **argv)
                      "then parameters every %d steps", (long long)av.start, args.period);
         if (args.mode == MODE_DILOCO)
             snprintf(what, sizeof what, "DiLoCo: %d inner SGD steps per outer Nesterov step, "
-                     "outer lr 0.7, momentum 0.9", args.period);
+                     "outer lr 0.7, momentum 0.9, pseudo-gradient as %s", args.period,
+                     tdist_dtype_name(args.wire));
         printf("train_digits: %d ranks, %zu training / %d test images, %zu parameters; uneven "
                "shards under Join; %s %s (%s)\n", size, n_train, N_TEST, n_params,
                args.mode == MODE_DDP ? "hook" : "mode", args.hook_name, what);

@@ -8,7 +8,8 @@
 #                              [-k "K..."] [-H "H..."] [-B BUILD] [--no-build]
 # RUNS (default 3) runs of every configuration; RANKS (default 4); EPOCHS
 # (default 20); K: the local-SGD averaging periods (default "4 8 16"); H:
-# DiLoCo's inner steps (default "4 8 16"); BUILD (default
+# DiLoCo's inner steps, H or H:bf16 or H:int8 for a compressed
+# pseudo-gradient (default "4 8 16 16:bf16 16:int8"); BUILD (default
 # build/bench-local-sgd, Release).
 #
 # What each run prints (train_digits' last lines) and what is taken:
@@ -21,7 +22,8 @@
 #   RESULT <cfg>_bytes_per_step <bytes> B
 #   RESULT <cfg>_bytes_ratio_vs_ddp <x> ratio
 #   RESULT <cfg>_test_accuracy <percent> %
-# with cfg = ddp, local_sgd_k<K>, diloco_h<H>. Every run is bounded (300 s).
+# with cfg = ddp, local_sgd_k<K>, diloco_h<H>[_bf16|_int8]. Every run is
+# bounded (300 s).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
@@ -29,7 +31,7 @@ die() { echo "local_sgd.sh: $*" >&2; exit 1; }
 # shellcheck source=bench/compare/common.sh
 . "$HERE/common.sh"
 
-RUNS=3 RANKS=4 EPOCHS=20 KS="4 8 16" HS="4 8 16" BUILD="$REPO/build/bench-local-sgd" BUILD_TDIST=1
+RUNS=3 RANKS=4 EPOCHS=20 KS="4 8 16" HS="4 8 16 16:bf16 16:int8" BUILD="$REPO/build/bench-local-sgd" BUILD_TDIST=1
 while [ $# -gt 0 ]; do
     case "$1" in
         -r) RUNS=$2; shift 2 ;;
@@ -39,7 +41,7 @@ while [ $# -gt 0 ]; do
         -H) HS=$2; shift 2 ;;
         -B) BUILD=$2; shift 2 ;;
         --no-build) BUILD_TDIST=0; shift ;;
-        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -80,10 +82,10 @@ cfgs=(ddp)
 for ((r = 1; r <= RUNS; r++)); do
     one ddp
     for k in $KS; do one "local_sgd_k$k" --local-sgd "$k"; done
-    for h in $HS; do one "diloco_h$h" --diloco "$h"; done
+    for h in $HS; do one "diloco_h${h/:/_}" --diloco "$h"; done
 done
 for k in $KS; do cfgs+=("local_sgd_k$k"); done
-for h in $HS; do cfgs+=("diloco_h$h"); done
+for h in $HS; do cfgs+=("diloco_h${h/:/_}"); done
 
 ddp_bytes=$(echo "${samples[ddp_bytes]}" | tr ' ' '\n' | grep . | median)
 for c in "${cfgs[@]}"; do

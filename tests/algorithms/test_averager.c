@@ -21,7 +21,7 @@
  *    (exact: dyadic values) in subgroups {0,1}, {2,3} and in the world;
  *    buffers without a gradient are not averaged.
  * 3. average_optimizer_state: the momentum buffers are averaged too, only
- *    with the option.
+ *    with the option; Adam's states end equal on every rank with it.
  * 4. Under Join: a joined rank's parameters enter the averages, in the
  *    world and in subgroups.
  * 5. Bad options fail at create; ranks with different schedules fail
@@ -343,6 +343,55 @@ static void state_body(int rank, int n, void *arg)
 }
 
 TEST(post_local_optim_average_optimizer_state, 60) { tdist_test_run_ranks(4, state_body, NULL); }
+
+/* Adam: with the option, every state array is averaged, so the saved
+ * states (step counts, moments, hyperparameters) end equal on every
+ * rank; without it they differ (each rank's gradient differs). */
+static void adam_state_body(int rank, int n, void *arg)
+{
+    (void)arg;
+    tdist_world_t *w;
+    tdist_pg_t *pg;
+    open_pg(&w, &pg);
+    for (int with = 0; with < 2; with++) {
+        float p[5] = {0}, g[5];
+        tdist_optim_param_t op[2] = {{p, g, 3, "a"}, {p + 3, g + 3, 2, "b"}};
+        tdist_optim_t *opt;
+        ASSERT_OK(tdist_optim_create_adam(op, 2, NULL, &opt));
+        tdist_averager_opts_t ao;
+        tdist_averager_opts_init(&ao);
+        ao.period = 1;
+        tdist_averager_t *a;
+        ASSERT_OK(tdist_periodic_averager_create(pg, &ao, &a));
+        tdist_post_local_optim_opts_t oo;
+        tdist_post_local_optim_opts_init(&oo);
+        oo.average_optimizer_state = with;
+        tdist_post_local_optim_t *plo;
+        ASSERT_OK(tdist_post_local_optim_create(opt, op, 2, a, &oo, &plo));
+        for (int k = 0; k < 3; k++) {
+            for (int i = 0; i < 5; i++) g[i] = (float)sin(rank + 0.3 * i + k);
+            ASSERT_OK(tdist_post_local_optim_step(plo));
+        }
+        size_t size;
+        ASSERT_OK(tdist_optim_state_size(opt, &size));
+        unsigned char *mine = malloc(size), *all = malloc(size * (size_t)n);
+        ASSERT_TRUE(mine && all);
+        ASSERT_OK(tdist_optim_save(opt, mine, size));
+        ASSERT_OK(tdist_all_gather(pg, mine, all, size, TDIST_U8, NULL, NULL));
+        bool same = true;
+        for (int r = 1; r < n; r++) same = same && memcmp(all, all + (size_t)r * size, size) == 0;
+        if (same != (bool)with) FAIL("option %d: the Adam states are %s", with, same ? "equal" : "different");
+        free(mine);
+        free(all);
+        tdist_post_local_optim_destroy(plo);
+        tdist_averager_destroy(a);
+        tdist_optim_destroy(opt);
+    }
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
+}
+
+TEST(post_local_optim_average_adam_state, 60) { tdist_test_run_ranks(3, adam_state_body, NULL); }
 
 /* ================================================================ 4. Join */
 

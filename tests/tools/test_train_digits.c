@@ -106,18 +106,20 @@ TEST(tdistrun_train_digits_hooks, 30)
     run_free(&r);
 }
 
-TEST(tdistrun_train_digits_local_sgd_and_diloco, 40)
+TEST(tdistrun_train_digits_local_sgd_and_diloco, 50)
 {
     char *csv = digits_csv();
-    static const char *const opt[] = {"--local-sgd", "--diloco"};
-    static const char *const mode[] = {"local-sgd:4", "diloco:4"};
-    for (int i = 0; i < 2; i++) {
+    static const char *const opt[] = {"--local-sgd", "--diloco", "--diloco"};
+    static const char *const val[] = {"4", "4", "4:int8"};
+    static const char *const mode[] = {"local-sgd:4", "diloco:4", "diloco:4:int8"};
+    for (int i = 0; i < 3; i++) {
         /* 3 epochs: local SGD averages gradients for two, then parameters */
-        const char *argv[] = {TDISTRUN, "--nproc-per-node", "2", DIGITS, csv, "3", opt[i], "4",
+        const char *argv[] = {TDISTRUN, "--nproc-per-node", "2", DIGITS, csv, "3", opt[i], val[i],
                               NULL};
         run_t r;
         run(argv, 25, mode[i], &r);
-        if (!r.exited || r.code != 0) FAIL("%s 4: exit %d\n%s\n%s", opt[i], r.code, r.out, r.err);
+        if (!r.exited || r.code != 0)
+            FAIL("%s %s: exit %d\n%s\n%s", opt[i], val[i], r.code, r.out, r.err);
         char want[96];
         snprintf(want, sizeof want, "[rank 1] train_digits: rank 1 of 2: mode %s, ", mode[i]);
         ASSERT_CONTAINS(r.out, want);
@@ -135,8 +137,9 @@ TEST(tdistrun_train_digits_local_sgd_and_diloco, 40)
         run_free(&r);
     }
     static const char *const bad[][2] = {{"--local-sgd", "0"}, {"--diloco", "x"},
-                                         {"--diloco", "10001"}, {"--hook", "fp16"}};
-    for (int i = 0; i < 4; i++) {
+                                         {"--diloco", "10001"}, {"--hook", "fp16"},
+                                         {"--diloco", "4:fp8"}, {"--local-sgd", "4:bf16"}};
+    for (int i = 0; i < 6; i++) {
         const char *argv[] = {DIGITS, csv, "3", bad[i][0], bad[i][1], "--diloco", "4", NULL};
         run_t r;
         run(argv, 10, "bad_period", &r);
