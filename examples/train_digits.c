@@ -5,6 +5,7 @@
  * with tdist's DDP reducer, on the ranks tdistrun starts.
  *
  *   tdistrun --nproc-per-node 4 train_digits digits.csv [epochs] [--hook HOOK]
+ *                                  [--local-sgd K | --diloco H]
  *
  * (scripts/demo.sh finds the data set in the package, unpacks it and runs
  * exactly this.) A fixed seeded split keeps 1,437 images for training and
@@ -30,6 +31,18 @@
  * averaging for the first two epochs' iterations) or int8 (int8 codes
  * with error feedback). Every hook works under Join: a rank that has run
  * out runs it on zeros. A bad command line exits 2 with the usage.
+ *
+ * Instead of averaging gradients every step (tdist/algorithms.h):
+ * --local-sgd K is post-local SGD: DDP averages the gradients for the
+ * first two epochs' iterations (the post-local-SGD hook), then each rank
+ * steps alone and a periodic model averager averages the parameters every
+ * K steps (the post-local-SGD optimizer, a second joinable of each
+ * epoch's Join). --diloco H is DiLoCo without DDP: H inner steps of the
+ * same SGD, then an outer Nesterov step (lr 0.7, momentum 0.9) on the
+ * averaged pseudo-gradient (H:bf16 or H:int8: sent as bf16, or as int8
+ * blocks with error feedback); DiLoCo is the epoch's joinable, and a last
+ * synchronisation ends every epoch. In both, the loss and accuracy totals
+ * are summed once per epoch instead of every step.
  *
  * Each rank's first line names the hook. Rank 0 prints one line per
  * epoch (loss, train accuracy, samples/s and how much of the
@@ -165,9 +178,19 @@ typedef enum hook_kind {
     HOOK_INT8
 } hook_kind_t;
 
+/* What is averaged, and when. */
+typedef enum mode {
+    MODE_DDP,       /* gradients, every step (with --hook's hook) */
+    MODE_LOCAL_SGD, /* post-local SGD: parameters every K steps */
+    MODE_DILOCO     /* DiLoCo: pseudo-gradients every H steps */
+} train_mode_t;
+
 typedef struct args {
     const char *csv;
     int epochs;
+    train_mode_t mode;
+    int period;    /* K or H */
+    tdist_dtype_t wire; /* DiLoCo: how the pseudo-gradient crosses (f32, bf16, i8) */
     hook_kind_t hook;
     int psgd_rank; /* powersgd:R */
     char hook_name[32];
@@ -177,9 +200,13 @@ static void usage(FILE *f, const char *prog)
 {
     fprintf(f,
             "usage: tdistrun --nproc-per-node N %s digits.csv [epochs] [--hook HOOK]\n"
+            "           [--local-sgd K | --diloco H]\n"
             "  epochs  1..1000 (default 20)\n"
             "  HOOK    DDP's comm hook: allreduce (default), fp16, bf16, powersgd:R\n"
-            "          (PowerSGD of rank R = 1..%d), int8 (with error feedback)\n",
+            "          (PowerSGD of rank R = 1..%d), int8 (with error feedback)\n"
+            "  K       post-local SGD: average the parameters every K = 1..10000 steps\n"
+            "  H       DiLoCo: an outer step every H = 1..10000 inner steps; H:bf16 or\n"
+            "          H:int8 sends the pseudo-gradient as bf16 or int8 blocks\n",
             prog, MAX_PSGD_RANK);
 }
 
@@ -221,7 +248,7 @@ static void parse_args(int argc, char **argv, args_t *a)
     bool options = true;
     *a = (args_t){.hook = HOOK_ALLREDUCE, .hook_name = "allreduce"};
     for (int i = 1; i < argc; i++) {
-        const char *s = argv[i], *hook = NULL;
+        const char *s = argv[i], *hook = NULL, *per = NULL;
         if (options && strcmp(s, "--") == 0) {
             options = false;
         } else if (options && (strcmp(s, "-h") == 0 || strcmp(s, "--help") == 0)) {
@@ -236,6 +263,14 @@ static void parse_args(int argc, char **argv, args_t *a)
             hook = argv[++i];
         } else if (options && strncmp(s, "--hook=", 7) == 0) {
             hook = s + 7;
+        } else if (options && (strcmp(s, "--local-sgd") == 0 || strcmp(s, "--diloco") == 0)) {
+            if (i + 1 >= argc || a->mode != MODE_DDP) {
+                fprintf(stderr, "train_digits: %s needs a value, once (not with the other)\n", s);
+                usage(stderr, prog);
+                exit(2);
+            }
+            a->mode = s[2] == 'l' ? MODE_LOCAL_SGD : MODE_DILOCO;
+            per = argv[++i];
         } else if (options && s[0] == '-' && s[1] != '\0' && !(s[1] >= '0' && s[1] <= '9')) {
             fprintf(stderr, "train_digits: unknown option '%s'\n", s);
             usage(stderr, prog);
@@ -252,6 +287,26 @@ static void parse_args(int argc, char **argv, args_t *a)
             usage(stderr, prog);
             exit(2);
         }
+        if (per) {
+            char *end;
+            long v = strtol(per, &end, 10);
+            a->wire = TDIST_F32;
+            if (a->mode == MODE_DILOCO && strcmp(end, ":bf16") == 0) a->wire = TDIST_BF16;
+            if (a->mode == MODE_DILOCO && strcmp(end, ":int8") == 0) a->wire = TDIST_I8;
+            if (a->wire != TDIST_F32) end += strlen(end);
+            if (*per == '\0' || *end != '\0' || v < 1 || v > 10000) {
+                fprintf(stderr, "train_digits: bad period '%s'\n", per);
+                usage(stderr, prog);
+                exit(2);
+            }
+            a->period = (int)v;
+        }
+    }
+    if (a->mode != MODE_DDP && a->hook != HOOK_ALLREDUCE) {
+        fprintf(stderr, "train_digits: --hook is for gradient averaging, not with --local-sgd or "
+                "--diloco\n");
+        usage(stderr, prog);
+        exit(2);
     }
     if (npos < 1) {
         usage(stderr, prog);
@@ -396,6 +451,56 @@ static void comm_destroy(comm_t *cm)
     free(cm->rows);
 }
 
+/* ------------------------------------------ post-local SGD and DiLoCo */
+
+/* What --local-sgd and --diloco use instead of a gradient hook. */
+typedef struct avg {
+    tdist_post_local_t *hook;      /* local SGD: DDP's post-local-SGD hook */
+    tdist_averager_t *averager;    /* local SGD: the periodic averager */
+    tdist_post_local_optim_t *plo; /* local SGD: the optimizer + averager */
+    tdist_diloco_t *diloco;
+    int64_t start;                 /* local SGD: iterations of gradient averaging first */
+} avg_t;
+
+/* Local SGD: DDP averages gradients in the first two epochs' iterations,
+ * then no more (each rank steps alone); the averager averages the
+ * parameters every K steps from then on. */
+static void local_sgd_setup(avg_t *av, const args_t *a, tdist_pg_t *pg, tdist_ddp_t *ddp,
+                            size_t iters_per_epoch)
+{
+    av->start = 2 * (int64_t)iters_per_epoch;
+    tdist_post_local_opts_t po;
+    tdist_post_local_opts_init(&po);
+    po.start_localSGD_iter = av->start;
+    po.post_local_gradient_allreduce = false;
+    CHECK(tdist_post_local_create(&po, &av->hook));
+    CHECK(tdist_post_local_register(ddp, av->hook));
+    tdist_averager_opts_t ao;
+    tdist_averager_opts_init(&ao);
+    ao.period = a->period;
+    ao.warmup_steps = av->start;
+    CHECK(tdist_periodic_averager_create(pg, &ao, &av->averager));
+}
+
+/* Bytes of gradient and parameters this rank put into the collectives
+ * per iteration: the f32 gradients while DDP averaged them, the f32
+ * parameters at every averaging step. */
+static double local_sgd_bytes_per_iter(const avg_t *av, double f32)
+{
+    int64_t grad_iters = 0, steps = tdist_averager_step(av->averager), averages = 0;
+    CHECK(tdist_post_local_iter(av->hook, &grad_iters));
+    for (int64_t s = 0; s < steps; s++) averages += tdist_averager_group_size_at(av->averager, s) > 0;
+    return steps ? f32 * (double)(grad_iters + averages) / (double)steps : 0;
+}
+
+static void avg_destroy(avg_t *av)
+{
+    tdist_post_local_optim_destroy(av->plo);
+    tdist_averager_destroy(av->averager);
+    tdist_post_local_destroy(av->hook);
+    tdist_diloco_destroy(av->diloco);
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -465,15 +570,32 @@ int main(int argc, char **argv)
         db[i] = (tdist_ddp_buffer_t){bufs[i].data, bufs[i].count, TDIST_F32, bufs[i].name};
     tdist_ddp_opts_t dopts;
     tdist_ddp_opts_init(&dopts);
-    tdist_ddp_t *ddp;
-    CHECK(tdist_ddp_create(pg, dp, np, db, nb, &dopts, &ddp));
+    tdist_ddp_t *ddp = NULL;
     /* the comm hook: registered before the first forward_begin; every
      * rank runs max_shard / LOCAL_BATCH iterations per epoch (its own and,
      * once it has run out, Join's shadow ones) */
-    comm_t cm;
-    comm_setup(&cm, &args, ddp, params, np, max_shard / LOCAL_BATCH);
-    hook_ctx_t hook = {ddp, TDIST_OK};
-    nn_set_grad_ready_hook(m, on_grad_ready, &hook);
+    comm_t cm = {.kind = HOOK_ALLREDUCE};
+    avg_t av = {0};
+    hook_ctx_t hook = {NULL, TDIST_OK};
+    if (args.mode != MODE_DILOCO) {
+        CHECK(tdist_ddp_create(pg, dp, np, db, nb, &dopts, &ddp));
+        if (args.mode == MODE_DDP) comm_setup(&cm, &args, ddp, params, np, max_shard / LOCAL_BATCH);
+        else local_sgd_setup(&av, &args, pg, ddp, max_shard / LOCAL_BATCH);
+        hook.ddp = ddp;
+        nn_set_grad_ready_hook(m, on_grad_ready, &hook);
+    } else {
+        /* no DDP: start from rank 0's parameters */
+        void **pp = calloc(np, sizeof *pp);
+        size_t *pn = calloc(np, sizeof *pn);
+        if (!pp || !pn) DIE("out of memory");
+        for (size_t i = 0; i < np; i++) {
+            pp[i] = params[i].data;
+            pn[i] = params[i].count;
+        }
+        CHECK(tdist_broadcast_coalesced(pg, pp, pn, np, TDIST_F32, 0, NULL, NULL));
+        free(pp);
+        free(pn);
+    }
 
     tdist_optim_sgd_opts_t so;
     tdist_optim_sgd_opts_init(&so);
@@ -482,20 +604,45 @@ int main(int argc, char **argv)
     so.weight_decay = 1e-4;
     tdist_optim_t *opt;
     CHECK(tdist_optim_create_sgd(op, np, &so, &opt));
+    if (args.mode == MODE_LOCAL_SGD)
+        CHECK(tdist_post_local_optim_create(opt, op, np, av.averager, NULL, &av.plo));
+    if (args.mode == MODE_DILOCO) {
+        tdist_diloco_opts_t o; /* outer: Nesterov, lr 0.7, momentum 0.9 (the defaults) */
+        tdist_diloco_opts_init(&o);
+        o.inner_steps = args.period;
+        o.wire = args.wire;
+        o.int8_error_feedback = true; /* int8: the rounds' quantisation errors carried over */
+        CHECK(tdist_diloco_create(pg, op, np, opt, &o, &av.diloco));
+    }
 
     size_t n_params = 0;
     for (size_t i = 0; i < np; i++) n_params += params[i].count;
-    printf("train_digits: rank %d of %d: hook %s, shard of %zu training images, %zu steps of "
-           "%d per epoch\n", rank, size, args.hook_name, shard_n, steps, LOCAL_BATCH);
+    if (args.mode != MODE_DDP)
+        snprintf(args.hook_name, sizeof args.hook_name, "%s:%d%s",
+                 args.mode == MODE_LOCAL_SGD ? "local-sgd" : "diloco", args.period,
+                 args.wire == TDIST_BF16 ? ":bf16" : args.wire == TDIST_I8 ? ":int8" : "");
+    printf("train_digits: rank %d of %d: %s %s, shard of %zu training images, %zu steps of "
+           "%d per epoch\n", rank, size, args.mode == MODE_DDP ? "hook" : "mode", args.hook_name,
+           shard_n, steps, LOCAL_BATCH);
     if (rank == 0) {
         char what[160];
         comm_describe(&cm, &args, what, sizeof what);
+        if (args.mode == MODE_LOCAL_SGD)
+            snprintf(what, sizeof what, "post-local SGD: gradients averaged for %lld iterations, "
+                     "then parameters every %d steps", (long long)av.start, args.period);
+        if (args.mode == MODE_DILOCO)
+            snprintf(what, sizeof what, "DiLoCo: %d inner SGD steps per outer Nesterov step, "
+                     "outer lr 0.7, momentum 0.9, pseudo-gradient as %s", args.period,
+                     tdist_dtype_name(args.wire));
         printf("train_digits: %d ranks, %zu training / %d test images, %zu parameters; uneven "
-               "shards under Join; hook %s (%s)\n", size, n_train, N_TEST, n_params,
-               args.hook_name, what);
+               "shards under Join; %s %s (%s)\n", size, n_train, N_TEST, n_params,
+               args.mode == MODE_DDP ? "hook" : "mode", args.hook_name, what);
     }
-    tdist_joinable_t joinable;
-    CHECK(tdist_ddp_joinable(ddp, &joinable));
+    tdist_joinable_t joinables[2];
+    size_t njoinables = 1;
+    if (ddp) CHECK(tdist_ddp_joinable(ddp, &joinables[0]));
+    if (av.plo) CHECK(tdist_post_local_optim_joinable(av.plo, &joinables[njoinables++]));
+    if (av.diloco) CHECK(tdist_diloco_joinable(av.diloco, &joinables[0]));
 
     size_t *order = malloc(shard_n * sizeof *order);
     float *xb = malloc((size_t)LOCAL_BATCH * IMG * sizeof *xb);
@@ -511,16 +658,16 @@ int main(int argc, char **argv)
         shuffle(order, shard_n, &shuf);
         nn_set_training(m, true);
         double t0 = now_s(), stat[3] = {0, 0, 0}; /* loss sum, correct, samples */
-        double comm, wait;
+        double comm = 0, wait = 0;
         tdist_join_t *join;
-        CHECK(tdist_join_begin(&joinable, 1, NULL, &join));
+        CHECK(tdist_join_begin(joinables, njoinables, NULL, &join));
         for (size_t s = 0; s < steps; s++) {
             for (int b = 0; b < LOCAL_BATCH; b++) {
                 size_t k = order[s * LOCAL_BATCH + (size_t)b];
                 memcpy(xb + (size_t)b * IMG, d.x[k], sizeof d.x[k]);
                 yb[b] = d.y[k];
             }
-            CHECK(tdist_ddp_forward_begin(ddp));
+            if (ddp) CHECK(tdist_ddp_forward_begin(ddp));
             nn_zero_grad(m);
             float *logits = nn_forward(m, xb, LOCAL_BATCH);
             if (!logits) DIE("forward: %s", nn_last_error());
@@ -533,22 +680,29 @@ int main(int argc, char **argv)
             double step_stat[3] = {loss * LOCAL_BATCH,
                                    (double)nn_count_correct(logits, yb, LOCAL_BATCH, CLASSES),
                                    LOCAL_BATCH};
-            CHECK(tdist_all_reduce(pg, step_stat, step_stat, 3, TDIST_F64, TDIST_SUM, NULL, NULL));
+            if (args.mode == MODE_DDP)
+                CHECK(tdist_all_reduce(pg, step_stat, step_stat, 3, TDIST_F64, TDIST_SUM, NULL, NULL));
             for (int i = 0; i < 3; i++) stat[i] += step_stat[i];
             if (nn_backward(m, dl) != 0) DIE("backward: %s", nn_last_error());
             CHECK(hook.st);
-            CHECK(tdist_ddp_backward_end(ddp));
-            CHECK(tdist_optim_step(opt));
+            if (ddp) CHECK(tdist_ddp_backward_end(ddp));
+            if (args.mode == MODE_DDP) CHECK(tdist_optim_step(opt));
+            if (args.mode == MODE_LOCAL_SGD) CHECK(tdist_post_local_optim_step(av.plo));
+            if (args.mode == MODE_DILOCO) CHECK(tdist_diloco_step(av.diloco));
         }
         CHECK(tdist_join_end(join)); /* shadow the others, then take the last joiner's model */
         double secs = now_s() - t0;
-        tdist_ddp_stats_t ds;
-        CHECK(tdist_ddp_get_stats(ddp, &ds));
-        comm = ds.total_comm_ms;
-        wait = ds.total_wait_ms;
+        if (ddp) {
+            tdist_ddp_stats_t ds;
+            CHECK(tdist_ddp_get_stats(ddp, &ds));
+            comm = ds.total_comm_ms;
+            wait = ds.total_wait_ms;
+        }
         /* a rank that ran out stopped adding: the last to finish holds the
-         * job's totals, and they only grow, so the MAX over ranks is them */
-        CHECK(tdist_all_reduce(pg, stat, stat, 3, TDIST_F64, TDIST_MAX, NULL, NULL));
+         * job's totals, and they only grow, so the MAX over ranks is them
+         * (with per-step sums); local totals are summed here otherwise */
+        CHECK(tdist_all_reduce(pg, stat, stat, 3, TDIST_F64,
+                               args.mode == MODE_DDP ? TDIST_MAX : TDIST_SUM, NULL, NULL));
         double slowest = secs;
         CHECK(tdist_all_reduce(pg, &slowest, &slowest, 1, TDIST_F64, TDIST_MAX, NULL, NULL));
         train_s += slowest;
@@ -596,22 +750,35 @@ int main(int argc, char **argv)
     bool same = true;
     for (int r = 0; r < size; r++) same = same && all[r] == all[0];
     if (rank == 0) {
-        tdist_ddp_stats_t ds;
-        CHECK(tdist_ddp_get_stats(ddp, &ds));
-        printf("ddp: %llu iterations, %llu buckets, %.1f MB reduced, %.0f%% of communication "
-               "overlapped with backward\n",
-               (unsigned long long)ds.iterations, (unsigned long long)ds.num_buckets,
-               (double)ds.bytes_reduced / 1e6, 100.0 * ds.overlap_fraction);
+        tdist_ddp_stats_t ds = {0};
+        if (ddp) {
+            CHECK(tdist_ddp_get_stats(ddp, &ds));
+            printf("ddp: %llu iterations, %llu buckets, %.1f MB reduced, %.0f%% of communication "
+                   "overlapped with backward\n",
+                   (unsigned long long)ds.iterations, (unsigned long long)ds.num_buckets,
+                   (double)ds.bytes_reduced / 1e6, 100.0 * ds.overlap_fraction);
+        }
         double f32 = 4.0 * (double)n_params;
         double per = comm_bytes_per_iter(&cm, &ds, size);
+        if (args.mode == MODE_LOCAL_SGD) per = local_sgd_bytes_per_iter(&av, f32);
+        if (args.mode == MODE_DILOCO) {
+            tdist_diloco_stats_t s;
+            CHECK(tdist_diloco_get_stats(av.diloco, &s));
+            per = (double)s.wire_bytes / ((double)epochs * (double)(max_shard / LOCAL_BATCH));
+        }
         const char *when = "";
         if (cm.kind == HOOK_POWERSGD) {
             when = cm.iters ? " once compressing" : " (never compressed: f32 throughout)";
             if (!cm.iters) per = f32;
         }
-        printf("hook %s: %.0f bytes of gradient into the collectives per iteration%s (%.3f of "
+        printf("%s %s: %.0f bytes of %s into the collectives per iteration%s (%.3f of "
                "f32's %.0f); training %.2f s; test %.0f/%.0f correct\n",
-               args.hook_name, per, when, per / f32, f32, train_s, tc[0], tc[1]);
+               args.mode == MODE_DDP ? "hook" : "mode", args.hook_name, per,
+               args.mode == MODE_DDP         ? "gradient"
+               : args.mode == MODE_DILOCO    ? "pseudo-gradient"
+                                             : "gradient and parameters",
+               when, per / f32, f32,
+               train_s, tc[0], tc[1]);
         printf("final test_accuracy=%.2f params_identical=%s\n", tc[0] / tc[1], same ? "yes" : "no");
     }
 
@@ -626,6 +793,7 @@ int main(int argc, char **argv)
     tdist_optim_destroy(opt);
     tdist_ddp_destroy(ddp);
     comm_destroy(&cm);
+    avg_destroy(&av);
     nn_seq_destroy(m);
     tdist_pg_destroy(pg);
     tdist_world_destroy(world);

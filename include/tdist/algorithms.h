@@ -24,6 +24,8 @@
 
 #include "tdist/core.h"
 #include "tdist/ddp.h"
+#include "tdist/join.h"
+#include "tdist/optim.h"
 #include "tdist/pg.h"
 
 #ifdef __cplusplus
@@ -751,6 +753,310 @@ TDIST_API tdist_status_t tdist_quant_encode(uint16_t *dst, const float *src, siz
                                             tdist_dtype_t wire);
 TDIST_API tdist_status_t tdist_quant_decode(float *dst, const uint16_t *src, size_t n,
                                             tdist_dtype_t wire);
+
+/* ---------------------- model averaging, post-local-SGD optimizer, DiLoCo */
+/* (src/algorithms/averager.c, src/algorithms/diloco.c)
+ *
+ * Training that communicates parameters instead of gradients, every few
+ * steps instead of every step.
+ *
+ *  - Model averagers (PyTorch's PeriodicModelAverager and
+ *    HierarchicalModelAverager): every call is one step; on the steps the
+ *    schedule says, each rank's parameters are replaced by the average of
+ *    its group's (or subgroup's). How, exactly as PyTorch 1.13's
+ *    average_parameters: only buffers with a gradient (grad != NULL: the
+ *    others are PyTorch's params whose grad is None) are averaged; they
+ *    are concatenated in the given order into one flat f32 buffer,
+ *    divided by the group's size (a true division, fl(x / size)), summed
+ *    with one all_reduce (SUM) on the group, and copied back.
+ *  - The post-local-SGD optimizer (PyTorch's PostLocalSGDOptimizer): any
+ *    optimizer of tdist/optim.h, followed by an averager. As in PyTorch
+ *    the optimizer's state (SGD's momentum buffers, Adam's moments) is not
+ *    averaged, so ranks keep their own; opts.average_optimizer_state
+ *    averages it too, over the same group, on the same steps.
+ *  - DiLoCo (Douillard et al., "DiLoCo: distributed low-communication
+ *    training of language models"; PyTorch has none): H inner steps of any
+ *    optimizer (AdamW by default) without communication, then one outer
+ *    step: the pseudo-gradient (the parameters at the last synchronisation
+ *    minus the current ones) is averaged over the group, optionally
+ *    compressed, an outer optimizer (SGD with Nesterov momentum, lr 0.7,
+ *    momentum 0.9) steps the synchronised parameters with it, and every
+ *    rank adopts them. A Joinable: it runs under tdist/join.h's Join with
+ *    uneven inputs.
+ *
+ * Parameters are given as tdist_optim_param_t (tdist/optim.h): param,
+ * grad, count, name; f32. The arrays are copied at create; the memory they
+ * point to stays the caller's and must outlive the object.
+ *
+ * Agreement: the first time an averager (or a DiLoCo state) communicates,
+ * every rank's configuration (kind, periods, warm-up, element count;
+ * DiLoCo's H, outer options and wire format) is compared across the group
+ * with one small all_gather; ranks that differ fail together with
+ * TDIST_ERR_MISMATCH naming both, before any parameter is sent.
+ *
+ * Threads: every object here is used by one training thread; not
+ * thread-safe. Calls that communicate block until their collectives
+ * complete (within the group's deadline). Nothing prints or exits.
+ */
+
+/* PyTorch's average_parameters: the buffers of params[0..n) that have a
+ * gradient (grad != NULL and count > 0) are replaced, in place, by their
+ * average over pg (fl(x / size) per element, then one SUM all_reduce of
+ * the concatenation). Collective on pg, blocking. Allocates a flat copy
+ * for the call. TDIST_ERR_INVALID_ARG for a NULL pg, NULL params with
+ * n > 0, a buffer with a gradient but no param; the all_reduce's error
+ * (the parameters are then unchanged). */
+TDIST_API tdist_status_t tdist_average_parameters(tdist_pg_t *pg, const tdist_optim_param_t *params,
+                                                  size_t n);
+
+/* A model averager (periodic or hierarchical). */
+typedef struct tdist_averager tdist_averager_t;
+
+/* One level of a hierarchical averager: every `period` steps, average in
+ * subgroups of `group_size` consecutive ranks of the group. */
+typedef struct tdist_averager_level {
+    int64_t period;
+    int group_size;
+} tdist_averager_level_t;
+
+/* Options. Fill with tdist_averager_opts_init(). */
+typedef struct tdist_averager_opts {
+    /* Periodic: average when step >= warmup_steps and
+     * (step - warmup_steps) % period == 0. Must be >= 1; the default 0
+     * fails at create (PyTorch has no default either). */
+    int64_t period;
+    /* Steps (calls) at the start without any averaging. >= 0, default 0. */
+    int64_t warmup_steps;
+    /* Hierarchical (PyTorch's period_group_size_dict, in its order):
+     * num_levels >= 1 levels with strictly increasing periods >= 1, group
+     * sizes >= 1 that divide the group's size, the last one the group's
+     * size. At a step >= warmup_steps the level with the largest period
+     * dividing the step averages (no warm-up offset, as PyTorch); none
+     * divides: no averaging. The array is copied at create. */
+    const tdist_averager_level_t *levels;
+    size_t num_levels;
+} tdist_averager_opts_t;
+
+/* Fill *opts with the defaults (period 0: must be set; warmup 0; no
+ * levels). NULL does nothing. Thread-safe. */
+TDIST_API void tdist_averager_opts_init(tdist_averager_opts_t *opts);
+
+/* A PeriodicModelAverager over pg (borrowed: it must outlive the
+ * averager). Uses opts->period and opts->warmup_steps (levels must be
+ * NULL). Does not communicate. TDIST_ERR_INVALID_ARG, naming the option,
+ * for NULL pg, opts or out, period < 1, warmup_steps < 0, levels given.
+ * The caller owns *out (tdist_averager_destroy). */
+TDIST_API tdist_status_t tdist_periodic_averager_create(tdist_pg_t *pg,
+                                                        const tdist_averager_opts_t *opts,
+                                                        tdist_averager_t **out);
+
+/* A HierarchicalModelAverager over pg (borrowed). Uses opts->levels and
+ * opts->warmup_steps (period must be 0). Collective on pg when some level
+ * is smaller than pg: the subgroups of consecutive ranks are made with
+ * tdist_pg_split (one per such level, in level order), owned by the
+ * averager. The options are checked before any communication
+ * (TDIST_ERR_INVALID_ARG naming the level): every rank must pass the same
+ * ones. PyTorch 1.13 cannot build this averager without CUDA; tdist can,
+ * on every backend. */
+TDIST_API tdist_status_t tdist_hierarchical_averager_create(tdist_pg_t *pg,
+                                                            const tdist_averager_opts_t *opts,
+                                                            tdist_averager_t **out);
+
+/* Free the averager and the subgroups it made. NULL does nothing. Not
+ * collective (tdist_pg_destroy of a subgroup is local). */
+TDIST_API void tdist_averager_destroy(tdist_averager_t *a);
+
+/* average_parameters: one step. If the schedule says so for the current
+ * step, the buffers of params[0..n) with a gradient are averaged in place
+ * over the step's group (tdist_average_parameters); then the step counter
+ * goes up by one (also on steps without averaging, and during warm-up).
+ * Collective (blocking) on the steps that average, local otherwise; every
+ * rank calls it once per step with the same buffer counts. On an error
+ * the step counter does not move and the parameters are unchanged.
+ * *group_size (may be NULL) receives the size of the group averaged over,
+ * 0 when none. */
+TDIST_API tdist_status_t tdist_averager_average(tdist_averager_t *a, const tdist_optim_param_t *params,
+                                                size_t n, int *group_size);
+
+/* The step counter (0-based: calls so far), and setting it (resuming from
+ * a checkpoint: PyTorch's averager.step). set_step: step >= 0. */
+TDIST_API int64_t tdist_averager_step(const tdist_averager_t *a);
+TDIST_API tdist_status_t tdist_averager_set_step(tdist_averager_t *a, int64_t step);
+
+/* The size of the group the averager would average over at `step` (0:
+ * none): the schedule alone. Pure; thread-safe. */
+TDIST_API int tdist_averager_group_size_at(const tdist_averager_t *a, int64_t step);
+
+/* ............................................. post-local-SGD optimizer */
+
+typedef struct tdist_post_local_optim tdist_post_local_optim_t;
+
+/* Options. Fill with tdist_post_local_optim_opts_init(). */
+typedef struct tdist_post_local_optim_opts {
+    /* Also average the optimizer's state (momentum buffers; Adam's
+     * moments) over the averager's group on the steps it averages (a true
+     * division then a SUM all_reduce, as for the parameters). Default
+     * false: PyTorch's behaviour, each rank keeps its own. */
+    bool average_optimizer_state;
+} tdist_post_local_optim_opts_t;
+
+/* Fill *opts with the defaults above. NULL does nothing. Thread-safe. */
+TDIST_API void tdist_post_local_optim_opts_init(tdist_post_local_optim_opts_t *opts);
+
+/* PostLocalSGDOptimizer(optim, averager): optim (any tdist/optim.h
+ * optimizer, borrowed) was created over params[0..n) (the same array:
+ * checked by the count), averager is borrowed. Does not communicate.
+ * TDIST_ERR_INVALID_ARG for NULL arguments or a buffer count that is not
+ * optim's. The caller owns *out. */
+TDIST_API tdist_status_t tdist_post_local_optim_create(tdist_optim_t *optim,
+                                                       const tdist_optim_param_t *params, size_t n,
+                                                       tdist_averager_t *averager,
+                                                       const tdist_post_local_optim_opts_t *opts,
+                                                       tdist_post_local_optim_t **out);
+
+/* Free the wrapper (not the optimizer, not the averager). NULL: nothing. */
+TDIST_API void tdist_post_local_optim_destroy(tdist_post_local_optim_t *p);
+
+/* step(): tdist_optim_step(optim), then tdist_averager_average over the
+ * buffers (and the optimizer's state with the option). Collective on the
+ * steps that average. The optimizer's or the averager's error; after an
+ * averaging error the local step has been taken. */
+TDIST_API tdist_status_t tdist_post_local_optim_step(tdist_post_local_optim_t *p);
+
+/* p as a participant of a Join (tdist/join.h), after the reducer's own
+ * joinable: {tdist_ddp_joinable(ddp), this}, in that order, on the same
+ * group. Every iteration the active ranks still perform, a joined rank
+ * takes the averager's step with them (the counter advances alike on every
+ * rank), contributing its own parameters to the averages and adopting
+ * them; it takes no optimizer step (it has no data). So every average is
+ * over every replica, and the group's collectives match. */
+TDIST_API tdist_status_t tdist_post_local_optim_joinable(tdist_post_local_optim_t *p,
+                                                         tdist_joinable_t *out);
+
+/* ................................................................ DiLoCo */
+
+typedef struct tdist_diloco tdist_diloco_t;
+
+/* Options. Fill with tdist_diloco_opts_init(). */
+typedef struct tdist_diloco_opts {
+    /* H: inner steps per outer step, >= 1. Default 500 (the paper's). */
+    int64_t inner_steps;
+    /* The outer optimizer: SGD with lr > 0, momentum in [0, 1), Nesterov
+     * (needs momentum > 0). Defaults 0.7, 0.9, true (the paper's). */
+    double outer_lr;
+    double outer_momentum;
+    bool outer_nesterov;
+    /* How the pseudo-gradient crosses the network: TDIST_F32 (default:
+     * each rank divides by the group size, fl(d / W), then a SUM
+     * all_reduce), TDIST_BF16 or TDIST_F16 (the 16-bit compression hook's
+     * arithmetic, tdist_compress_hook: half the bytes), TDIST_I8 (the int8
+     * hook's blocks, tdist_int8_hook: about a quarter). */
+    tdist_dtype_t wire;
+    /* TDIST_I8 only: values per scale (default 256) and the int8 hook's
+     * two error feedbacks (default false), which carry each round's
+     * quantisation error into the next. */
+    size_t int8_block;
+    bool int8_error_feedback;
+    /* The inner optimizer DiLoCo creates when create's `inner` is NULL:
+     * AdamW with these options (default tdist_optim_adamw_opts_init). */
+    tdist_optim_adam_opts_t inner_adamw;
+} tdist_diloco_opts_t;
+
+/* Counters since create (this rank). */
+typedef struct tdist_diloco_stats {
+    uint64_t inner_steps;    /* inner optimizer steps taken */
+    uint64_t outer_steps;    /* synchronisations (outer steps) */
+    uint64_t elements;       /* elements of the pseudo-gradient per outer step */
+    uint64_t wire_bytes;     /* bytes of pseudo-gradient this rank put into the collectives:
+                              * 4 (f32) or 2 (16-bit) per element per outer step; int8: what
+                              * the int8 hook sent (tdist_int8_stats.bytes_sent) scaled to the
+                              * same measure, W / (2 (W - 1)) of the bytes sent */
+} tdist_diloco_stats_t;
+
+/* Fill *opts with the defaults above. NULL does nothing. Thread-safe. */
+TDIST_API void tdist_diloco_opts_init(tdist_diloco_opts_t *opts);
+
+/* Create DiLoCo over pg (borrowed) and params[0..n) (every buffer with a
+ * gradient; f32; the same on every rank). inner: the inner optimizer,
+ * borrowed, created by the caller over the same params array (checked by
+ * the count), any kind; NULL: DiLoCo creates (and owns) an AdamW with
+ * opts->inner_adamw. The current parameters become the synchronised ones
+ * (every rank must start from the same parameters, e.g. broadcast
+ * them first). Allocates two copies of the parameters (the synchronised
+ * ones and the pseudo-gradient) and the outer momentum. Does not
+ * communicate. TDIST_ERR_INVALID_ARG, naming the option, for NULL
+ * arguments, a buffer without param or grad, H < 1, outer lr <= 0 or not
+ * finite, momentum outside [0, 1), Nesterov without momentum, a wire
+ * format other than f32/bf16/f16/i8, an int8 block of 0 or above
+ * TDIST_INT8_MAX_BLOCK, inner options AdamW refuses, an inner optimizer
+ * with another buffer count; TDIST_ERR_NO_MEMORY. */
+TDIST_API tdist_status_t tdist_diloco_create(tdist_pg_t *pg, const tdist_optim_param_t *params,
+                                             size_t n, tdist_optim_t *inner,
+                                             const tdist_diloco_opts_t *opts,
+                                             tdist_diloco_t **out);
+
+/* Free the state (and the inner optimizer it created). NULL does nothing. */
+TDIST_API void tdist_diloco_destroy(tdist_diloco_t *d);
+
+/* One inner step (tdist_optim_step of the inner optimizer, reading the
+ * gradients); every H-th call then synchronises (tdist_diloco_sync).
+ * Local except on those steps, where it is collective and blocks. Under a
+ * Join (tdist_diloco_joinable), the synchronisation first notifies it. */
+TDIST_API tdist_status_t tdist_diloco_step(tdist_diloco_t *d);
+
+/* The outer step now, whatever the inner step count (e.g. at the end of
+ * training): every rank's pseudo-gradient d = synced - params is averaged
+ * over the group (opts.wire), the outer optimizer steps the synchronised
+ * parameters with it, and they are copied into every rank's parameters.
+ * Collective, blocking; every rank must call it. On an error the
+ * parameters and the synchronised copy are unchanged unless the outer
+ * step had begun (the message says). */
+TDIST_API tdist_status_t tdist_diloco_sync(tdist_diloco_t *d);
+
+/* d as a participant of a Join (tdist/join.h). Its notification is made
+ * at each synchronisation (not at every inner step: inner steps do not
+ * communicate). A rank that has run out of inputs takes part in every
+ * synchronisation the others still make, with its own pseudo-gradient:
+ * what it trained since the last synchronisation the first time, zeros
+ * after (it holds the synchronised parameters); the average divides by
+ * the group's size in every case (a rank without inputs contributes no
+ * progress). Its outer optimizer steps too, so every rank keeps the same
+ * synchronised parameters and outer momentum. When every rank has
+ * joined, one last synchronisation runs if any rank has inner steps since
+ * the last one, so every rank ends with the same parameters. If DiLoCo is
+ * not the first joinable, the first one's notification is used. */
+TDIST_API tdist_status_t tdist_diloco_joinable(tdist_diloco_t *d, tdist_joinable_t *out);
+
+/* Counters. Never blocks. */
+TDIST_API tdist_status_t tdist_diloco_get_stats(const tdist_diloco_t *d, tdist_diloco_stats_t *out);
+
+/* The inner optimizer (DiLoCo's own when create's inner was NULL): e.g. to
+ * change its learning rate. Borrowed from d. */
+TDIST_API tdist_optim_t *tdist_diloco_inner(tdist_diloco_t *d);
+
+/* The synchronised parameters of buffer i (count floats), read-only,
+ * owned by d; NULL for a bad index. */
+TDIST_API const float *tdist_diloco_synced(const tdist_diloco_t *d, size_t i);
+
+/* Checkpointing: the options, the synchronised parameters, the outer
+ * optimizer's state (momentum), the inner steps since the last outer step
+ * and the counters, and the inner optimizer's state when DiLoCo created it
+ * (a caller's inner optimizer is saved by the caller, tdist_optim_save;
+ * so are the parameters). The int8 hook's error-feedback residuals are not
+ * saved: they restart at zero. state_size: the bytes save needs. save
+ * writes them to buf (cap bytes; TDIST_ERR_INVALID_ARG if too small) and
+ * *written (may be NULL). load restores them into d, which must have been
+ * created with the same options, buffer count and element count
+ * (TDIST_ERR_MISMATCH otherwise), and with inner NULL exactly when the
+ * saver's was; a damaged, truncated or foreign buffer is
+ * TDIST_ERR_INVALID_ARG. On any error d is unchanged. Local: no
+ * communication, every rank saves and loads its own (the synchronised
+ * parameters are the same on every rank). Call between steps. Host byte
+ * order; the caller owns buf. */
+TDIST_API size_t tdist_diloco_state_size(const tdist_diloco_t *d);
+TDIST_API tdist_status_t tdist_diloco_save(const tdist_diloco_t *d, void *buf, size_t cap,
+                                           size_t *written);
+TDIST_API tdist_status_t tdist_diloco_load(tdist_diloco_t *d, const void *buf, size_t len);
 
 #ifdef __cplusplus
 }

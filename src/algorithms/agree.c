@@ -61,7 +61,7 @@ static bool same(const record_t *a, const record_t *b)
 /* Compare every record with rank 0's; on a difference, the message (the
  * same on every rank after "comm hook mismatch:") goes to msg. A foreign
  * record on rank 0 makes every other rank differ from it. */
-static bool compare(const record_t *all, int size, char *msg, size_t cap)
+static bool compare(const record_t *all, int size, const char *noun, char *msg, size_t cap)
 {
     int first = -1;
     char list[160] = "";
@@ -77,7 +77,7 @@ static bool compare(const record_t *all, int size, char *msg, size_t cap)
     }
     if (first < 0) return true; /* with size > 1, a foreign rank 0 differs from rank 1 */
     const record_t *a = &all[0], *b = &all[first];
-    int k = snprintf(msg, cap, "comm hook mismatch: rank 0 runs %s, rank %d runs %s", describe(a),
+    int k = snprintf(msg, cap, "%s mismatch: rank 0 runs %s, rank %d runs %s", noun, describe(a),
                      first, describe(b));
     if (k > 0 && (size_t)k < cap && a->magic == AGREE_MAGIC && b->magic == AGREE_MAGIC &&
         strcmp(a->desc, b->desc) == 0)
@@ -87,9 +87,10 @@ static bool compare(const record_t *all, int size, char *msg, size_t cap)
                       a->config, b->config);
     if (k > 0 && (size_t)k < cap)
         snprintf(msg + k, cap - (size_t)k,
-                 " (ranks differing from rank 0: %s%s); every rank must register the same comm "
-                 "hook with the same options",
-                 list, listed <= 16 ? "" : ", ...");
+                 " (ranks differing from rank 0: %s%s); every rank must %s the same %s with the "
+                 "same options",
+                 list, listed <= 16 ? "" : ", ...",
+                 strcmp(noun, "comm hook") == 0 ? "register" : "run", noun);
     return false;
 }
 
@@ -100,6 +101,40 @@ static tdist_status_t settle(tdist__agree_t *a, tdist_status_t st)
     a->err = st;
     snprintf(a->msg, sizeof a->msg, "%s", st == TDIST_OK ? "" : tdist_last_error());
     return st;
+}
+
+/* The agreement itself, on pg; `where` ("rank R group G iteration K
+ * bucket B") prefixes every message after who; `what` says, for a failed
+ * all_gather, where it was issued and what else a rank may have issued. */
+static tdist_status_t agree_on(tdist__agree_t *a, tdist_pg_t *pg, const char *who, const char *where,
+                               const char *noun, const char *what, const char *kind,
+                               const char *desc, uint64_t config)
+{
+    int size = tdist_pg_size(pg);
+    record_t mine;
+    memset(&mine, 0, sizeof mine);
+    mine.magic = AGREE_MAGIC;
+    mine.kind = tdist__fnv1a(TDIST__FNV_INIT, kind, strlen(kind));
+    mine.config = config;
+    snprintf(mine.desc, sizeof mine.desc, "%s", desc);
+    record_t *all = calloc((size_t)size, sizeof *all);
+    if (!all) return tdist__error(TDIST_ERR_NO_MEMORY, "%s: %s: out of memory", who, where);
+    a->pg = pg;
+    tdist_status_t st = tdist_all_gather(pg, &mine, all, RECORD_WORDS, TDIST_I64, NULL, NULL);
+    if (st != TDIST_OK) {
+        free(all);
+        tdist__error_context(st, "%s: %s: the %s agreement (one all_gather of i64 x %zu%s) failed; "
+                                 "%s",
+                             who, where, noun, RECORD_WORDS,
+                             strcmp(noun, "comm hook") == 0 ? " on the hook's first bucket" : "",
+                             what);
+        return settle(a, st);
+    }
+    char msg[480];
+    bool ok = compare(all, size, noun, msg, sizeof msg);
+    free(all);
+    if (ok) return settle(a, TDIST_OK);
+    return settle(a, tdist__error(TDIST_ERR_MISMATCH, "%s: %s: %s", who, where, msg));
 }
 
 tdist_status_t tdist__agree(tdist__agree_t *a, const tdist_ddp_bucket_t *bucket, const char *who,
@@ -113,33 +148,28 @@ tdist_status_t tdist__agree(tdist__agree_t *a, const tdist_ddp_bucket_t *bucket,
                                  "group '%s': use one state per reducer",
                                  tdist_pg_name(a->pg), tdist_pg_name(bucket->pg));
     }
-    int size = tdist_pg_size(bucket->pg);
-    if (size < 1) return tdist__hook_error(bucket, TDIST_ERR_INVALID_ARG, who, "bucket->pg is NULL");
-    record_t mine;
-    memset(&mine, 0, sizeof mine);
-    mine.magic = AGREE_MAGIC;
-    mine.kind = tdist__fnv1a(TDIST__FNV_INIT, kind, strlen(kind));
-    mine.config = config;
-    snprintf(mine.desc, sizeof mine.desc, "%s", desc);
-    record_t *all = calloc((size_t)size, sizeof *all);
-    if (!all) return tdist__hook_error(bucket, TDIST_ERR_NO_MEMORY, who, "out of memory");
-    a->pg = bucket->pg;
-    tdist_status_t st = tdist_all_gather(bucket->pg, &mine, all, RECORD_WORDS, TDIST_I64, NULL, NULL);
-    if (st != TDIST_OK) {
-        free(all);
-        tdist__error_context(st, "%s: rank %d group %s iteration %" PRIu64 " bucket %zu: the comm "
-                                 "hook agreement (one all_gather of i64 x %zu on the hook's first "
-                                 "bucket) failed; a rank whose comm hook is not from tdist's "
-                                 "algorithms layer issues another collective here",
-                             who, tdist_pg_rank(bucket->pg), tdist_pg_name(bucket->pg),
-                             bucket->iteration, bucket->index, RECORD_WORDS);
-        return settle(a, st);
-    }
-    char msg[480];
-    bool ok = compare(all, size, msg, sizeof msg);
-    free(all);
-    if (ok) return settle(a, TDIST_OK);
-    return settle(a, tdist__hook_error(bucket, TDIST_ERR_MISMATCH, who, "%s", msg));
+    if (tdist_pg_size(bucket->pg) < 1)
+        return tdist__hook_error(bucket, TDIST_ERR_INVALID_ARG, who, "bucket->pg is NULL");
+    char where[200];
+    snprintf(where, sizeof where, "rank %d group %s iteration %" PRIu64 " bucket %zu",
+             tdist_pg_rank(bucket->pg), tdist_pg_name(bucket->pg), bucket->iteration,
+             bucket->index);
+    return agree_on(a, bucket->pg, who, where, "comm hook",
+                    "a rank whose comm hook is not from tdist's algorithms layer issues another "
+                    "collective here",
+                    kind, desc, config);
+}
+
+tdist_status_t tdist__agree_pg(tdist__agree_t *a, tdist_pg_t *pg, const char *who,
+                               const char *where, const char *noun, const char *kind,
+                               const char *desc, uint64_t config)
+{
+    if (a->done < 0) return tdist__error(a->err, "%s", a->msg);
+    if (a->done > 0) return TDIST_OK;
+    char what[160];
+    snprintf(what, sizeof what, "a rank that does not run the same %s issues another collective "
+             "here", noun);
+    return agree_on(a, pg, who, where, noun, what, kind, desc, config);
 }
 
 static bool dtype_taken(tdist_dtype_t dt, tdist__hook_dtypes_t dtypes)

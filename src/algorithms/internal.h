@@ -63,6 +63,16 @@ typedef struct tdist__agree {
 tdist_status_t tdist__agree(tdist__agree_t *a, const tdist_ddp_bucket_t *bucket, const char *who,
                             const char *kind, const char *desc, uint64_t config);
 
+/* The same agreement outside DDP (model averagers, DiLoCo): on pg, on the
+ * first call; `where` prefixes messages after who ("rank 0 group world
+ * step 3"), noun names what is agreed in them ("model averager": "model
+ * averager mismatch: rank 0 runs ..., rank 1 runs ..."). Later calls
+ * return the first outcome without communicating. Blocks on the first
+ * call only. */
+tdist_status_t tdist__agree_pg(tdist__agree_t *a, tdist_pg_t *pg, const char *who,
+                               const char *where, const char *noun, const char *kind,
+                               const char *desc, uint64_t config);
+
 /* Set an error "who: rank R group G iteration K bucket B: <fmt>" (the
  * rank and group from bucket->pg; bucket may be NULL: "who: <fmt>") and
  * return st. */
@@ -96,6 +106,18 @@ tdist_status_t tdist__hook_check(const void *state, const tdist_ddp_bucket_t *b,
                                  const tdist_ddp_hook_result_t *result, const char *who,
                                  const char *create, const char *reg, const char *desc,
                                  tdist__hook_dtypes_t dtypes, const char *takes);
+
+/* ------------------------------------------- averaging (averager.c) */
+
+/* flat[0..count) = its average over pg: fl(x / size), then a SUM
+ * all_reduce (blocking). Nothing to do for a group of one. Errors name who,
+ * the rank and the group. */
+tdist_status_t tdist__average_flat(tdist_pg_t *pg, float *flat, size_t count, const char *who);
+
+/* tdist_averager_average, telling which group averaged (*used; NULL when
+ * the schedule skipped this step). */
+tdist_status_t tdist__averager_run(tdist_averager_t *a, const tdist_optim_param_t *params, size_t n,
+                                   tdist_pg_t **used);
 
 /* ------------------------------------------- PowerSGD's kernels
  * (powersgd_kernels.c; the orders of operations are described there).

@@ -22,22 +22,9 @@
 
 #include "harness.h"
 #include "oracle_h4.h"
+#include "oracle_util.h"
 #include "tdist/algorithms.h"
 #include "tdist/join.h"
-
-static uint32_t bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static float f32(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
 
 static void open_pg(tdist_world_t **w, tdist_pg_t **pg)
 {
@@ -45,16 +32,6 @@ static void open_pg(tdist_world_t **w, tdist_pg_t **pg)
 }
 
 /* ==================================================== 1. against PyTorch */
-
-/* Gloo's ring all_reduce (SUM) of v[r][i], r < w (see test_hook_optim.c). */
-static float ring_sum(const float *v, size_t stride, int w, size_t n, size_t i)
-{
-    size_t s = (n + 2 * (size_t)w - 1) / (2 * (size_t)w);
-    int c = (int)(i / (2 * s));
-    float acc = v[(size_t)((c + w - 1) % w) * stride + i];
-    for (int j = w - 2; j >= 0; j--) acc = v[(size_t)((c + j) % w) * stride + i] + acc;
-    return acc;
-}
 
 /* pos[i]: where element i sits in step k's bucket (parameter order in
  * step 0, reversed after). */

@@ -5,7 +5,9 @@
  * The shards are uneven and every epoch is a Join. It must reach a test
  * accuracy of 0.95 and end with identical parameters on every rank; with
  * --hook (fp16, PowerSGD, int8) it must name the hook and end with
- * identical parameters, and a bad --hook must exit 2. */
+ * identical parameters, and a bad --hook must exit 2; so must post-local
+ * SGD (--local-sgd K) and DiLoCo (--diloco H), which also print their
+ * bytes per iteration, and a bad period exits 2. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,4 +104,48 @@ TEST(tdistrun_train_digits_hooks, 30)
         FAIL("--hook without a value under tdistrun: exit %d, want 2\n%s", r.code, r.err);
     ASSERT_CONTAINS(r.err, "--hook needs a value");
     run_free(&r);
+}
+
+TEST(tdistrun_train_digits_local_sgd_and_diloco, 50)
+{
+    char *csv = digits_csv();
+    static const char *const opt[] = {"--local-sgd", "--diloco", "--diloco"};
+    static const char *const val[] = {"4", "4", "4:int8"};
+    static const char *const mode[] = {"local-sgd:4", "diloco:4", "diloco:4:int8"};
+    for (int i = 0; i < 3; i++) {
+        /* 3 epochs: local SGD averages gradients for two, then parameters */
+        const char *argv[] = {TDISTRUN, "--nproc-per-node", "2", DIGITS, csv, "3", opt[i], val[i],
+                              NULL};
+        run_t r;
+        run(argv, 25, mode[i], &r);
+        if (!r.exited || r.code != 0)
+            FAIL("%s %s: exit %d\n%s\n%s", opt[i], val[i], r.code, r.out, r.err);
+        char want[96];
+        snprintf(want, sizeof want, "[rank 1] train_digits: rank 1 of 2: mode %s, ", mode[i]);
+        ASSERT_CONTAINS(r.out, want);
+        snprintf(want, sizeof want, "[rank 0] mode %s: ", mode[i]);
+        const char *line = strstr(r.out, want);
+        if (!line) FAIL("no '%s' line in:\n%s", want, r.out);
+        /* fewer bytes than f32 gradients every step */
+        double per = atof(line + strlen(want)), of = 0;
+        const char *f = strstr(line, "of f32's ");
+        if (f) of = atof(f + 9);
+        if (!(per > 0 && of > 0 && per < of)) FAIL("bytes per iteration %g of %g:\n%s", per, of, line);
+        const char *fin = strstr(r.out, "[rank 0] final test_accuracy=");
+        if (!fin) FAIL("no final line in:\n%s", r.out);
+        ASSERT_CONTAINS(fin, "params_identical=yes\n");
+        run_free(&r);
+    }
+    static const char *const bad[][2] = {{"--local-sgd", "0"}, {"--diloco", "x"},
+                                         {"--diloco", "10001"}, {"--hook", "fp16"},
+                                         {"--diloco", "4:fp8"}, {"--local-sgd", "4:bf16"}};
+    for (int i = 0; i < 6; i++) {
+        const char *argv[] = {DIGITS, csv, "3", bad[i][0], bad[i][1], "--diloco", "4", NULL};
+        run_t r;
+        run(argv, 10, "bad_period", &r);
+        if (!r.exited || r.code != 2)
+            FAIL("%s %s: exit %d, want 2\n%s", bad[i][0], bad[i][1], r.code, r.err);
+        ASSERT_CONTAINS(r.err, "usage: ");
+        run_free(&r);
+    }
 }
