@@ -153,6 +153,15 @@ TDIST_API tdist_status_t tdist_store_prefix_create(const char *prefix, tdist_sto
  * nothing. Not to be called while another thread uses the store. */
 TDIST_API void tdist_store_destroy(tdist_store_t *s);
 
+/* Bound every store call the calling thread makes from now on, on every
+ * store, to end within timeout_ms of this call (a call still waiting then
+ * fails with TDIST_ERR_TIMEOUT, and a TCP client reconnects on its next
+ * call); timeout_ms < 0 lifts the bound (the default). For failure paths
+ * that must not wait a store's whole timeout on a stopped or unreachable
+ * store host: tdist bounds its own announcement of a failed collective
+ * this way. Per thread; never blocks. */
+TDIST_API void tdist_store_bound_thread(int64_t timeout_ms);
+
 /* The store's default timeout for blocking calls (-1 if s is NULL), and a
  * setter. Thread-safe. */
 TDIST_API int64_t tdist_store_timeout(const tdist_store_t *s);

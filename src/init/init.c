@@ -91,6 +91,7 @@ struct tdist_world {
     bool bind_known;
     char bind_addr[TDIST__IFADDR_MAX];       /* tdist__world_bind_addr */
     atomic_int world_groups;                 /* tdist__world_next_group */
+    atomic_int failures;                     /* tdist__world_note_failure */
 };
 
 /* Inode of this process's network namespace (0 if /proc is not there).
@@ -964,9 +965,19 @@ void tdist_world_destroy(tdist_world_t *w)
 {
     if (!w) return;
     /* Rank 0 hosting the store waits for every rank to leave before it
-     * stops the server; the last rank to leave a file store removes the
-     * rendezvous keys. */
-    tdist__rdzv_leave(&w->rdzv, w->server ? w->world_size : 0, w->timeout_ms, w->is_file);
+     * stops the server (not for a rank on this host whose process is gone;
+     * and once a group of this world has failed, 1 s at most: the others
+     * are failing too, and a dead rank elsewhere never leaves); the last
+     * rank to leave a file store removes the rendezvous keys. */
+    int64_t bound = w->timeout_ms;
+    bool failed = atomic_load(&w->failures) > 0;
+    if (failed) {
+        /* nor does it wait on a store host that died or stopped with it */
+        bound = TDIST_MIN(bound, (int64_t)1000);
+        tdist_store_bound_thread(bound);
+    }
+    tdist__rdzv_leave(&w->rdzv, w->server ? w->world_size : 0, bound, w->is_file);
+    if (failed) tdist_store_bound_thread(-1);
     tdist__mpi_world_leave(w); /* MPI_Finalize after the last mpi:// world */
     world_free(w);
 }
@@ -1004,3 +1015,8 @@ tdist_status_t tdist__world_bind_addr(tdist_world_t *w, const char **addr)
 }
 
 int tdist__world_next_group(tdist_world_t *w) { return atomic_fetch_add(&w->world_groups, 1); }
+
+void tdist__world_note_failure(tdist_world_t *w)
+{
+    if (w) atomic_fetch_add(&w->failures, 1);
+}

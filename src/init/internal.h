@@ -165,6 +165,11 @@ tdist_status_t tdist__world_bind_addr(tdist_world_t *w, const char **addr);
  * gets the same number on every rank of w, whatever other worlds the
  * process holds or held. Thread-safe, never blocks. */
 int tdist__world_next_group(tdist_world_t *w);
+/* A group of w has failed (pg's failure path): rank 0's
+ * tdist_world_destroy then waits for the others to leave 1 s at most,
+ * and every rank's leaving calls to the store end within 1 s.
+ * Thread-safe, never blocks. */
+void tdist__world_note_failure(tdist_world_t *w);
 
 /* init.c: Slurm's environment for env:// (docs/init.md). Pure, thread-safe.
  * The first host of a Slurm host list ("node[01-04,07],gpu3" -> "node01"),

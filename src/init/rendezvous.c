@@ -10,7 +10,9 @@
  * all). Every wait polls the store every TDIST__RDZV_POLL_MS and ends at
  * its deadline.
  */
+#include <errno.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -370,11 +372,49 @@ tdist_status_t tdist__rdzv_join(tdist__rdzv_t *r, int64_t deadline_ms)
     return ctx(r, compute_local(r));
 }
 
+/* Whether rank q is gone without leaving: its claim is on this host (same
+ * name and network namespace) and its process no longer exists. */
+static bool gone_here(const tdist__rdzv_t *r, int q)
+{
+    char key[64];
+    snprintf(key, sizeof key, "rank/%d", q);
+    const char *k = key;
+    bool have = false;
+    if (tdist_store_check(r->store, &k, 1, &have) != TDIST_OK || !have) return false;
+    void *v = NULL;
+    size_t len = 0;
+    claim_t c;
+    bool gone = false;
+    if (tdist_store_get(r->store, key, &v, &len) == TDIST_OK && parse_claim(v, len, &c) == 0 &&
+        c.netns == r->netns && strcmp(c.host, r->host) == 0 && c.pid > 0)
+        gone = kill((pid_t)c.pid, 0) != 0 && errno == ESRCH;
+    free(v);
+    return gone;
+}
+
+/* Ranks that have left (their "left/<r>" key) or are gone from this host. */
+static int64_t count_gone(const tdist__rdzv_t *r)
+{
+    int64_t n = 0;
+    for (int q = 0; q < r->world_size; q++) {
+        char key[64];
+        snprintf(key, sizeof key, "left/%d", q);
+        const char *k = key;
+        bool left = false;
+        if (tdist_store_check(r->store, &k, 1, &left) != TDIST_OK) return -1;
+        if (left || gone_here(r, q)) n++;
+    }
+    return n;
+}
+
 void tdist__rdzv_leave(tdist__rdzv_t *r, int64_t wait_for, int64_t bound_ms, bool cleanup)
 {
     int64_t n = 0;
     if (r->registered) {
-        if (tdist_store_add(r->store, "left", 1, &n) != TDIST_OK) {
+        char key[64];
+        snprintf(key, sizeof key, "left/%d", r->rank);
+        if (tdist_store_set(r->store, key, "", 0) != TDIST_OK ||
+            tdist_store_add(r->store, "left", 1, &n) != TDIST_OK) {
             TDIST_LOGW("rank %d: could not record leaving the job: %s", r->rank, tdist_last_error());
             return;
         }
@@ -384,21 +424,24 @@ void tdist__rdzv_leave(tdist__rdzv_t *r, int64_t wait_for, int64_t bound_ms, boo
             static const char *const fixed[] = {"world_size", "joined", "arrived", "left"};
             for (size_t i = 0; i < TDIST_ARRAY_SIZE(fixed); i++)
                 (void)tdist_store_delete_key(r->store, fixed[i], NULL);
-            char key[64];
             for (int i = 0; i < r->world_size; i++) {
                 snprintf(key, sizeof key, "rank/%d", i);
+                (void)tdist_store_delete_key(r->store, key, NULL);
+                snprintf(key, sizeof key, "left/%d", i);
                 (void)tdist_store_delete_key(r->store, key, NULL);
             }
         }
     }
     if (wait_for <= 0) return;
     int64_t deadline = tdist__deadline_ms(bound_ms);
-    for (;;) {
+    for (int polls = 0;; polls++) {
         if (tdist_store_add(r->store, "left", 0, &n) != TDIST_OK) {
             TDIST_LOGW("rank %d: could not read how many ranks left: %s", r->rank, tdist_last_error());
             return;
         }
         if (n >= wait_for) return;
+        /* every 100 ms: a rank of this host that died never leaves */
+        if (polls % 10 == 9 && count_gone(r) >= wait_for) return;
         int left = tdist__ms_left(deadline);
         if (left <= 0) {
             TDIST_LOGW("rank %d: stopping the store after %" PRId64 " ms although only %" PRId64

@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "coll/coll.h"
+#include "init/internal.h" /* tdist__world_note_failure */
 #include "pg/internal.h"
 #include "tdist/store.h"
 
@@ -240,20 +241,27 @@ static void set_sticky(tdist_pg_t *pg, tdist_status_t st, const char *msg)
     pthread_mutex_unlock(&pg->mu);
 }
 
-char *tdist__pg_fail(tdist_pg_t *pg, tdist_status_t st, const char *prefix, const char *cause)
+char *tdist__pg_fail(tdist_pg_t *pg, tdist_status_t st, const char *prefix, const char *where,
+                     const char *cause, int64_t deadline_ms)
 {
     char *root = NULL;
     if (st != TDIST_ERR_MISMATCH && pg->store && pg->size > 1) {
-        /* First failure of the group wins; everyone reads the winner. */
+        /* First failure of the group wins; everyone reads the winner. A
+         * stopped or unreachable store host must not hold the failure up:
+         * the call ends 0.5 s past the collective's deadline at the latest. */
         char key[300];
         snprintf(key, sizeof key, "pg/%s/failure", pg->uid);
-        char *mine = tdist__asprintf("rank %d (world rank %d): %s", pg->rank,
-                                     pg->wranks[pg->rank], cause);
+        char *mine = tdist__asprintf("rank %d (world rank %d) %s: %s", pg->rank,
+                                     pg->wranks[pg->rank], where, cause);
         void *cur = NULL;
         size_t cur_len = 0;
-        if (mine && tdist_store_compare_set(pg->store, key, NULL, 0, mine, strlen(mine), &cur,
-                                            &cur_len) == TDIST_OK &&
-            cur) {
+        int64_t now = tdist__now_ms();
+        tdist_store_bound_thread(TDIST_MAX(deadline_ms, now) - now + 500);
+        tdist_status_t cst = mine ? tdist_store_compare_set(pg->store, key, NULL, 0, mine,
+                                                            strlen(mine), &cur, &cur_len)
+                                  : TDIST_ERR_NO_MEMORY;
+        tdist_store_bound_thread(-1);
+        if (cst == TDIST_OK && cur) {
             if (cur_len != strlen(mine) || memcmp(cur, mine, cur_len) != 0) {
                 root = malloc(cur_len + 1);
                 if (root) {
@@ -272,6 +280,7 @@ char *tdist__pg_fail(tdist_pg_t *pg, tdist_status_t st, const char *prefix, cons
         msg = tdist__asprintf("%s: %s", prefix, cause);
     free(root);
     set_sticky(pg, st, msg ? msg : cause);
+    tdist__world_note_failure(pg->world);
     /* Cascade: close the collective mesh so peers blocked on us fail now. */
     pthread_mutex_lock(&pg->mu);
     tdist__tp_t *tp = pg->tp;
@@ -495,7 +504,11 @@ static tdist_status_t work_failed(tdist_pg_t *pg, const struct tdist_work *w, td
         cause = tdist__asprintf("the group was aborted (tdist_pg_abort or destroy) on rank %d",
                                 pg->rank);
     }
-    *msg = tdist__pg_fail(pg, st, prefix, cause ? cause : "unknown cause");
+    char where[300], d[200];
+    tdist__work_describe(w, d, sizeof d);
+    snprintf(where, sizeof where, "group %s seq %llu %s", pg->name, (unsigned long long)w->seq, d);
+    int64_t deadline = w->deadline_ms > 0 ? w->deadline_ms : tdist__now_ms();
+    *msg = tdist__pg_fail(pg, st, prefix, where, cause ? cause : "unknown cause", deadline);
     TDIST_LOGD("%s", *msg ? *msg : prefix);
     if (!*msg) *msg = tdist__strdup(prefix);
     free(cause);
@@ -525,6 +538,7 @@ static tdist_status_t run_work_status(tdist_pg_t *pg, struct tdist_work *w, char
     /* the deadline's clock read is left to coll/ (rule 3 all the same):
      * a tiny collective that finds its peers there never needs it */
     int64_t deadline = w->shadow_leader >= 0 ? tdist__deadline_ms(timeout) : TDIST__DEADLINE_LAZY;
+    w->deadline_ms = deadline == TDIST__DEADLINE_LAZY ? 0 : deadline;
     tdist_clear_error();
     /* shadow collectives run on a joined rank took sequence numbers */
     w->seq += pg->join.seq_shift;

@@ -196,7 +196,7 @@ static tdist_status_t sub_failed(tdist_pg_t *sub, tdist_status_t st, const char 
     char cause[600];
     snprintf(cause, sizeof cause, "%s", tdist_last_error());
     if (sub) {
-        char *m = tdist__pg_fail(sub, st, step, cause);
+        char *m = tdist__pg_fail(sub, st, step, step, cause, tdist__now_ms());
         free(m);
     }
     return tdist__error(st, "hierarchical %s: %s", step, cause);

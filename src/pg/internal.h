@@ -263,10 +263,13 @@ tdist_status_t tdist__pg_start_engine(tdist_pg_t *pg);
 void tdist__pg_stop_engine(tdist_pg_t *pg);
 /* The sticky error, copied (or TDIST_OK). Caller frees *msg. */
 tdist_status_t tdist__pg_sticky(tdist_pg_t *pg, char **msg);
-/* Record a failure: post the root cause to the store, make it sticky,
- * destroy the collective mesh (peers blocked on it fail fast) and abort
- * the p2p mesh. Returns the full message (malloc'd). */
-char *tdist__pg_fail(tdist_pg_t *pg, tdist_status_t st, const char *prefix, const char *cause);
+/* Record a failure: post the root cause ("rank R (world rank W) <where>:
+ * <cause>") to the store, bounded to 0.5 s past deadline_ms (absolute; the
+ * failed call's), make it sticky, destroy the collective mesh (peers
+ * blocked on it fail fast) and abort the p2p mesh. Returns the full
+ * message, "<prefix>: <cause>" with the group's first failure (malloc'd). */
+char *tdist__pg_fail(tdist_pg_t *pg, tdist_status_t st, const char *prefix, const char *where,
+                     const char *cause, int64_t deadline_ms);
 
 /* ------------------------------------------------------------- join.c (pg) */
 

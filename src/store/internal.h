@@ -55,4 +55,8 @@ int tdist__store_parse_counter(const void *value, size_t len, int64_t *out);
 /* malloc a copy of len bytes (at least 1 byte, so an empty value is not NULL). */
 void *tdist__store_dup(const void *value, size_t len);
 
+/* store.c: the calling thread's bound on store calls (absolute,
+ * tdist__now_ms clock; INT64_MAX: none), set by tdist_store_bound_thread. */
+int64_t tdist__store_thread_bound(void);
+
 #endif /* TDIST_STORE_INTERNAL_H */

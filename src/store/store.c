@@ -113,6 +113,17 @@ tdist_status_t tdist_store_set_timeout(tdist_store_t *s, int64_t timeout_ms)
     return TDIST_OK;
 }
 
+/* This thread's bound on every store call (absolute, tdist__now_ms clock;
+ * INT64_MAX: none). */
+static _Thread_local int64_t thread_bound = INT64_MAX;
+
+void tdist_store_bound_thread(int64_t timeout_ms)
+{
+    thread_bound = timeout_ms < 0 ? INT64_MAX : tdist__deadline_ms(timeout_ms);
+}
+
+int64_t tdist__store_thread_bound(void) { return thread_bound; }
+
 tdist_status_t tdist_store_set(tdist_store_t *s, const char *key, const void *value, size_t len)
 {
     static const char fn[] = "tdist_store_set";

@@ -65,12 +65,14 @@ static void disconnect(tcp_store_t *s)
     s->fd = -1;
 }
 
-/* Absolute deadline for a call of the store's timeout (+ extra ms). */
+/* Absolute deadline for a call of the store's timeout (+ extra ms), within
+ * the calling thread's bound (tdist_store_bound_thread). */
 static int64_t call_deadline(const tcp_store_t *s, int64_t timeout_ms, int64_t extra_ms)
 {
-    if (timeout_ms < 0) return INT64_MAX;
-    if (timeout_ms > INT64_MAX / 4) return INT64_MAX;
-    return tdist__deadline_ms(timeout_ms + extra_ms);
+    (void)s;
+    int64_t bound = tdist__store_thread_bound();
+    if (timeout_ms < 0 || timeout_ms > INT64_MAX / 4) return bound;
+    return TDIST_MIN(tdist__deadline_ms(timeout_ms + extra_ms), bound);
 }
 
 /* Lock the client until deadline. */
