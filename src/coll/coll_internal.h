@@ -17,7 +17,7 @@
 /* Bytes of count elements of dtype. */
 static inline size_t tdist__coll_bytes(size_t count, tdist_dtype_t dtype)
 {
-    return count * tdist_dtype_size(dtype);
+    return count * tdist__dtype_size(dtype);
 }
 
 /* malloc(bytes) (at least 1 byte) or TDIST_ERR_NO_MEMORY naming what and

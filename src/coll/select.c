@@ -149,7 +149,7 @@ void tdist__coll_group_free(tdist__coll_group_t *g)
 
 static size_t args_bytes(const tdist__coll_args_t *a)
 {
-    size_t es = tdist_dtype_size(a->dtype);
+    size_t es = tdist__dtype_size(a->dtype);
     if (a->op == TDIST__OP_ALL_REDUCE_COALESCED) {
         size_t tot = 0;
         for (size_t i = 0; i < a->nbufs; i++) tot += a->counts[i];
@@ -236,7 +236,8 @@ static tdist__coll_algo_t select_p2p(const tdist__coll_ctx_t *c, const tdist__co
     }
 }
 
-tdist__coll_plan_t tdist__coll_select(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
+/* The selection itself (static: tdist__coll_run inlines it). */
+static inline tdist__coll_plan_t plan(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
                                       const tdist__coll_check_t *chk)
 {
     tdist__coll_plan_t p = {TDIST__ROUTE_NATIVE, TDIST__ALGO_OP};
@@ -268,6 +269,12 @@ tdist__coll_plan_t tdist__coll_select(const tdist__coll_ctx_t *c, const tdist__c
         p.route = TDIST__ROUTE_FUSED_AR;
     }
     return p;
+}
+
+tdist__coll_plan_t tdist__coll_select(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
+                                      const tdist__coll_check_t *chk)
+{
+    return plan(c, a, chk);
 }
 
 /* ----------------------------------------------------------- dispatch */
@@ -442,7 +449,7 @@ tdist_status_t tdist__coll_run(const tdist__coll_ctx_t *c, const tdist__coll_arg
         TDIST_CHECK(tdist__coll_run(c, &sum, chk));
         return divide_active(c, a);
     }
-    tdist__coll_plan_t p = tdist__coll_select(c, a, chk);
+    tdist__coll_plan_t p = plan(c, a, chk);
     tdist__coll_ctx_t abs;
     if (c->lazy_deadline && !single_wait(p)) {
         abs = *c;

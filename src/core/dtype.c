@@ -1,14 +1,14 @@
-/* core/dtype.c — the dtype table and reduce-op names. */
+/* core/dtype.c — the dtype table and reduce-op names (the sizes are
+ * tdist__dtype_size's, in core/internal.h, inline for the hot paths). */
 #include "core/internal.h"
 
 static const struct {
     const char *name;
-    size_t size;
     int is_float;
 } dtypes[TDIST_DTYPE_COUNT] = {
-    [TDIST_F32] = {"f32", 4, 1},  [TDIST_F64] = {"f64", 8, 1}, [TDIST_F16] = {"f16", 2, 1},
-    [TDIST_BF16] = {"bf16", 2, 1}, [TDIST_I8] = {"i8", 1, 0},  [TDIST_U8] = {"u8", 1, 0},
-    [TDIST_I32] = {"i32", 4, 0},  [TDIST_I64] = {"i64", 8, 0},
+    [TDIST_F32] = {"f32", 1},  [TDIST_F64] = {"f64", 1}, [TDIST_F16] = {"f16", 1},
+    [TDIST_BF16] = {"bf16", 1}, [TDIST_I8] = {"i8", 0},  [TDIST_U8] = {"u8", 0},
+    [TDIST_I32] = {"i32", 0},  [TDIST_I64] = {"i64", 0},
 };
 
 static const char *const redops[TDIST_REDOP_COUNT] = {
@@ -19,7 +19,7 @@ static const char *const redops[TDIST_REDOP_COUNT] = {
 
 static int dtype_valid(tdist_dtype_t dtype) { return (unsigned)dtype < TDIST_DTYPE_COUNT; }
 
-size_t tdist_dtype_size(tdist_dtype_t dtype) { return dtype_valid(dtype) ? dtypes[dtype].size : 0; }
+size_t tdist_dtype_size(tdist_dtype_t dtype) { return tdist__dtype_size(dtype); }
 
 const char *tdist_dtype_name(tdist_dtype_t dtype)
 {

@@ -147,4 +147,15 @@ static inline void tdist__cpu_relax(void)
 #endif
 }
 
+/* tdist_dtype_size, inline for the collectives' hot paths: the size of
+ * one element (0 for an invalid dtype). */
+static inline size_t tdist__dtype_size(tdist_dtype_t dt)
+{
+    static const unsigned char size[TDIST_DTYPE_COUNT] = {
+        [TDIST_F32] = 4, [TDIST_F64] = 8, [TDIST_F16] = 2, [TDIST_BF16] = 2,
+        [TDIST_I8] = 1,  [TDIST_U8] = 1,  [TDIST_I32] = 4, [TDIST_I64] = 8,
+    };
+    return (unsigned)dt < TDIST_DTYPE_COUNT ? size[dt] : 0;
+}
+
 #endif /* TDIST_CORE_INTERNAL_H */

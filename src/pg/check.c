@@ -153,7 +153,7 @@ void tdist__work_describe(const struct tdist_work *w, char *buf, size_t n)
  * cancel with probability about 2^-64. The multiplies are independent, so
  * it costs a few cycles of latency, not a chain of ten. */
 static const uint64_t fp_mult[] = {
-    0x3cc04026ff2218f3ull, 0xb1545fbc0781bf83ull, 0x21414522c6e07da7ull,
+    0x3cc04026ff2218f3ull, 0xb1545fbc0781bf83ull, TDIST__FP_SEQ_MULT,
     0x0ace59957aa4a9a1ull, 0x9ef717a4709e7127ull, 0x5acaf58aab68ce59ull,
     0xb48043a646d31849ull, 0x1e926c902f1af58bull, 0x524cff5480dd4c83ull,
     0x8f872a6532f12893ull,

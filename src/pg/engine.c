@@ -107,7 +107,9 @@ struct tdist_work *tdist__work_on_stack(struct tdist_work *w, tdist__op_t op,
                                         const tdist_coll_opts_t *opts, tdist_work_t **work)
 {
     if (work || (opts && opts->on_complete)) return tdist__work_new(op, opts);
-    memset(&w->refs, 0, sizeof *w - offsetof(struct tdist_work, refs));
+    /* a collective: the p2p part stays unset (it is half the struct) */
+    memset(&w->refs, 0, offsetof(struct tdist_work, hdr) - offsetof(struct tdist_work, refs));
+    w->p2p_msg = NULL;
     work_init(w, op, opts);
     w->on_stack = true;
     return w;
@@ -312,7 +314,8 @@ static struct tdist_work *to_heap(struct tdist_work *w)
 {
     struct tdist_work *h = work_alloc();
     if (!h) return NULL;
-    memcpy(&h->refs, &w->refs, sizeof *w - offsetof(struct tdist_work, refs));
+    /* the collective part (a stack work leaves the p2p part unset; h's is zero) */
+    memcpy(&h->refs, &w->refs, offsetof(struct tdist_work, hdr) - offsetof(struct tdist_work, refs));
     h->on_stack = false;
     return h;
 }
@@ -451,6 +454,37 @@ static tdist_status_t check_compare(void *arg)
     return tdist__fp_compare(x->pg);
 }
 
+/* The common part of w's fingerprint into pg->chk.common; its hash (0
+ * when the check is off). A plain call of the last one's shape (a training
+ * loop's loss, a norm) reuses that shape's hash: only seq's term changes. */
+static uint64_t fp_prepare(tdist_pg_t *pg, const struct tdist_work *w)
+{
+    tdist__fp_t *fp = &pg->chk.common;
+    bool plain = !w->fp_override && (w->op == TDIST__OP_ALL_REDUCE || w->op == TDIST__OP_BROADCAST ||
+                                     w->op == TDIST__OP_REDUCE || w->op == TDIST__OP_BARRIER);
+    tdist__fp_shape_t *l = &pg->chk.last;
+    if (plain && l->valid && l->op == w->op && l->count == w->count && l->dtype == w->dtype &&
+        l->redop == w->redop && l->root == w->root && l->flags == w->fp_flags) {
+        fp->seq = w->seq;
+        return pg->chk.h0 + w->seq * TDIST__FP_SEQ_MULT;
+    }
+    tdist__fp_common(w, pg->uid_hash, fp);
+    l->valid = false;
+    if (!pg->check_fp) return 0;
+    if (!plain) return tdist__fp_hash(fp);
+    fp->seq = 0;
+    pg->chk.h0 = tdist__fp_hash(fp);
+    fp->seq = w->seq;
+    l->valid = true;
+    l->op = w->op;
+    l->count = w->count;
+    l->dtype = w->dtype;
+    l->redop = w->redop;
+    l->root = w->root;
+    l->flags = w->fp_flags;
+    return pg->chk.h0 + w->seq * TDIST__FP_SEQ_MULT;
+}
+
 tdist_status_t tdist__pg_run_body(tdist_pg_t *pg, struct tdist_work *w, int64_t timeout_ms,
                                   int64_t deadline_ms)
 {
@@ -468,10 +502,9 @@ tdist_status_t tdist__pg_run_body(tdist_pg_t *pg, struct tdist_work *w, int64_t 
         c.lazy_deadline = true;
     }
     check_arg_t x = {pg, w};
-    tdist__fp_common(w, pg->uid_hash, &pg->chk.common);
+    uint64_t hash = fp_prepare(pg, w);
     tdist__coll_check_t chk = {.on = pg->check_fp, .len = sizeof pg->chk.common,
-                               .common = &pg->chk.common,
-                               .hash = pg->check_fp ? tdist__fp_hash(&pg->chk.common) : 0,
+                               .common = &pg->chk.common, .hash = hash,
                                .theirs = (uint8_t *)pg->chk.theirs, .have = pg->chk.have,
                                .exchange = check_exchange, .compare = check_compare, .arg = &x};
     return tdist__coll_run(&c, &a, &chk);

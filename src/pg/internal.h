@@ -92,7 +92,8 @@ struct tdist_work {
                            leader issues; -1: no shadowing */
     const tdist__fp_t *fp_override; /* shadow works: the announced fingerprint */
 
-    /* p2p state (p2p thread only) */
+    /* p2p state (p2p thread only; a collective's work on the caller's
+     * stack leaves it unset, but for p2p_msg) */
     _Alignas(8) uint8_t hdr[24];
     tdist__tp_req_t hreq, preq;
     bool hdr_checked;
@@ -101,6 +102,17 @@ struct tdist_work {
     int p2p_status;     /* result being delivered (p2p thread) */
     char *p2p_msg;
 };
+
+/* The shape of a plain collective call (engine.c's fingerprint cache). */
+typedef struct tdist__fp_shape {
+    bool valid;
+    tdist__op_t op;
+    tdist_dtype_t dtype;
+    tdist_redop_t redop;
+    int root;
+    uint32_t flags;
+    size_t count;
+} tdist__fp_shape_t;
 
 /* A process group, by concern. Who touches what:
  *  - identity: set at creation, read-only after;
@@ -150,6 +162,11 @@ struct tdist_pg {
         tdist__tp_req_t *reqs;      /* 2 x size */
         tdist__tp_req_t **reqp;
         tdist__fp_t common;         /* this collective's common part */
+        /* the last plain call's shape and the hash of its common part with
+         * seq 0 (engine.c fp_prepare): a call of the same shape only adds
+         * seq's term */
+        tdist__fp_shape_t last;
+        uint64_t h0;
         int have;                   /* TCP: the rank whose fingerprint for the next exchange
                                        is already in theirs (Join's shadowing; -1: none) */
     } chk;
@@ -233,8 +250,11 @@ tdist_status_t tdist__fp_exchange(tdist_pg_t *pg, const struct tdist_work *w,
 /* Compare every rank's common part (pg->chk.theirs, own copied in) with
  * rank 0's: TDIST_OK or TDIST_ERR_MISMATCH naming the first that differs. */
 tdist_status_t tdist__fp_compare(tdist_pg_t *pg);
-/* The shm line's 64-bit stand-in for a fingerprint (common part). */
+/* The shm line's 64-bit stand-in for a fingerprint (common part): a sum
+ * of one term per word, each word times its own odd constant; seq's is
+ * TDIST__FP_SEQ_MULT, so hash(seq) = hash(seq 0) + seq * TDIST__FP_SEQ_MULT. */
 uint64_t tdist__fp_hash(const tdist__fp_t *fp);
+#define TDIST__FP_SEQ_MULT 0x21414522c6e07da7ull
 /* Compare one received fingerprint's common part with the local one;
  * true if equal. */
 bool tdist__fp_common_equal(const tdist__fp_t *a, const tdist__fp_t *b);
