@@ -3,8 +3,10 @@
  * dampening, Nesterov, weight decay), Adam and AdamW (with AMSGrad).
  *
  * The update rules are PyTorch's torch.optim.SGD / Adam / AdamW, element
- * for element and in the same f32 operation order, so a C training loop
- * reproduces a PyTorch one (tests/optim compares with torch to 1e-6).
+ * for element, in the same f32 operation order and with a fused
+ * multiply-add wherever PyTorch 1.13's CPU kernels fuse (docs/optim.md,
+ * "Exact arithmetic"), so a C training loop reproduces a PyTorch one bit
+ * for bit (tests/optim compares bits with torch).
  *
  * An optimizer is created over a list of buffers, each a triple
  * (float *param, const float *grad, size_t count) — typically one per model

@@ -8,21 +8,31 @@ Run with Debian's python3-torch (not needed by the test suite itself):
 Each case runs one torch optimizer (CPU, float32, foreach=False: the
 single-tensor code path) over two parameters of OPTIM_REF_N0 and
 OPTIM_REF_N1 elements for OPTIM_REF_STEPS steps and records the final
-parameters. Parameters and gradients come from closed formulas with exact
-binary fractions, which tests/optim/test_optim_reference.c recomputes:
+parameters as float32 bit patterns. Parameters and gradients come from
+closed formulas, each value rounded once to float32, which
+tests/optim/test_optim_reference.c recomputes (the same libm sin and cos):
 
-    param0[b][i]  = (i odd ? -1 : 1) * (2 + 0.25 * (i % 8) + 0.5 * b)
-    grad[t][b][i] = (((5*i + 3*t + 7*b) % 13) - 6) / 8 + 0.0625 * t   (t = 1..STEPS)
+    param0[b][i]  = f32(((i odd ? -1 : 1) * (2 + 0.25 * (i % 8) + 0.5 * b) + 0.1 * sin(3i + b)) / 64)
+    grad[t][b][i] = f32((((5*i + 3*t + 7*b) % 13) - 6) / 8 + 0.0625 * t + 0.05 * cos(7i + 5t + b))
+                                                                     (t = 1..STEPS)
+
+The values are not short binary fractions, so every rounding shows: a
+fused multiply-add where PyTorch rounds twice (or the reverse) changes
+bits, and the test compares bits. The parameters are small (about the
+size of a few Adam updates), so an ulp of exp_avg or exp_avg_sq reaches
+the parameters' bits too.
 
 A case with lr_change_step = k > 0 sets the learning rate to lr_new just
 before step k (what a scheduler does).
 """
+import math
+import struct
 import sys
 
 import torch
 
-STEPS = 5
-SIZES = (7, 37)
+STEPS = 8
+SIZES = (7, 61)
 
 SGD, ADAM, ADAMW = 1, 2, 3  # tdist_optim_kind_t
 
@@ -36,6 +46,8 @@ CASES = [
     ("sgd_nesterov_wd", SGD, dict(lr=0.04, momentum=0.8, nesterov=True, weight_decay=0.05), (0, 0.0)),
     ("sgd_momentum_wd_damp", SGD, dict(lr=0.03, momentum=0.7, dampening=0.5, weight_decay=0.02), (0, 0.0)),
     ("sgd_maximize", SGD, dict(lr=0.05, momentum=0.5, maximize=True), (0, 0.0)),
+    ("sgd_nesterov_wd_maximize", SGD, dict(lr=0.07, momentum=0.6, nesterov=True, weight_decay=0.3, maximize=True), (0, 0.0)),
+    ("sgd_wd_only", SGD, dict(lr=0.03, weight_decay=0.7), (0, 0.0)),
     ("sgd_lr_change", SGD, dict(lr=0.05, momentum=0.9), (3, 0.01)),
     ("adam_default", ADAM, dict(), (0, 0.0)),
     ("adam", ADAM, dict(lr=0.01), (0, 0.0)),
@@ -44,20 +56,24 @@ CASES = [
     ("adam_amsgrad", ADAM, dict(lr=0.01, betas=(0.8, 0.99), amsgrad=True), (0, 0.0)),
     ("adam_amsgrad_wd", ADAM, dict(lr=0.01, betas=(0.7, 0.9), weight_decay=0.05, amsgrad=True), (0, 0.0)),
     ("adam_maximize", ADAM, dict(lr=0.01, maximize=True), (0, 0.0)),
+    ("adam_wd_maximize_amsgrad", ADAM, dict(lr=0.03, weight_decay=0.2, maximize=True, amsgrad=True), (0, 0.0)),
     ("adam_lr_change", ADAM, dict(lr=0.01), (4, 0.003)),
     ("adamw_default", ADAMW, dict(), (0, 0.0)),
     ("adamw", ADAMW, dict(lr=0.01, weight_decay=0.1), (0, 0.0)),
     ("adamw_amsgrad", ADAMW, dict(lr=0.01, betas=(0.8, 0.99), weight_decay=0.2, amsgrad=True), (0, 0.0)),
+    ("adamw_maximize", ADAMW, dict(lr=0.01, weight_decay=0.1, maximize=True), (0, 0.0)),
     ("adamw_lr_change", ADAMW, dict(lr=0.02, weight_decay=0.3), (2, 0.005)),
 ]
 
 
 def param0(b, n):
-    return [(-1.0 if i % 2 else 1.0) * (2.0 + 0.25 * (i % 8) + 0.5 * b) for i in range(n)]
+    return [((-1.0 if i % 2 else 1.0) * (2.0 + 0.25 * (i % 8) + 0.5 * b) + 0.1 * math.sin(3 * i + b)) / 64.0
+            for i in range(n)]
 
 
 def grad(t, b, n):
-    return [(((5 * i + 3 * t + 7 * b) % 13) - 6) / 8.0 + 0.0625 * t for i in range(n)]
+    return [(((5 * i + 3 * t + 7 * b) % 13) - 6) / 8.0 + 0.0625 * t + 0.05 * math.cos(7 * i + 5 * t + b)
+            for i in range(n)]
 
 
 def run(kind, opts, lr_change):
@@ -90,8 +106,9 @@ def full_opts(kind, opts):
     return d
 
 
-def c_floats(values):
-    return "{" + ", ".join("%.9gf" % v for v in values) + "}"
+def c_bits(values):
+    bits = [struct.unpack("<I", struct.pack("<f", v))[0] for v in values]
+    return "{" + ", ".join("0x%08x" % b for b in bits) + "}"
 
 
 def main():
@@ -104,7 +121,7 @@ def main():
     out.write(" *     /usr/bin/python3 tests/optim/gen_reference.py > tests/optim/reference_values.h\n")
     out.write(" * See that script for the parameter and gradient formulas.\n")
     out.write(" */\n")
-    out.write("#ifndef TDIST_TESTS_OPTIM_REFERENCE_VALUES_H\n#define TDIST_TESTS_OPTIM_REFERENCE_VALUES_H\n\n")
+    out.write("#ifndef TDIST_TESTS_OPTIM_REFERENCE_VALUES_H\n#define TDIST_TESTS_OPTIM_REFERENCE_VALUES_H\n\n#include <stdint.h>\n\n")
     out.write("#define OPTIM_REF_STEPS %d\n#define OPTIM_REF_N0 %d\n#define OPTIM_REF_N1 %d\n\n" % ((STEPS,) + SIZES))
     out.write("typedef struct optim_ref_case {\n")
     out.write("    const char *name;\n")
@@ -113,8 +130,8 @@ def main():
     out.write("    int nesterov, amsgrad, maximize;\n")
     out.write("    int lr_change_step; /* before this step (1-based) lr becomes lr_new; 0: never */\n")
     out.write("    double lr_new;\n")
-    out.write("    float want0[OPTIM_REF_N0];\n")
-    out.write("    float want1[OPTIM_REF_N1];\n")
+    out.write("    uint32_t want0[OPTIM_REF_N0]; /* float32 bit patterns */\n")
+    out.write("    uint32_t want1[OPTIM_REF_N1];\n")
     out.write("} optim_ref_case_t;\n\n")
     out.write("static const optim_ref_case_t optim_ref_cases[] = {\n")
     for name, kind, opts, lr_change in CASES:
@@ -129,8 +146,8 @@ def main():
         out.write("    {\"%s\", %d,\n" % (name, kind))
         out.write("     %s,\n" % ", ".join(repr(float(h)) for h in hyper))
         out.write("     %d, %d, %d, %d, %r,\n" % (flags + (lr_change[0], float(lr_change[1]))))
-        out.write("     %s,\n" % c_floats(p[0]))
-        out.write("     %s},\n" % c_floats(p[1]))
+        out.write("     %s,\n" % c_bits(p[0]))
+        out.write("     %s},\n" % c_bits(p[1]))
     out.write("};\n\n#endif /* TDIST_TESTS_OPTIM_REFERENCE_VALUES_H */\n")
 
 
