@@ -1,0 +1,348 @@
+/*
+ * algorithms/zero_state.c — ZeRO's optimizer state beyond the step: the
+ * consolidation on one rank (PyTorch's consolidate_state_dict) and the
+ * sharded checkpoint that loads at another world size.
+ *
+ * Shard blob, version 1 (host byte order, no alignment needed):
+ *     0   8  magic "TDZERO1\0"
+ *     8   4  u32 version (1)
+ *     12  4  u32 optimizer kind (tdist_optim_kind_t)
+ *     16  4  u32 state arrays per element
+ *     20  4  u32 world size of the writer
+ *     24  4  u32 rank of the writer
+ *     28  4  u32 reserved (0)
+ *     32  8  u64 parameters n
+ *     40  8  u64 pieces m
+ *     48  8  f64 learning rate
+ *     56  8  u64 elements of the model
+ *     64     n x (u64 element count, u64 name hash)
+ *            m x (u64 parameter, u64 first element, u64 elements, u64 step count)
+ *            per piece, per state array: its elements as f32
+ *     end-8  u64 FNV-1a of everything before
+ * A piece is a range of one parameter, so a reader at any world size and
+ * partition finds the elements it owns wherever the writer kept them.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "algorithms/zero.h"
+
+#define SHARD_MAGIC "TDZERO1"
+#define SHARD_VERSION 1u
+#define HDR 64u
+
+/* ------------------------------------------------------- consolidation */
+
+/* Element offset of each parameter in creation order. */
+static size_t param_offset(const tdist_zero_t *z, size_t j)
+{
+    size_t at = 0;
+    for (size_t i = 0; i < j; i++) at += z->params[i].count;
+    return at;
+}
+
+static tdist_status_t alloc_full(tdist_zero_t *z)
+{
+    for (int s = 0; s < z->nstate; s++)
+        if (!z->full[s] && !(z->full[s] = calloc(z->total + 1, sizeof(float))))
+            return TDIST_ERR_NO_MEMORY;
+    if (!z->full_steps && !(z->full_steps = calloc(z->n, sizeof *z->full_steps)))
+        return TDIST_ERR_NO_MEMORY;
+    return TDIST_OK;
+}
+
+/* Gather state array s of every rank's pieces into z->full[s] on `to`. */
+static tdist_status_t gather_slot(tdist_zero_t *z, int s, int to, float *mine, float *all)
+{
+    size_t base = (size_t)z->rank * z->block;
+    memset(mine, 0, z->block * sizeof *mine);
+    for (size_t k = 0; k < z->nmine; k++) {
+        const tdist__zero_piece_t *q = &z->mine[k];
+        memcpy(mine + z->pos[q->param] + q->offset - base, tdist__zero_piece_state(z, k, s),
+               q->count * sizeof *mine);
+    }
+    TDIST_CHECK(tdist_gather(z->pg, mine, all, z->block, TDIST_F32, to, NULL, NULL));
+    if (z->rank != to) return TDIST_OK;
+    for (size_t j = 0, at = 0; j < z->n; at += z->params[j].count, j++)
+        memcpy(z->full[s] + at, all + z->pos[j], z->params[j].count * sizeof(float));
+    return TDIST_OK;
+}
+
+static tdist_status_t gather_steps(tdist_zero_t *z, int to)
+{
+    int64_t *mine = calloc(z->n, sizeof *mine);
+    int64_t *all = calloc(z->n * (size_t)z->size, sizeof *all);
+    tdist_status_t st = TDIST_ERR_NO_MEMORY;
+    if (mine && all) {
+        for (size_t k = 0; k < z->nmine; k++) {
+            uint64_t steps = 0;
+            tdist_optim_step_count(z->opt, k, &steps);
+            mine[z->mine[k].param] = (int64_t)steps;
+        }
+        st = tdist_gather(z->pg, mine, all, z->n, TDIST_I64, to, NULL, NULL);
+        if (st == TDIST_OK && z->rank == to)
+            for (size_t j = 0; j < z->n; j++) {
+                uint64_t best = 0;
+                for (int r = 0; r < z->size; r++)
+                    if ((uint64_t)all[(size_t)r * z->n + j] > best) best = (uint64_t)all[(size_t)r * z->n + j];
+                z->full_steps[j] = best;
+            }
+    }
+    free(mine);
+    free(all);
+    return st;
+}
+
+tdist_status_t tdist_zero_consolidate_state_dict(tdist_zero_t *z, int to)
+{
+    static const char who[] = "tdist_zero_consolidate_state_dict";
+    TDIST_ARG_CHECK(z != NULL, who);
+    if (to < 0 || to >= z->size)
+        return tdist__zero_error(z, TDIST_ERR_INVALID_ARG, who, "rank %d is not in the group of %d",
+                                 to, z->size);
+    z->consolidated = false;
+    tdist_status_t st = z->rank == to ? alloc_full(z) : TDIST_OK;
+    float *mine = malloc((z->block + 1) * sizeof *mine);
+    float *all = z->rank == to ? malloc(((size_t)z->size * z->block + 1) * sizeof *all) : NULL;
+    if (st != TDIST_OK || !mine || (z->rank == to && !all)) st = TDIST_ERR_NO_MEMORY;
+    /* every rank issues the same collectives even after a local failure */
+    for (int s = 0; s < z->nstate; s++) {
+        tdist_status_t s2 = st == TDIST_OK ? gather_slot(z, s, to, mine, all) : st;
+        if (st == TDIST_OK) st = s2;
+    }
+    if (st == TDIST_OK) st = gather_steps(z, to);
+    free(mine);
+    free(all);
+    if (st == TDIST_ERR_NO_MEMORY) return tdist__zero_error(z, st, who, "out of memory");
+    if (st != TDIST_OK)
+        return tdist__error_context(st, "%s: rank %d group %s: gathering the state on rank %d",
+                                    who, z->rank, tdist_pg_name(z->pg), to);
+    z->consolidated = z->rank == to;
+    return TDIST_OK;
+}
+
+tdist_status_t tdist_zero_consolidated_state(const tdist_zero_t *z, size_t index, int slot,
+                                             const float **data, uint64_t *steps)
+{
+    static const char who[] = "tdist_zero_consolidated_state";
+    TDIST_ARG_CHECK(z != NULL, who);
+    if (!z->consolidated)
+        return tdist__zero_error(z, TDIST_ERR_INVALID_ARG, who,
+                                 "no consolidated state on this rank: call "
+                                 "tdist_zero_consolidate_state_dict(z, %d) on every rank first",
+                                 z->rank);
+    if (index >= z->n || slot < 0 || slot >= (z->nstate ? z->nstate : 1))
+        return tdist__zero_error(z, TDIST_ERR_INVALID_ARG, who,
+                                 "parameter %zu / state slot %d out of range (%zu parameters, "
+                                 "%d state arrays)", index, slot, z->n, z->nstate);
+    if (data) *data = z->nstate ? z->full[slot] + param_offset(z, index) : NULL;
+    if (steps) *steps = z->full_steps[index];
+    return TDIST_OK;
+}
+
+/* -------------------------------------------------------------- shards */
+
+static void put(uint8_t **at, const void *v, size_t n)
+{
+    memcpy(*at, v, n);
+    *at += n;
+}
+
+static void put_u64(uint8_t **at, uint64_t v) { put(at, &v, 8); }
+static void put_u32(uint8_t **at, uint32_t v) { put(at, &v, 4); }
+
+static uint64_t get_u64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+static uint32_t get_u32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static size_t shard_bytes(const tdist_zero_t *z)
+{
+    size_t e = 0;
+    for (size_t k = 0; k < z->nmine; k++) e += z->mine[k].count;
+    return HDR + 16 * z->n + 32 * z->nmine + e * (size_t)z->nstate * 4 + 8;
+}
+
+tdist_status_t tdist_zero_shard_size(const tdist_zero_t *z, size_t *size)
+{
+    TDIST_ARG_CHECK(z != NULL && size != NULL, "tdist_zero_shard_size");
+    *size = shard_bytes(z);
+    return TDIST_OK;
+}
+
+tdist_status_t tdist_zero_save_shard(const tdist_zero_t *z, void *buf, size_t size)
+{
+    static const char who[] = "tdist_zero_save_shard";
+    TDIST_ARG_CHECK(z != NULL && buf != NULL, who);
+    size_t need = shard_bytes(z);
+    if (size < need)
+        return tdist__zero_error(z, TDIST_ERR_INVALID_ARG, who,
+                                 "buffer of %zu bytes is too small (the shard needs %zu)", size, need);
+    uint8_t *at = buf;
+    char magic[8] = SHARD_MAGIC;
+    double lr = 0;
+    tdist_optim_get_lr(z->opt, &lr);
+    put(&at, magic, 8);
+    put_u32(&at, SHARD_VERSION);
+    put_u32(&at, (uint32_t)z->opts.kind);
+    put_u32(&at, (uint32_t)z->nstate);
+    put_u32(&at, (uint32_t)z->size);
+    put_u32(&at, (uint32_t)z->rank);
+    put_u32(&at, 0);
+    put_u64(&at, z->n);
+    put_u64(&at, z->nmine);
+    put(&at, &lr, 8);
+    put_u64(&at, z->total);
+    for (size_t j = 0; j < z->n; j++) {
+        put_u64(&at, z->params[j].count);
+        put_u64(&at, z->name_hash[j]);
+    }
+    for (size_t k = 0; k < z->nmine; k++) {
+        uint64_t steps = 0;
+        tdist_optim_step_count(z->opt, k, &steps);
+        put_u64(&at, z->mine[k].param);
+        put_u64(&at, z->mine[k].offset);
+        put_u64(&at, z->mine[k].count);
+        put_u64(&at, steps);
+    }
+    for (size_t k = 0; k < z->nmine; k++)
+        for (int s = 0; s < z->nstate; s++)
+            put(&at, tdist__zero_piece_state((tdist_zero_t *)z, k, s), z->mine[k].count * 4);
+    put_u64(&at, tdist__fnv1a(TDIST__FNV_INIT, buf, (size_t)(at - (uint8_t *)buf)));
+    return TDIST_OK;
+}
+
+/* A blob checked for framing and for this model and optimizer. */
+typedef struct shard_view {
+    const uint8_t *p;
+    uint64_t npieces;
+    const uint8_t *pieces; /* 32 bytes each */
+    const uint8_t *data;
+    double lr;
+} shard_view_t;
+
+static tdist_status_t check_model(const tdist_zero_t *z, const uint8_t *p, size_t b, const char *who)
+{
+    uint64_t n = get_u64(p + 32);
+    if (get_u32(p + 12) != (uint32_t)z->opts.kind || get_u32(p + 16) != (uint32_t)z->nstate)
+        return tdist__zero_error(z, TDIST_ERR_MISMATCH, who,
+                                 "shard %zu is for %s with %" PRIu32 " state arrays, this ZeRO "
+                                 "runs %s with %d",
+                                 b, tdist_optim_kind_name((tdist_optim_kind_t)get_u32(p + 12)),
+                                 get_u32(p + 16), tdist_optim_kind_name(z->opts.kind), z->nstate);
+    for (size_t j = 0; j < z->n && j < n; j++) {
+        uint64_t c = get_u64(p + HDR + 16 * j), h = get_u64(p + HDR + 16 * j + 8);
+        if (c != z->params[j].count)
+            return tdist__zero_error(z, TDIST_ERR_MISMATCH, who,
+                                     "the checkpoint is of another model: parameter %zu (%s): "
+                                     "%" PRIu64 " elements in the checkpoint, %zu here",
+                                     j, z->names[j], c, z->params[j].count);
+        if (h != z->name_hash[j])
+            return tdist__zero_error(z, TDIST_ERR_MISMATCH, who,
+                                     "the checkpoint is of another model: parameter %zu (%s) has "
+                                     "another name in the checkpoint", j, z->names[j]);
+    }
+    if (n != z->n)
+        return tdist__zero_error(z, TDIST_ERR_MISMATCH, who,
+                                 "the checkpoint is of another model: %" PRIu64
+                                 " parameters in the checkpoint, %zu here", n, z->n);
+    return TDIST_OK;
+}
+
+static tdist_status_t view_shard(const tdist_zero_t *z, const void *blob, size_t size, size_t b,
+                                 shard_view_t *v)
+{
+    static const char who[] = "tdist_zero_load_shards";
+    const uint8_t *p = blob;
+    if (!p || size < HDR + 8 || memcmp(p, SHARD_MAGIC, 8) != 0)
+        return tdist__zero_error(z, TDIST_ERR_INVALID_ARG, who,
+                                 "blob %zu (%zu bytes) is not a ZeRO shard", b, size);
+    if (get_u32(p + 8) != SHARD_VERSION)
+        return tdist__zero_error(z, TDIST_ERR_INVALID_ARG, who, "blob %zu has version %" PRIu32
+                                 ", this library reads %u", b, get_u32(p + 8), SHARD_VERSION);
+    uint64_t n = get_u64(p + 32), m = get_u64(p + 40), ns = get_u32(p + 16);
+    if (n > size / 16 || m > size / 32 || ns > 3)
+        return tdist__zero_error(z, TDIST_ERR_INVALID_ARG, who, "blob %zu is truncated", b);
+    size_t at = HDR + 16 * n + 32 * m, e = 0;
+    for (uint64_t k = 0; k < m; k++) {
+        uint64_t c = get_u64(p + HDR + 16 * n + 32 * k + 16);
+        if (c > size) return tdist__zero_error(z, TDIST_ERR_INVALID_ARG, who, "blob %zu is corrupt", b);
+        e += c;
+    }
+    if (e > size || at + e * ns * 4 + 8 != size)
+        return tdist__zero_error(z, TDIST_ERR_INVALID_ARG, who,
+                                 "blob %zu is truncated or has trailing bytes", b);
+    if (tdist__fnv1a(TDIST__FNV_INIT, p, size - 8) != get_u64(p + size - 8))
+        return tdist__zero_error(z, TDIST_ERR_INVALID_ARG, who, "blob %zu fails its checksum", b);
+    TDIST_CHECK(check_model(z, p, b, who));
+    v->p = p;
+    v->npieces = m;
+    v->pieces = p + HDR + 16 * n;
+    v->data = p + at;
+    memcpy(&v->lr, p + 48, 8);
+    return TDIST_OK;
+}
+
+/* For my piece k: copy (when apply) or count the elements the blob's
+ * pieces hold; returns the elements found. */
+static size_t cover_piece(tdist_zero_t *z, size_t k, const shard_view_t *v, bool apply)
+{
+    const tdist__zero_piece_t *q = &z->mine[k];
+    size_t found = 0, data_at = 0;
+    for (uint64_t i = 0; i < v->npieces; i++) {
+        const uint8_t *e = v->pieces + 32 * i;
+        uint64_t j = get_u64(e), off = get_u64(e + 8), c = get_u64(e + 16);
+        size_t here = data_at;
+        data_at += c * (size_t)z->nstate * 4;
+        if (j != q->param) continue;
+        uint64_t s = off > q->offset ? off : q->offset;
+        uint64_t t = off + c < q->offset + q->count ? off + c : q->offset + q->count;
+        if (t <= s) continue;
+        found += t - s;
+        if (!apply) continue;
+        for (int sl = 0; sl < z->nstate; sl++)
+            memcpy(tdist__zero_piece_state(z, k, sl) + (s - q->offset),
+                   v->data + here + ((size_t)sl * c + (s - off)) * 4, (t - s) * 4);
+        tdist_optim_set_step_count(z->opt, k, get_u64(e + 24));
+    }
+    return found;
+}
+
+tdist_status_t tdist_zero_load_shards(tdist_zero_t *z, const void *const *blobs,
+                                      const size_t *sizes, size_t nblobs)
+{
+    static const char who[] = "tdist_zero_load_shards";
+    TDIST_ARG_CHECK(z != NULL && blobs != NULL && sizes != NULL && nblobs > 0, who);
+    shard_view_t *v = calloc(nblobs, sizeof *v);
+    if (!v) return tdist__zero_error(z, TDIST_ERR_NO_MEMORY, who, "out of memory");
+    tdist_status_t st = TDIST_OK;
+    for (size_t b = 0; b < nblobs && st == TDIST_OK; b++) st = view_shard(z, blobs[b], sizes[b], b, &v[b]);
+    for (size_t k = 0; k < z->nmine && st == TDIST_OK; k++) {
+        size_t found = 0;
+        for (size_t b = 0; b < nblobs; b++) found += cover_piece(z, k, &v[b], false);
+        if (found != z->mine[k].count)
+            st = tdist__zero_error(z, TDIST_ERR_MISMATCH, who,
+                                   "the %zu shards hold %zu of the %zu elements [%zu, %zu) of "
+                                   "parameter %zu (%s) this rank owns: pass every shard of the "
+                                   "checkpoint", nblobs, found, z->mine[k].count, z->mine[k].offset,
+                                   z->mine[k].offset + z->mine[k].count, z->mine[k].param,
+                                   z->names[z->mine[k].param]);
+    }
+    if (st == TDIST_OK) {
+        for (size_t k = 0; k < z->nmine; k++)
+            for (size_t b = 0; b < nblobs; b++) cover_piece(z, k, &v[b], true);
+        tdist_optim_set_lr(z->opt, v[0].lr);
+    }
+    free(v);
+    return st;
+}
