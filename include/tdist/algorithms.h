@@ -880,9 +880,15 @@ TDIST_API size_t tdist_zero_rank_params(const tdist_zero_t *z, int r, size_t *ou
 TDIST_API size_t tdist_zero_rank_elems(const tdist_zero_t *z, int r);
 TDIST_API size_t tdist_zero_state_bytes(const tdist_zero_t *z);
 
-/* This rank's optimizer (owned by z; its buffers are the shard's pieces):
- * for tdist_optim_set_lr and the like. */
+/* This rank's optimizer (owned by z; one buffer per piece of the shard),
+ * for inspection (step counts, state). With the overlap hook it is the
+ * whole-model optimizer of the first synchronised iteration, then the
+ * shard's: re-read it. NULL for a NULL z. */
 TDIST_API tdist_optim_t *tdist_zero_optim(tdist_zero_t *z);
+
+/* The learning rate of the next steps (schedulers), on every optimizer z
+ * uses. lr finite and >= 0, else TDIST_ERR_INVALID_ARG. Training thread. */
+TDIST_API tdist_status_t tdist_zero_set_lr(tdist_zero_t *z, double lr);
 
 /* ZeRO as a joinable (ctx = z, pg = its group): the main hook performs a
  * step (with the gradients the joined rank holds, DDP's shadow averages

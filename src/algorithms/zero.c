@@ -38,10 +38,10 @@ tdist_status_t tdist__zero_error(const tdist_zero_t *z, tdist_status_t st, const
     return tdist__error(st, "%s: rank %d group %s: %s", who, z->rank, tdist_pg_name(z->pg), msg);
 }
 
-float *tdist__zero_piece_state(tdist_zero_t *z, size_t k, int s)
+float *tdist__zero_piece_state(tdist_optim_t *opt, size_t k, int s)
 {
     float *p = NULL;
-    if (tdist_optim_state_ptr(z->opt, k, s, &p) != TDIST_OK) return NULL;
+    if (tdist_optim_state_ptr(opt, k, s, &p) != TDIST_OK) return NULL;
     return p;
 }
 
@@ -573,12 +573,29 @@ size_t tdist_zero_rank_elems(const tdist_zero_t *z, int r)
 size_t tdist_zero_state_bytes(const tdist_zero_t *z)
 {
     if (!z) return 0;
+    tdist__zero_shard_t sh;
+    tdist__zero_shard(z, &sh);
     size_t e = 0;
-    for (size_t k = 0; k < z->nmine; k++) e += z->mine[k].count;
+    for (size_t k = 0; k < sh.n; k++) e += sh.pieces[k].count;
     return e * (size_t)z->nstate * sizeof(float);
 }
 
-tdist_optim_t *tdist_zero_optim(tdist_zero_t *z) { return z ? z->opt : NULL; }
+tdist_optim_t *tdist_zero_optim(tdist_zero_t *z)
+{
+    if (!z) return NULL;
+    tdist__zero_shard_t sh;
+    tdist__zero_shard(z, &sh);
+    return sh.opt;
+}
+
+tdist_status_t tdist_zero_set_lr(tdist_zero_t *z, double lr)
+{
+    TDIST_ARG_CHECK(z != NULL, "tdist_zero_set_lr");
+    tdist__zero_shard_t sh;
+    tdist__zero_shard(z, &sh);
+    TDIST_CHECK(tdist_optim_set_lr(z->opt, lr));
+    return sh.opt == z->opt ? TDIST_OK : tdist_optim_set_lr(sh.opt, lr);
+}
 
 /* ------------------------------------------------------------------ Join */
 

@@ -63,12 +63,24 @@ struct tdist_zero {
     tdist__zero_overlap_t *overlap;
 };
 
+/* What this rank holds state for right now: its pieces and the optimizer
+ * over them (one buffer per piece, same order). Without the overlap hook,
+ * z->mine and z->opt; with it, the hook's slices, or every parameter
+ * during the first synchronised iteration (zero_hook.c). */
+typedef struct tdist__zero_shard {
+    const tdist__zero_piece_t *pieces;
+    size_t n;
+    tdist_optim_t *opt;
+} tdist__zero_shard_t;
+
+void tdist__zero_shard(const tdist_zero_t *z, tdist__zero_shard_t *out);
+
 /* An error "who: rank R group G: <fmt>" returning st. */
 tdist_status_t tdist__zero_error(const tdist_zero_t *z, tdist_status_t st, const char *who,
                                  const char *fmt, ...) TDIST_PRINTF(4, 5);
 
-/* The first n > 0 elements of the state of piece k of z->mine, slot s. */
-float *tdist__zero_piece_state(tdist_zero_t *z, size_t k, int s);
+/* State array s of buffer k of opt (NULL when out of range). */
+float *tdist__zero_piece_state(tdist_optim_t *opt, size_t k, int s);
 
 /* Free the overlap hook's state (zero_hook.c). NULL does nothing. */
 void tdist__zero_overlap_free(tdist__zero_overlap_t *o);

@@ -54,6 +54,7 @@ struct tdist__zero_overlap {
     tdist_optim_t *opt;       /* phase 2: over the pieces of every bucket's slice */
     tdist__zero_piece_t *pieces;
     size_t npieces;
+    tdist__zero_piece_t *whole; /* phase 0 and 1: every parameter, for the state calls */
     obucket_t *b;
     size_t nb;
 };
@@ -74,6 +75,7 @@ void tdist__zero_overlap_free(tdist__zero_overlap_t *o)
     }
     free(o->b);
     free(o->pieces);
+    free(o->whole);
     free(o);
 }
 
@@ -169,6 +171,9 @@ static tdist_status_t make_shard_opt(tdist__zero_overlap_t *o)
     tdist_status_t st = create_opt(z, p, o->npieces, &o->opt);
     free(p);
     if (st != TDIST_OK) return st;
+    double lr = 0;
+    tdist_optim_get_lr(o->full, &lr);
+    tdist_optim_set_lr(o->opt, lr);
     for (size_t k = 0; k < o->npieces; k++) {
         const tdist__zero_piece_t *q = &o->pieces[k];
         uint64_t steps = 0;
@@ -295,6 +300,26 @@ static tdist_status_t zero_hook(void *state, const tdist_ddp_bucket_t *bk, tdist
     return TDIST_OK;
 }
 
+void tdist__zero_shard(const tdist_zero_t *z, tdist__zero_shard_t *out)
+{
+    const tdist__zero_overlap_t *o = z->overlap;
+    if (!o) *out = (tdist__zero_shard_t){z->mine, z->nmine, z->opt};
+    else if (o->phase == 2) *out = (tdist__zero_shard_t){o->pieces, o->npieces, o->opt};
+    else *out = (tdist__zero_shard_t){o->whole, z->n, o->full};
+}
+
+/* The partition's shard optimizer is not used with the overlap: an empty
+ * one replaces it (no state memory). */
+static tdist_status_t drop_partition_shard(tdist_zero_t *z)
+{
+    tdist_optim_t *empty = NULL;
+    TDIST_CHECK(create_opt(z, NULL, 0, &empty));
+    tdist_optim_destroy(z->opt);
+    z->opt = empty;
+    z->nmine = 0;
+    return TDIST_OK;
+}
+
 tdist_status_t tdist_zero_register_overlap(tdist_zero_t *z, tdist_ddp_t *ddp)
 {
     static const char fn[] = "tdist_zero_register_overlap";
@@ -306,13 +331,22 @@ tdist_status_t tdist_zero_register_overlap(tdist_zero_t *z, tdist_ddp_t *ddp)
     if (!o) return tdist__zero_error(z, TDIST_ERR_NO_MEMORY, fn, "out of memory");
     o->z = z;
     o->ddp = ddp;
+    o->whole = calloc(z->n, sizeof *o->whole);
+    if (!o->whole) {
+        tdist__zero_overlap_free(o);
+        return tdist__zero_error(z, TDIST_ERR_NO_MEMORY, fn, "out of memory");
+    }
+    for (size_t j = 0; j < z->n; j++) o->whole[j] = (tdist__zero_piece_t){j, 0, z->params[j].count};
+    double lr = 0;
     tdist_status_t st = create_opt(z, z->params, z->n, &o->full);
+    if (st == TDIST_OK) st = tdist_optim_get_lr(z->opt, &lr);
+    if (st == TDIST_OK) st = tdist_optim_set_lr(o->full, lr);
     if (st == TDIST_OK) st = tdist_ddp_register_comm_hook(ddp, o, zero_hook);
+    if (st == TDIST_OK) st = drop_partition_shard(z);
     if (st != TDIST_OK) {
         tdist__zero_overlap_free(o);
         return st;
     }
-    /* the shard optimizer of the object is not used with the overlap */
     z->overlap = o;
     return TDIST_OK;
 }

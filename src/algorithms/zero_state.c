@@ -52,46 +52,88 @@ static tdist_status_t alloc_full(tdist_zero_t *z)
     return TDIST_OK;
 }
 
-/* Gather state array s of every rank's pieces into z->full[s] on `to`. */
-static tdist_status_t gather_slot(tdist_zero_t *z, int s, int to, float *mine, float *all)
+/* The consolidation gathers, on `to`, every rank's pieces: first their
+ * number and elements (all_gather), then the descriptors (param, offset,
+ * count, steps) padded to the most pieces, then per state array the
+ * pieces' elements packed and padded to the most elements. Pieces held by
+ * several ranks (the first iteration of the overlap hook) are equal. */
+typedef struct gather_plan {
+    int64_t *sizes;  /* [size][2]: pieces, elements */
+    size_t max_pieces, max_elems;
+    int64_t *desc;   /* [size][max_pieces][4] on `to` */
+    float *mine;     /* max_elems */
+    float *all;      /* [size][max_elems] on `to` */
+} gather_plan_t;
+
+static tdist_status_t plan_gather(tdist_zero_t *z, const tdist__zero_shard_t *sh, int to,
+                                  gather_plan_t *g)
 {
-    size_t base = (size_t)z->rank * z->block;
-    memset(mine, 0, z->block * sizeof *mine);
-    for (size_t k = 0; k < z->nmine; k++) {
-        const tdist__zero_piece_t *q = &z->mine[k];
-        memcpy(mine + z->pos[q->param] + q->offset - base, tdist__zero_piece_state(z, k, s),
-               q->count * sizeof *mine);
+    int64_t me[2] = {(int64_t)sh->n, 0};
+    for (size_t k = 0; k < sh->n; k++) me[1] += (int64_t)sh->pieces[k].count;
+    g->sizes = calloc(2 * (size_t)z->size, sizeof *g->sizes);
+    if (!g->sizes) return TDIST_ERR_NO_MEMORY;
+    TDIST_CHECK(tdist_all_gather(z->pg, me, g->sizes, 2, TDIST_I64, NULL, NULL));
+    for (int r = 0; r < z->size; r++) {
+        if ((size_t)g->sizes[2 * r] > g->max_pieces) g->max_pieces = (size_t)g->sizes[2 * r];
+        if ((size_t)g->sizes[2 * r + 1] > g->max_elems) g->max_elems = (size_t)g->sizes[2 * r + 1];
     }
-    TDIST_CHECK(tdist_gather(z->pg, mine, all, z->block, TDIST_F32, to, NULL, NULL));
+    size_t w = (size_t)z->size, dp = 4 * g->max_pieces;
+    int64_t *d = calloc(dp + 1, sizeof *d);
+    g->mine = calloc(g->max_elems + 1, sizeof *g->mine);
+    if (z->rank == to) {
+        g->desc = calloc(w * dp + 1, sizeof *g->desc);
+        g->all = calloc(w * g->max_elems + 1, sizeof *g->all);
+    }
+    if (!d || !g->mine || (z->rank == to && (!g->desc || !g->all))) {
+        free(d);
+        return TDIST_ERR_NO_MEMORY;
+    }
+    for (size_t k = 0; k < sh->n; k++) {
+        uint64_t steps = 0;
+        tdist_optim_step_count(sh->opt, k, &steps);
+        d[4 * k] = (int64_t)sh->pieces[k].param;
+        d[4 * k + 1] = (int64_t)sh->pieces[k].offset;
+        d[4 * k + 2] = (int64_t)sh->pieces[k].count;
+        d[4 * k + 3] = (int64_t)steps;
+    }
+    tdist_status_t st = dp ? tdist_gather(z->pg, d, g->desc, dp, TDIST_I64, to, NULL, NULL) : TDIST_OK;
+    free(d);
+    return st;
+}
+
+/* State array s of every rank's pieces into z->full[s] on `to`. */
+static tdist_status_t gather_slot(tdist_zero_t *z, const tdist__zero_shard_t *sh, int s, int to,
+                                  gather_plan_t *g)
+{
+    size_t at = 0;
+    for (size_t k = 0; k < sh->n; k++) {
+        memcpy(g->mine + at, tdist__zero_piece_state(sh->opt, k, s),
+               sh->pieces[k].count * sizeof(float));
+        at += sh->pieces[k].count;
+    }
+    if (g->max_elems == 0) return TDIST_OK;
+    TDIST_CHECK(tdist_gather(z->pg, g->mine, g->all, g->max_elems, TDIST_F32, to, NULL, NULL));
     if (z->rank != to) return TDIST_OK;
-    for (size_t j = 0, at = 0; j < z->n; at += z->params[j].count, j++)
-        memcpy(z->full[s] + at, all + z->pos[j], z->params[j].count * sizeof(float));
+    for (int r = 0; r < z->size; r++) {
+        const int64_t *d = g->desc + (size_t)r * 4 * g->max_pieces;
+        const float *src = g->all + (size_t)r * g->max_elems;
+        for (int64_t k = 0; k < g->sizes[2 * r]; k++) {
+            size_t j = (size_t)d[4 * k], off = (size_t)d[4 * k + 1], c = (size_t)d[4 * k + 2];
+            memcpy(z->full[s] + param_offset(z, j) + off, src, c * sizeof(float));
+            src += c;
+            if (s == 0 || z->nstate == 0) z->full_steps[j] = (uint64_t)d[4 * k + 3];
+        }
+    }
     return TDIST_OK;
 }
 
-static tdist_status_t gather_steps(tdist_zero_t *z, int to)
+static void steps_only(tdist_zero_t *z, const gather_plan_t *g, int to)
 {
-    int64_t *mine = calloc(z->n, sizeof *mine);
-    int64_t *all = calloc(z->n * (size_t)z->size, sizeof *all);
-    tdist_status_t st = TDIST_ERR_NO_MEMORY;
-    if (mine && all) {
-        for (size_t k = 0; k < z->nmine; k++) {
-            uint64_t steps = 0;
-            tdist_optim_step_count(z->opt, k, &steps);
-            mine[z->mine[k].param] = (int64_t)steps;
-        }
-        st = tdist_gather(z->pg, mine, all, z->n, TDIST_I64, to, NULL, NULL);
-        if (st == TDIST_OK && z->rank == to)
-            for (size_t j = 0; j < z->n; j++) {
-                uint64_t best = 0;
-                for (int r = 0; r < z->size; r++)
-                    if ((uint64_t)all[(size_t)r * z->n + j] > best) best = (uint64_t)all[(size_t)r * z->n + j];
-                z->full_steps[j] = best;
-            }
+    if (z->rank != to) return;
+    for (int r = 0; r < z->size; r++) {
+        const int64_t *d = g->desc + (size_t)r * 4 * g->max_pieces;
+        for (int64_t k = 0; k < g->sizes[2 * r]; k++) z->full_steps[d[4 * k]] = (uint64_t)d[4 * k + 3];
     }
-    free(mine);
-    free(all);
-    return st;
 }
 
 tdist_status_t tdist_zero_consolidate_state_dict(tdist_zero_t *z, int to)
@@ -102,18 +144,18 @@ tdist_status_t tdist_zero_consolidate_state_dict(tdist_zero_t *z, int to)
         return tdist__zero_error(z, TDIST_ERR_INVALID_ARG, who, "rank %d is not in the group of %d",
                                  to, z->size);
     z->consolidated = false;
+    tdist__zero_shard_t sh;
+    tdist__zero_shard(z, &sh);
+    gather_plan_t g;
+    memset(&g, 0, sizeof g);
     tdist_status_t st = z->rank == to ? alloc_full(z) : TDIST_OK;
-    float *mine = malloc((z->block + 1) * sizeof *mine);
-    float *all = z->rank == to ? malloc(((size_t)z->size * z->block + 1) * sizeof *all) : NULL;
-    if (st != TDIST_OK || !mine || (z->rank == to && !all)) st = TDIST_ERR_NO_MEMORY;
-    /* every rank issues the same collectives even after a local failure */
-    for (int s = 0; s < z->nstate; s++) {
-        tdist_status_t s2 = st == TDIST_OK ? gather_slot(z, s, to, mine, all) : st;
-        if (st == TDIST_OK) st = s2;
-    }
-    if (st == TDIST_OK) st = gather_steps(z, to);
-    free(mine);
-    free(all);
+    if (st == TDIST_OK) st = plan_gather(z, &sh, to, &g);
+    for (int s = 0; s < z->nstate && st == TDIST_OK; s++) st = gather_slot(z, &sh, s, to, &g);
+    if (st == TDIST_OK && z->nstate == 0) steps_only(z, &g, to);
+    free(g.sizes);
+    free(g.desc);
+    free(g.mine);
+    free(g.all);
     if (st == TDIST_ERR_NO_MEMORY) return tdist__zero_error(z, st, who, "out of memory");
     if (st != TDIST_OK)
         return tdist__error_context(st, "%s: rank %d group %s: gathering the state on rank %d",
@@ -168,9 +210,11 @@ static uint32_t get_u32(const uint8_t *p)
 
 static size_t shard_bytes(const tdist_zero_t *z)
 {
+    tdist__zero_shard_t sh;
+    tdist__zero_shard(z, &sh);
     size_t e = 0;
-    for (size_t k = 0; k < z->nmine; k++) e += z->mine[k].count;
-    return HDR + 16 * z->n + 32 * z->nmine + e * (size_t)z->nstate * 4 + 8;
+    for (size_t k = 0; k < sh.n; k++) e += sh.pieces[k].count;
+    return HDR + 16 * z->n + 32 * sh.n + e * (size_t)z->nstate * 4 + 8;
 }
 
 tdist_status_t tdist_zero_shard_size(const tdist_zero_t *z, size_t *size)
@@ -188,10 +232,12 @@ tdist_status_t tdist_zero_save_shard(const tdist_zero_t *z, void *buf, size_t si
     if (size < need)
         return tdist__zero_error(z, TDIST_ERR_INVALID_ARG, who,
                                  "buffer of %zu bytes is too small (the shard needs %zu)", size, need);
+    tdist__zero_shard_t sh;
+    tdist__zero_shard(z, &sh);
     uint8_t *at = buf;
     char magic[8] = SHARD_MAGIC;
     double lr = 0;
-    tdist_optim_get_lr(z->opt, &lr);
+    tdist_optim_get_lr(sh.opt, &lr);
     put(&at, magic, 8);
     put_u32(&at, SHARD_VERSION);
     put_u32(&at, (uint32_t)z->opts.kind);
@@ -200,24 +246,24 @@ tdist_status_t tdist_zero_save_shard(const tdist_zero_t *z, void *buf, size_t si
     put_u32(&at, (uint32_t)z->rank);
     put_u32(&at, 0);
     put_u64(&at, z->n);
-    put_u64(&at, z->nmine);
+    put_u64(&at, sh.n);
     put(&at, &lr, 8);
     put_u64(&at, z->total);
     for (size_t j = 0; j < z->n; j++) {
         put_u64(&at, z->params[j].count);
         put_u64(&at, z->name_hash[j]);
     }
-    for (size_t k = 0; k < z->nmine; k++) {
+    for (size_t k = 0; k < sh.n; k++) {
         uint64_t steps = 0;
-        tdist_optim_step_count(z->opt, k, &steps);
-        put_u64(&at, z->mine[k].param);
-        put_u64(&at, z->mine[k].offset);
-        put_u64(&at, z->mine[k].count);
+        tdist_optim_step_count(sh.opt, k, &steps);
+        put_u64(&at, sh.pieces[k].param);
+        put_u64(&at, sh.pieces[k].offset);
+        put_u64(&at, sh.pieces[k].count);
         put_u64(&at, steps);
     }
-    for (size_t k = 0; k < z->nmine; k++)
+    for (size_t k = 0; k < sh.n; k++)
         for (int s = 0; s < z->nstate; s++)
-            put(&at, tdist__zero_piece_state((tdist_zero_t *)z, k, s), z->mine[k].count * 4);
+            put(&at, tdist__zero_piece_state(sh.opt, k, s), sh.pieces[k].count * 4);
     put_u64(&at, tdist__fnv1a(TDIST__FNV_INIT, buf, (size_t)(at - (uint8_t *)buf)));
     return TDIST_OK;
 }
@@ -295,9 +341,10 @@ static tdist_status_t view_shard(const tdist_zero_t *z, const void *blob, size_t
 
 /* For my piece k: copy (when apply) or count the elements the blob's
  * pieces hold; returns the elements found. */
-static size_t cover_piece(tdist_zero_t *z, size_t k, const shard_view_t *v, bool apply)
+static size_t cover_piece(const tdist_zero_t *z, const tdist__zero_shard_t *sh, size_t k,
+                          const shard_view_t *v, bool apply)
 {
-    const tdist__zero_piece_t *q = &z->mine[k];
+    const tdist__zero_piece_t *q = &sh->pieces[k];
     size_t found = 0, data_at = 0;
     for (uint64_t i = 0; i < v->npieces; i++) {
         const uint8_t *e = v->pieces + 32 * i;
@@ -311,9 +358,9 @@ static size_t cover_piece(tdist_zero_t *z, size_t k, const shard_view_t *v, bool
         found += t - s;
         if (!apply) continue;
         for (int sl = 0; sl < z->nstate; sl++)
-            memcpy(tdist__zero_piece_state(z, k, sl) + (s - q->offset),
+            memcpy(tdist__zero_piece_state(sh->opt, k, sl) + (s - q->offset),
                    v->data + here + ((size_t)sl * c + (s - off)) * 4, (t - s) * 4);
-        tdist_optim_set_step_count(z->opt, k, get_u64(e + 24));
+        tdist_optim_set_step_count(sh->opt, k, get_u64(e + 24));
     }
     return found;
 }
@@ -327,21 +374,23 @@ tdist_status_t tdist_zero_load_shards(tdist_zero_t *z, const void *const *blobs,
     if (!v) return tdist__zero_error(z, TDIST_ERR_NO_MEMORY, who, "out of memory");
     tdist_status_t st = TDIST_OK;
     for (size_t b = 0; b < nblobs && st == TDIST_OK; b++) st = view_shard(z, blobs[b], sizes[b], b, &v[b]);
-    for (size_t k = 0; k < z->nmine && st == TDIST_OK; k++) {
+    tdist__zero_shard_t sh;
+    tdist__zero_shard(z, &sh);
+    for (size_t k = 0; k < sh.n && st == TDIST_OK; k++) {
+        const tdist__zero_piece_t *q = &sh.pieces[k];
         size_t found = 0;
-        for (size_t b = 0; b < nblobs; b++) found += cover_piece(z, k, &v[b], false);
-        if (found != z->mine[k].count)
+        for (size_t b = 0; b < nblobs; b++) found += cover_piece(z, &sh, k, &v[b], false);
+        if (found != q->count)
             st = tdist__zero_error(z, TDIST_ERR_MISMATCH, who,
                                    "the %zu shards hold %zu of the %zu elements [%zu, %zu) of "
                                    "parameter %zu (%s) this rank owns: pass every shard of the "
-                                   "checkpoint", nblobs, found, z->mine[k].count, z->mine[k].offset,
-                                   z->mine[k].offset + z->mine[k].count, z->mine[k].param,
-                                   z->names[z->mine[k].param]);
+                                   "checkpoint", nblobs, found, q->count, q->offset,
+                                   q->offset + q->count, q->param, z->names[q->param]);
     }
     if (st == TDIST_OK) {
-        for (size_t k = 0; k < z->nmine; k++)
-            for (size_t b = 0; b < nblobs; b++) cover_piece(z, k, &v[b], true);
-        tdist_optim_set_lr(z->opt, v[0].lr);
+        for (size_t k = 0; k < sh.n; k++)
+            for (size_t b = 0; b < nblobs; b++) cover_piece(z, &sh, k, &v[b], true);
+        tdist_zero_set_lr(z, v[0].lr);
     }
     free(v);
     return st;

@@ -304,8 +304,8 @@ static void adam_opts(tdist_zero_opts_t *o)
 /* The single-process replay: a whole-model optimizer (z's options) stepped
  * with DDP's average of the ranks active in each iteration (2 ranks, so
  * one order: fl(g0 * 0.5) + fl(g1 * 0.5); a joined rank gives 0). */
-static void replay(model_t *ref, const tdist_zero_opts_t *o, const int *batches, int world,
-                   int iters)
+static void replay_keep(model_t *ref, const tdist_zero_opts_t *o, const int *batches, int world,
+                        int iters, tdist_optim_t **keep)
 {
     model_init(ref, h5a_init);
     tdist_optim_t *opt = NULL;
@@ -322,7 +322,33 @@ static void replay(model_t *ref, const tdist_zero_opts_t *o, const int *batches,
         }
         ASSERT_OK(tdist_optim_step(opt));
     }
-    tdist_optim_destroy(opt);
+    if (keep) *keep = opt;
+    else tdist_optim_destroy(opt);
+}
+
+static void replay(model_t *ref, const tdist_zero_opts_t *o, const int *batches, int world,
+                   int iters)
+{
+    replay_keep(ref, o, batches, world, iters, NULL);
+}
+
+/* After tdist_zero_consolidate_state_dict(z, 0), on rank 0: the whole state
+ * equals the replay optimizer's, bit for bit. */
+static void expect_state(const char *what, tdist_zero_t *z, tdist_optim_t *ref)
+{
+    for (size_t j = 0; j < H5_NPARAMS; j++)
+        for (int s = 0; s < 2; s++) {
+            const float *got = NULL;
+            float *want = NULL;
+            uint64_t steps = 0, want_steps = 0;
+            ASSERT_OK(tdist_zero_consolidated_state(z, j, s, &got, &steps));
+            ASSERT_OK(tdist_optim_state_ptr(ref, j, s, &want));
+            ASSERT_OK(tdist_optim_step_count(ref, j, &want_steps));
+            ASSERT_EQ(steps, want_steps);
+            if (memcmp(got, want, h5_counts[j] * sizeof(float)) != 0)
+                FAIL("%s: consolidated state slot %d of %s differs from the replay's", what, s,
+                     h5_names[j]);
+        }
 }
 
 static void expect_params(const char *what, tdist_zero_t *z, const model_t *ref)
@@ -545,6 +571,9 @@ static void load_body(int rank, int n, void *arg)
     tdist_status_t st = tdist_zero_load_shards(z, blobs, sizes, 1);
     if (st != TDIST_OK && !strstr(tdist_last_error(), "pass every shard"))
         FAIL("message: %s", tdist_last_error());
+    int64_t failed = st != TDIST_OK, failures = 0;
+    ASSERT_OK(tdist_all_reduce(pg, &failed, &failures, 1, TDIST_I64, TDIST_SUM, NULL, NULL));
+    ASSERT_TRUE(failures >= 1); /* old rank 1's parameters are in some new rank's range */
     size_t bad_size = sizes[1] - 3;
     ASSERT_STATUS(tdist_zero_load_shards(z, &blobs[1], &bad_size, 1), TDIST_ERR_INVALID_ARG);
     ASSERT_OK(tdist_zero_load_shards(z, blobs, sizes, 2));
@@ -618,9 +647,17 @@ static void overlap_body(int rank, int n, void *arg)
     if (join) ASSERT_OK(tdist_join_end(join));
     int iters = 0;
     for (int r = 0; r < n; r++) iters = batches[r] > iters ? batches[r] : iters;
+    /* the state is sharded: about a third / half of the whole model's */
+    size_t whole = 2 * H5_N * sizeof(float), mine = tdist_zero_state_bytes(z);
+    if (mine > whole / (size_t)n + 2 * 64 * sizeof(float) * tdist_ddp_num_buckets(ddp))
+        FAIL("state bytes %zu of %zu with %d ranks", mine, whole, n);
+    ASSERT_OK(tdist_zero_consolidate_state_dict(z, 0));
     if (n == 2) {
-        replay(&ref, &o, batches, n, iters);
+        tdist_optim_t *ropt = NULL;
+        replay_keep(&ref, &o, batches, n, iters, &ropt);
         expect_params("ZeRO overlapped with DDP", z, &ref);
+        if (rank == 0) expect_state("ZeRO overlapped with DDP", z, ropt);
+        tdist_optim_destroy(ropt);
     } else {
         /* 3 ranks: a replay in one order of the sum; to rounding */
         model_init(&ref, h5a_init);
