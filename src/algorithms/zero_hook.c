@@ -287,12 +287,16 @@ static tdist_status_t zero_hook(void *state, const tdist_ddp_bucket_t *bk, tdist
         return TDIST_OK;
     }
     obucket_t *b = &o->b[bk->index];
-    memcpy(b->pad, bk->buffer, b->count * sizeof(float));
-    memset(b->pad + b->count, 0, ((size_t)z->size * b->slice - b->count) * sizeof(float));
+    const float *send = bk->buffer; /* a bucket that divides evenly needs no copy */
+    if ((size_t)z->size * b->slice != b->count) {
+        memcpy(b->pad, bk->buffer, b->count * sizeof(float));
+        memset(b->pad + b->count, 0, ((size_t)z->size * b->slice - b->count) * sizeof(float));
+        send = b->pad;
+    }
     tdist_coll_opts_t co;
     tdist_coll_opts_init(&co);
     co.premul_factor = 1.0 / (double)bk->divisor;
-    tdist_status_t st = tdist_reduce_scatter(bk->pg, b->pad, b->shard, b->slice, TDIST_F32,
+    tdist_status_t st = tdist_reduce_scatter(bk->pg, send, b->shard, b->slice, TDIST_F32,
                                              TDIST_PREMUL_SUM, &co, &result->work);
     if (st != TDIST_OK)
         return tdist__hook_error(bk, st, who, "reduce_scatter: %s", tdist_last_error());
