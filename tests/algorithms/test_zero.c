@@ -736,3 +736,56 @@ static void bytes_body(int rank, int n, void *arg)
 }
 
 TEST(zero_state_is_sharded, 60) { tdist_test_run_ranks(3, bytes_body, NULL); }
+
+/* ====================================================== 7. bad arguments */
+
+static void args_body(int rank, int n, void *arg)
+{
+    (void)rank;
+    (void)n;
+    (void)arg;
+    static model_t m;
+    model_init(&m, h5a_init);
+    tdist_world_t *w;
+    tdist_pg_t *pg;
+    open_pg(&w, &pg);
+    tdist_zero_t *z = NULL;
+    tdist_zero_opts_t o;
+    tdist_zero_opts_init(&o);
+    ASSERT_STATUS(tdist_zero_create(NULL, m.op, H5_NPARAMS, &o, &z), TDIST_ERR_INVALID_ARG);
+    ASSERT_STATUS(tdist_zero_create(pg, m.op, 0, &o, &z), TDIST_ERR_INVALID_ARG);
+    ASSERT_STATUS(tdist_zero_create(pg, NULL, H5_NPARAMS, &o, &z), TDIST_ERR_INVALID_ARG);
+    o.partition = TDIST_ZERO_FLAT;
+    o.sync = TDIST_ZERO_SYNC_BROADCAST;
+    ASSERT_STATUS(tdist_zero_create(pg, m.op, H5_NPARAMS, &o, &z), TDIST_ERR_INVALID_ARG);
+    ASSERT_TRUE(strstr(tdist_last_error(), "FLAT") != NULL);
+    tdist_zero_opts_init(&o);
+    o.kind = (tdist_optim_kind_t)9;
+    ASSERT_STATUS(tdist_zero_create(pg, m.op, H5_NPARAMS, &o, &z), TDIST_ERR_INVALID_ARG);
+    tdist_zero_opts_init(&o);
+    m.op[2].grad = NULL;
+    ASSERT_STATUS(tdist_zero_create(pg, m.op, H5_NPARAMS, &o, &z), TDIST_ERR_INVALID_ARG);
+    ASSERT_TRUE(strstr(tdist_last_error(), "parameter 2 (fc2.weight): grad pointer is NULL") != NULL);
+    ASSERT_TRUE(z == NULL);
+    model_init(&m, h5a_init);
+    o.sgd.lr = -1.0; /* optim's own check */
+    ASSERT_STATUS(tdist_zero_create(pg, m.op, H5_NPARAMS, &o, &z), TDIST_ERR_INVALID_ARG);
+    tdist_zero_opts_init(&o);
+    ASSERT_OK(tdist_zero_create(pg, m.op, H5_NPARAMS, &o, &z)); /* one rank owns everything */
+    ASSERT_EQ(tdist_zero_rank_elems(z, 0), (size_t)H5_N);
+    ASSERT_EQ(tdist_zero_rank_elems(z, 1), 0);
+    ASSERT_TRUE(tdist_zero_param_ptr(z, H5_NPARAMS) == NULL);
+    ASSERT_STATUS(tdist_zero_consolidated_state(z, 0, 0, NULL, NULL), TDIST_ERR_INVALID_ARG);
+    ASSERT_STATUS(tdist_zero_consolidate_state_dict(z, 1), TDIST_ERR_INVALID_ARG);
+    ASSERT_STATUS(tdist_zero_set_lr(z, -1.0), TDIST_ERR_INVALID_ARG);
+    ASSERT_STATUS(tdist_zero_step(NULL), TDIST_ERR_INVALID_ARG);
+    const void *junk[1] = {"not a shard at all, just some bytes of text that are long enough"};
+    size_t jl = 66;
+    ASSERT_STATUS(tdist_zero_load_shards(z, junk, &jl, 1), TDIST_ERR_INVALID_ARG);
+    tdist_zero_destroy(z);
+    tdist_zero_destroy(NULL);
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
+}
+
+TEST(zero_bad_arguments, 60) { tdist_test_run_ranks(1, args_body, NULL); }
