@@ -213,9 +213,16 @@ static tdist_status_t gathered(void *state, const tdist_ddp_bucket_t *bk, tdist_
     (void)next;
     tdist__zero_overlap_t *o = state;
     obucket_t *b = &o->b[bk->index];
-    for (size_t i = 0; i < b->nparams; i++) {
+    for (size_t i = 0; i < b->nparams; i++) { /* this rank's slice is already in place */
         const tdist_optim_param_t *p = &o->z->params[b->params[i]];
-        memcpy(p->param, b->pad + b->offsets[i], p->count * sizeof(float));
+        size_t a = b->offsets[i], e = a + p->count;
+        size_t s = a > b->lo ? a : b->lo, t = e < b->hi ? e : b->hi;
+        if (t <= s) {
+            memcpy(p->param, b->pad + a, p->count * sizeof(float));
+            continue;
+        }
+        memcpy(p->param, b->pad + a, (s - a) * sizeof(float));
+        memcpy(p->param + (t - a), b->pad + t, (e - t) * sizeof(float));
     }
     /* this rank's slice of the bucket: the averaged gradients */
     memcpy((float *)bk->buffer + b->lo, b->shard, (b->hi - b->lo) * sizeof(float));
