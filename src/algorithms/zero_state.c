@@ -339,13 +339,14 @@ static tdist_status_t view_shard(const tdist_zero_t *z, const void *blob, size_t
     return TDIST_OK;
 }
 
-/* For my piece k: copy (when apply) or count the elements the blob's
- * pieces hold; returns the elements found. */
-static size_t cover_piece(const tdist_zero_t *z, const tdist__zero_shard_t *sh, size_t k,
-                          const shard_view_t *v, bool apply)
+/* For my piece k: copy (when apply) the elements the blob's pieces hold,
+ * or mark them in covered[0..count) (several shards may hold the same
+ * elements: the whole-model state of the overlap hook's first iteration). */
+static void cover_piece(const tdist_zero_t *z, const tdist__zero_shard_t *sh, size_t k,
+                        const shard_view_t *v, uint8_t *covered)
 {
     const tdist__zero_piece_t *q = &sh->pieces[k];
-    size_t found = 0, data_at = 0;
+    size_t data_at = 0;
     for (uint64_t i = 0; i < v->npieces; i++) {
         const uint8_t *e = v->pieces + 32 * i;
         uint64_t j = get_u64(e), off = get_u64(e + 8), c = get_u64(e + 16);
@@ -355,13 +356,25 @@ static size_t cover_piece(const tdist_zero_t *z, const tdist__zero_shard_t *sh, 
         uint64_t s = off > q->offset ? off : q->offset;
         uint64_t t = off + c < q->offset + q->count ? off + c : q->offset + q->count;
         if (t <= s) continue;
-        found += t - s;
-        if (!apply) continue;
+        if (covered) {
+            memset(covered + (s - q->offset), 1, t - s);
+            continue;
+        }
         for (int sl = 0; sl < z->nstate; sl++)
             memcpy(tdist__zero_piece_state(sh->opt, k, sl) + (s - q->offset),
                    v->data + here + ((size_t)sl * c + (s - off)) * 4, (t - s) * 4);
         tdist_optim_set_step_count(sh->opt, k, get_u64(e + 24));
     }
+}
+
+/* The elements of piece k the blobs hold (each counted once). */
+static size_t count_covered(const tdist_zero_t *z, const tdist__zero_shard_t *sh, size_t k,
+                            const shard_view_t *v, size_t nblobs, uint8_t *covered)
+{
+    size_t n = sh->pieces[k].count, found = 0;
+    memset(covered, 0, n);
+    for (size_t b = 0; b < nblobs; b++) cover_piece(z, sh, k, &v[b], covered);
+    for (size_t i = 0; i < n; i++) found += covered[i];
     return found;
 }
 
@@ -376,10 +389,13 @@ tdist_status_t tdist_zero_load_shards(tdist_zero_t *z, const void *const *blobs,
     for (size_t b = 0; b < nblobs && st == TDIST_OK; b++) st = view_shard(z, blobs[b], sizes[b], b, &v[b]);
     tdist__zero_shard_t sh;
     tdist__zero_shard(z, &sh);
+    size_t most = 1;
+    for (size_t k = 0; k < sh.n; k++) most = sh.pieces[k].count > most ? sh.pieces[k].count : most;
+    uint8_t *covered = st == TDIST_OK ? malloc(most) : NULL;
+    if (st == TDIST_OK && !covered) st = tdist__zero_error(z, TDIST_ERR_NO_MEMORY, who, "out of memory");
     for (size_t k = 0; k < sh.n && st == TDIST_OK; k++) {
         const tdist__zero_piece_t *q = &sh.pieces[k];
-        size_t found = 0;
-        for (size_t b = 0; b < nblobs; b++) found += cover_piece(z, &sh, k, &v[b], false);
+        size_t found = count_covered(z, &sh, k, v, nblobs, covered);
         if (found != q->count)
             st = tdist__zero_error(z, TDIST_ERR_MISMATCH, who,
                                    "the %zu shards hold %zu of the %zu elements [%zu, %zu) of "
@@ -389,9 +405,10 @@ tdist_status_t tdist_zero_load_shards(tdist_zero_t *z, const void *const *blobs,
     }
     if (st == TDIST_OK) {
         for (size_t k = 0; k < sh.n; k++)
-            for (size_t b = 0; b < nblobs; b++) cover_piece(z, &sh, k, &v[b], true);
+            for (size_t b = 0; b < nblobs; b++) cover_piece(z, &sh, k, &v[b], NULL);
         tdist_zero_set_lr(z, v[0].lr);
     }
+    free(covered);
     free(v);
     return st;
 }
