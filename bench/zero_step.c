@@ -19,7 +19,11 @@
  *   ddp           DDP + a whole-model Adam on every rank (tdist_optim_step)
  *   zero_overlap  DDP + ZeRO's overlap hook (tdist_zero_register_overlap):
  *                 reduce_scatter, step and all_gather per bucket inside
- *                 backward_end; no separate step
+ *                 backward_end; no separate step. Its reducer has
+ *                 gradient_as_bucket_view (the model writes its gradients
+ *                 into the buckets: a hook's path otherwise copies every
+ *                 gradient into its bucket and back, which DDP's own
+ *                 averaging, in place over the gradients, does not)
  *   zero          DDP + ZeRO without overlap (tdist_zero_step: the shard's
  *                 step, then the broadcast from the owners)
  * After the warm-up of every mode, the timed steps go in blocks of K steps,
@@ -38,8 +42,9 @@
  *   RESULT zero_<model>_ddp_adam_ms, zero_<model>_overlap_ms, zero_<model>_nooverlap_ms
  *   RESULT zero_<model>_step_ratio             zero_overlap / ddp
  *   RESULT zero_<model>_nooverlap_step_ratio   zero / ddp
- *   RESULT zero_adam_state_bytes_ratio_<W>r    overlap shard / whole (first model run)
- *   RESULT zero_adam_state_bytes_ratio_by_params_<W>r, ..._flat_<W>r
+ *   RESULT zero_adam_state_bytes_ratio_<W>r    overlap shard / whole (first model run;
+ *                                              the same for every model, a slice per bucket)
+ *   RESULT zero_adam_state_bytes_ratio_by_params_<model>_<W>r, ..._flat_<model>_<W>r
  */
 #include <math.h>
 #include <stdio.h>
@@ -77,6 +82,7 @@ typedef struct ready_ctx {
 typedef struct run {
     nn_seq_t *m;
     nn_param_t *p;
+    float **own_grad;         /* the model's own gradient memory, per parameter */
     size_t np, nparams, B, din;
     float *x, *dlogits;
     int *labels;
@@ -169,8 +175,11 @@ static int setup(run_t *r, tdist_pg_t *pg)
         dp[i] = (tdist_ddp_param_t){r->p[i].data, r->p[i].grad, r->p[i].count, TDIST_F32, r->p[i].name};
         op[i] = (tdist_optim_param_t){r->p[i].data, r->p[i].grad, r->p[i].count, r->p[i].name};
     }
+    tdist_ddp_opts_t view;
+    tdist_ddp_opts_init(&view);
+    view.gradient_as_bucket_view = true; /* the hook path without bucket copies */
     for (int k = 0; k < NMODES && st == TDIST_OK; k++)
-        st = tdist_ddp_create(pg, dp, r->np, NULL, 0, NULL, &r->ddp[k]);
+        st = tdist_ddp_create(pg, dp, r->np, NULL, 0, k == 1 ? &view : NULL, &r->ddp[k]);
     if (st == TDIST_OK) st = tdist_optim_create_adam(op, r->np, NULL, &r->adam);
     if (st == TDIST_OK) st = make_zero(r, pg, TDIST_ZERO_BY_PARAMS, &r->zero[1]);
     if (st == TDIST_OK) st = make_zero(r, pg, TDIST_ZERO_BY_PARAMS, &r->zero[2]);
@@ -188,6 +197,10 @@ static double one_step(run_t *r, int k, int it)
     float loss;
     tdist_status_t st;
     r->ready.ddp = r->ddp[k];
+    /* the overlap mode's reducer keeps the gradients in its buckets (they
+     * move once, at its rebuild); the others use the model's own memory */
+    for (size_t i = 0; i < r->np; i++)
+        r->p[i].grad = k == 1 ? tdist_ddp_grad_ptr(r->ddp[1], i) : r->own_grad[i];
     double t0 = now_ms();
     if ((st = tdist_ddp_forward_begin(r->ddp[k])) != TDIST_OK) return fail("forward_begin", st), -1;
     float *logits = nn_forward(r->m, xb, r->B);
@@ -267,11 +280,9 @@ static void report(run_t *r, tdist_pg_t *pg, const model_spec_t *ms, int world, 
     printf("RESULT zero_%s_nooverlap_ms %.3f ms\n", ms->name, med[2]);
     printf("RESULT zero_%s_step_ratio %.4f x\n", ms->name, med[1] / med[0]);
     printf("RESULT zero_%s_nooverlap_step_ratio %.4f x\n", ms->name, med[2] / med[0]);
-    if (first) {
-        printf("RESULT zero_adam_state_bytes_ratio_%dr %.4f x\n", world, rs);
-        printf("RESULT zero_adam_state_bytes_ratio_by_params_%dr %.4f x\n", world, rp);
-        printf("RESULT zero_adam_state_bytes_ratio_flat_%dr %.4f x\n", world, rf);
-    }
+    if (first) printf("RESULT zero_adam_state_bytes_ratio_%dr %.4f x\n", world, rs);
+    printf("RESULT zero_adam_state_bytes_ratio_by_params_%s_%dr %.4f x\n", ms->name, world, rp);
+    printf("RESULT zero_adam_state_bytes_ratio_flat_%s_%dr %.4f x\n", ms->name, world, rf);
     fflush(stdout);
 }
 
@@ -284,6 +295,7 @@ static void teardown(run_t *r)
     free(r->x);
     free(r->labels);
     free(r->dlogits);
+    free(r->own_grad);
 }
 
 static int run_model(const model_spec_t *ms, tdist_pg_t *pg, int world, int steps, int warmup,
@@ -306,6 +318,8 @@ static int run_model(const model_spec_t *ms, tdist_pg_t *pg, int world, int step
         goto out;
     }
     for (size_t i = 0; i < r.np; i++) r.nparams += r.p[i].count;
+    if (!(r.own_grad = calloc(r.np, sizeof *r.own_grad))) goto out;
+    for (size_t i = 0; i < r.np; i++) r.own_grad[i] = r.p[i].grad;
     uint64_t seed = 0x5eed0000ull + (uint64_t)g_rank * 7919u;
     for (size_t i = 0; i < NBATCHES * B * ms->din; i++)
         r.x[i] = (float)((double)(rng_next(&seed) >> 11) * 0x1.0p-52 - 1.0);

@@ -16,7 +16,7 @@
 #   zero_<model>_step_ratio (tdist ZeRO with overlap / tdist DDP + Adam),
 #   zero_<model>_nooverlap_step_ratio, torch_zero_<model>_step_ratio,
 #   zero_adam_state_bytes_ratio_<W>r (W = 2, 4; the overlap shard),
-#   zero_adam_state_bytes_ratio_{by_params,flat}_<W>r.
+#   zero_adam_state_bytes_ratio_{by_params,flat}_<model>_<W>r (4 ranks: 3M only).
 # Every invocation is bounded by timeout.
 set -u -o pipefail
 

@@ -266,7 +266,10 @@ static tdist_status_t check_bucket(tdist__zero_overlap_t *o, const tdist_ddp_buc
     }
     if (o->phase == 2) {
         const obucket_t *b = bk->index < o->nb ? &o->b[bk->index] : NULL;
-        if (!b || b->count != bk->count || b->nparams != bk->num_params)
+        bool same = b && b->count == bk->count && b->nparams == bk->num_params;
+        for (size_t i = 0; same && i < b->nparams; i++)
+            same = b->params[i] == bk->param_indices[i] && b->offsets[i] == bk->offsets[i];
+        if (!same)
             return tdist__hook_error(bk, TDIST_ERR_INTERNAL, who,
                                      "the bucket layout changed after the first iteration");
     }
