@@ -43,6 +43,8 @@ typedef struct obucket {
     float *pad;               /* W * S */
     float *shard;             /* S: the averaged gradients of the slice */
     float *send;              /* S: the updated parameters of the slice */
+    tdist_work_t *rs;         /* this iteration's reduce_scatter (the reducer's) */
+    tdist_work_t *ag;         /* an all_gather posted ahead of the reducer */
 } obucket_t;
 
 struct tdist__zero_overlap {
@@ -67,6 +69,7 @@ void tdist__zero_overlap_free(tdist__zero_overlap_t *o)
     tdist_optim_destroy(o->full);
     tdist_optim_destroy(o->opt);
     for (size_t i = 0; o->b && i < o->nb; i++) {
+        tdist_work_free(o->b[i].ag);
         free(o->b[i].params);
         free(o->b[i].offsets);
         free(o->b[i].pad);
@@ -229,10 +232,10 @@ static tdist_status_t gathered(void *state, const tdist_ddp_bucket_t *bk, tdist_
     return TDIST_OK;
 }
 
-static tdist_status_t reduced(void *state, const tdist_ddp_bucket_t *bk, tdist_ddp_hook_result_t *next)
+/* Step bucket b's slice, pack it and post its all_gather into *ag. */
+static tdist_status_t step_and_gather(tdist__zero_overlap_t *o, obucket_t *b,
+                                      const tdist_ddp_bucket_t *bk, tdist_work_t **ag)
 {
-    tdist__zero_overlap_t *o = state;
-    obucket_t *b = &o->b[bk->index];
     for (size_t k = b->piece0; k < b->piece0 + b->npieces; k++)
         TDIST_CHECK(tdist_optim_step_range(o->opt, k, 0, o->pieces[k].count));
     memset(b->send, 0, b->slice * sizeof(float));
@@ -242,12 +245,36 @@ static tdist_status_t reduced(void *state, const tdist_ddp_bucket_t *bk, tdist_d
         size_t s = a > b->lo ? a : b->lo, t = e < b->hi ? e : b->hi;
         if (t > s) memcpy(b->send + (s - b->lo), p->param + (s - a), (t - s) * sizeof(float));
     }
-    tdist_status_t st = tdist_all_gather(bk->pg, b->send, b->pad, b->slice, TDIST_F32, NULL,
-                                         &next->work);
+    tdist_status_t st = tdist_all_gather(bk->pg, b->send, b->pad, b->slice, TDIST_F32, NULL, ag);
     if (st != TDIST_OK)
         return tdist__hook_error(bk, st, who, "all_gather of the updated parameters: %s",
                                  tdist_last_error());
+    return TDIST_OK;
+}
+
+/* Bucket b is reduced: step its slice and all-gather it (unless that was
+ * done ahead), then do the same for the following buckets whose
+ * reduce_scatter has already completed, so that their step and packing
+ * run while this all_gather is on the wire. The all_gathers are posted in
+ * bucket order on every rank, whatever the timing. */
+static tdist_status_t reduced(void *state, const tdist_ddp_bucket_t *bk, tdist_ddp_hook_result_t *next)
+{
+    tdist__zero_overlap_t *o = state;
+    obucket_t *b = &o->b[bk->index];
+    b->rs = NULL; /* the reducer frees it after this chain */
+    if (b->ag) {
+        next->work = b->ag;
+        b->ag = NULL;
+    } else {
+        TDIST_CHECK(step_and_gather(o, b, bk, &next->work));
+    }
     next->then = gathered;
+    for (size_t i = bk->index + 1; i < o->nb; i++) {
+        obucket_t *c = &o->b[i];
+        if (c->ag) continue;
+        if (!c->rs || tdist_work_status(c->rs) != TDIST_OK) break;
+        TDIST_CHECK(step_and_gather(o, c, bk, &c->ag));
+    }
     return TDIST_OK;
 }
 
@@ -310,6 +337,7 @@ static tdist_status_t zero_hook(void *state, const tdist_ddp_bucket_t *bk, tdist
                                              TDIST_PREMUL_SUM, &co, &result->work);
     if (st != TDIST_OK)
         return tdist__hook_error(bk, st, who, "reduce_scatter: %s", tdist_last_error());
+    b->rs = result->work;
     result->then = reduced;
     return TDIST_OK;
 }
