@@ -16,7 +16,9 @@
  * 2. Join with uneven inputs (2 ranks, 3 and 5 batches; BY_PARAMS with the
  *    broadcast sync, which switches to all_gather once a rank has joined,
  *    and FLAT): every rank ends with the parameters of a single-process
- *    replay (joined ranks contribute zeros), bit for bit.
+ *    replay (joined ranks contribute zeros), bit for bit; 3 ranks with 2, 4
+ *    and 3 batches (rank 0 joins first): equal on every rank, a replay's to
+ *    rounding.
  * 3. Bad input: optimizer kind and parameter shape mismatches fail on every
  *    rank with a message naming them.
  * 4. Checkpoints: shards saved at 2 ranks (BY_PARAMS) load at 3 ranks (FLAT)
@@ -411,6 +413,67 @@ TEST(zero_join_uneven_inputs_flat, 90)
     tdist_zero_partition_t p = TDIST_ZERO_FLAT;
     tdist_test_run_ranks(2, join_body, &p);
 }
+
+/* 3 ranks with 2, 4 and 3 batches: rank 0 joins first, so the lowest
+ * active rank (the root of the gradient broadcast) is rank 1. Every rank
+ * ends with the same parameters, a replay's to rounding (the 3-rank sum's
+ * order is tdist's). */
+static const int join3_batches[3] = {2, 4, 3};
+
+static void join3_body(int rank, int n, void *arg)
+{
+    (void)arg;
+    static model_t m, ref;
+    model_init(&m, h5a_init);
+    tdist_world_t *w;
+    tdist_pg_t *pg;
+    open_pg(&w, &pg);
+    tdist_zero_opts_t o;
+    adam_opts(&o);
+    tdist_zero_t *z = NULL;
+    ASSERT_OK(tdist_zero_create(pg, m.op, H5_NPARAMS, &o, &z));
+    tdist_ddp_t *ddp = make_ddp(pg, z, &m, 0);
+    tdist_joinable_t j[2];
+    ASSERT_OK(tdist_ddp_joinable(ddp, &j[0]));
+    ASSERT_OK(tdist_zero_joinable(z, &j[1]));
+    tdist_join_t *join = NULL;
+    ASSERT_OK(tdist_join_begin(j, 2, NULL, &join));
+    static float g[H5_N];
+    for (int k = 0; k < join3_batches[rank]; k++) {
+        synth_grads(g, rank, k);
+        ddp_iteration(ddp, &m, g);
+        ASSERT_OK(tdist_zero_step(z));
+    }
+    ASSERT_OK(tdist_join_end(join));
+    model_init(&ref, h5a_init);
+    tdist_optim_t *opt = NULL;
+    ASSERT_OK(tdist_optim_create_adam(ref.op, H5_NPARAMS, &o.adam, &opt));
+    for (int k = 0; k < 4; k++) {
+        for (size_t i = 0; i < H5_N; i++) {
+            double s = 0;
+            for (int r = 0; r < n; r++)
+                if (join3_batches[r] > k) s += synth_grad(r, k, i) / 3.0;
+            ref.g[i] = (float)s;
+        }
+        ASSERT_OK(tdist_optim_step(opt));
+    }
+    tdist_optim_destroy(opt);
+    float mine = tdist_zero_param_ptr(z, 0)[7], all[3];
+    ASSERT_OK(tdist_all_gather(pg, &mine, all, 1, TDIST_F32, NULL, NULL));
+    for (int r = 0; r < n; r++) ASSERT_TRUE(bits(all[r]) == bits(mine));
+    for (size_t jj = 0; jj < H5_NPARAMS; jj++)
+        for (size_t e = 0; e < h5_counts[jj]; e++) {
+            float p = tdist_zero_param_ptr(z, jj)[e], q = ref.op[jj].param[e];
+            if (fabs((double)p - q) > 1e-5 * (fabs((double)q) + 0.01))
+                FAIL("3 ranks under Join: %s[%zu] %.9g, replay %.9g", h5_names[jj], e, p, q);
+        }
+    tdist_ddp_destroy(ddp);
+    tdist_zero_destroy(z);
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
+}
+
+TEST(zero_join_uneven_inputs_3_ranks, 90) { tdist_test_run_ranks(3, join3_body, NULL); }
 
 /* ========================================================= 3. bad input */
 
