@@ -947,8 +947,11 @@ TDIST_API tdist_status_t tdist_zero_load_shards(tdist_zero_t *z, const void *con
  * whose state is then cut down to the shard: no step is lost (PyTorch
  * skips the first two). After backward_end only this rank's slices of the
  * gradients hold averages. Joined ranks run the hook on zeros, like DDP.
- * TDIST_ERR_INVALID_ARG for NULL arguments, a reducer whose parameters do
- * not match, or a second registration. Training thread. */
+ * Create the reducer with gradient_as_bucket_view: with a comm hook it
+ * otherwise copies every gradient into its bucket and back. Errors:
+ * TDIST_ERR_INVALID_ARG for NULL arguments or a second registration (and,
+ * from the hook, for a reducer whose parameters are not z's: their counts
+ * are checked on every bucket). Does not communicate; training thread. */
 TDIST_API tdist_status_t tdist_zero_register_overlap(tdist_zero_t *z, tdist_ddp_t *ddp);
 
 #ifdef __cplusplus
