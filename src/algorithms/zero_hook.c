@@ -238,14 +238,22 @@ static tdist_status_t step_and_gather(tdist__zero_overlap_t *o, obucket_t *b,
 {
     for (size_t k = b->piece0; k < b->piece0 + b->npieces; k++)
         TDIST_CHECK(tdist_optim_step_range(o->opt, k, 0, o->pieces[k].count));
-    memset(b->send, 0, b->slice * sizeof(float));
-    for (size_t i = 0; i < b->nparams; i++) {
-        const tdist_optim_param_t *p = &o->z->params[b->params[i]];
-        size_t a = b->offsets[i], e = a + p->count;
-        size_t s = a > b->lo ? a : b->lo, t = e < b->hi ? e : b->hi;
-        if (t > s) memcpy(b->send + (s - b->lo), p->param + (s - a), (t - s) * sizeof(float));
+    /* a full slice inside one parameter is sent from the parameter itself
+     * (nothing writes it before the all_gather completes) */
+    const float *send = b->send;
+    if (b->npieces == 1 && o->pieces[b->piece0].count == b->slice) {
+        const tdist__zero_piece_t *q = &o->pieces[b->piece0];
+        send = o->z->params[q->param].param + q->offset;
+    } else {
+        memset(b->send + (b->hi - b->lo), 0, (b->slice - (b->hi - b->lo)) * sizeof(float));
+        for (size_t i = 0; i < b->nparams; i++) {
+            const tdist_optim_param_t *p = &o->z->params[b->params[i]];
+            size_t a = b->offsets[i], e = a + p->count;
+            size_t s = a > b->lo ? a : b->lo, t = e < b->hi ? e : b->hi;
+            if (t > s) memcpy(b->send + (s - b->lo), p->param + (s - a), (t - s) * sizeof(float));
+        }
     }
-    tdist_status_t st = tdist_all_gather(bk->pg, b->send, b->pad, b->slice, TDIST_F32, NULL, ag);
+    tdist_status_t st = tdist_all_gather(bk->pg, send, b->pad, b->slice, TDIST_F32, NULL, ag);
     if (st != TDIST_OK)
         return tdist__hook_error(bk, st, who, "all_gather of the updated parameters: %s",
                                  tdist_last_error());
