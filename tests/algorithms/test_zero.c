@@ -18,7 +18,8 @@
  *    and FLAT): every rank ends with the parameters of a single-process
  *    replay (joined ranks contribute zeros), bit for bit; 3 ranks with 2, 4
  *    and 3 batches (rank 0 joins first): equal on every rank, a replay's to
- *    rounding.
+ *    rounding. (Adam with BY_PARAMS, AdamW with FLAT; SGD with Nesterov and
+ *    weight decay, FLAT, without Join: bit for bit too.)
  * 3. Bad input: optimizer kind and parameter shape mismatches fail on every
  *    rank with a message naming them.
  * 4. Checkpoints: shards saved at 2 ranks (BY_PARAMS) load at 3 ranks (FLAT)
@@ -313,6 +314,8 @@ static void replay_keep(model_t *ref, const tdist_zero_opts_t *o, const int *bat
     tdist_optim_t *opt = NULL;
     if (o->kind == TDIST_OPTIM_SGD)
         ASSERT_OK(tdist_optim_create_sgd(ref->op, H5_NPARAMS, &o->sgd, &opt));
+    else if (o->kind == TDIST_OPTIM_ADAMW)
+        ASSERT_OK(tdist_optim_create_adamw(ref->op, H5_NPARAMS, &o->adam, &opt));
     else
         ASSERT_OK(tdist_optim_create_adam(ref->op, H5_NPARAMS, &o->adam, &opt));
     ASSERT_EQ(world, 2);
@@ -379,6 +382,10 @@ static void join_body(int rank, int n, void *arg)
     tdist_zero_opts_t o;
     adam_opts(&o);
     o.partition = *part;
+    if (*part == TDIST_ZERO_FLAT) { /* AdamW with FLAT (Adam with BY_PARAMS) */
+        o.kind = TDIST_OPTIM_ADAMW;
+        o.adam.weight_decay = 0.1;
+    }
     tdist_zero_t *z = NULL;
     ASSERT_OK(tdist_zero_create(pg, m.op, H5_NPARAMS, &o, &z));
     tdist_ddp_t *ddp = make_ddp(pg, z, &m, 0);
@@ -413,6 +420,43 @@ TEST(zero_join_uneven_inputs_flat, 90)
     tdist_zero_partition_t p = TDIST_ZERO_FLAT;
     tdist_test_run_ranks(2, join_body, &p);
 }
+
+/* SGD with Nesterov momentum and weight decay, FLAT, all_gather: without
+ * Join, every rank against the replay, bit for bit. */
+static void sgd_body(int rank, int n, void *arg)
+{
+    (void)arg;
+    static model_t m, ref;
+    model_init(&m, h5a_init);
+    tdist_world_t *w;
+    tdist_pg_t *pg;
+    open_pg(&w, &pg);
+    tdist_zero_opts_t o;
+    tdist_zero_opts_init(&o);
+    o.sgd.lr = 0.05;
+    o.sgd.momentum = 0.8;
+    o.sgd.nesterov = true;
+    o.sgd.weight_decay = 0.01;
+    o.partition = TDIST_ZERO_FLAT;
+    tdist_zero_t *z = NULL;
+    ASSERT_OK(tdist_zero_create(pg, m.op, H5_NPARAMS, &o, &z));
+    tdist_ddp_t *ddp = make_ddp(pg, z, &m, 0);
+    static float g[H5_N];
+    for (int k = 0; k < 4; k++) {
+        synth_grads(g, rank, k);
+        ddp_iteration(ddp, &m, g);
+        ASSERT_OK(tdist_zero_step(z));
+    }
+    static const int four[2] = {4, 4};
+    replay(&ref, &o, four, n, 4);
+    expect_params("ZeRO SGD Nesterov FLAT", z, &ref);
+    tdist_ddp_destroy(ddp);
+    tdist_zero_destroy(z);
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
+}
+
+TEST(zero_sgd_nesterov_flat_2_ranks, 90) { tdist_test_run_ranks(2, sgd_body, NULL); }
 
 /* 3 ranks with 2, 4 and 3 batches: rank 0 joins first, so the lowest
  * active rank (the root of the gradient broadcast) is rank 1. Every rank
