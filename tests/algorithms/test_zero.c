@@ -367,6 +367,53 @@ static void expect_params(const char *what, tdist_zero_t *z, const model_t *ref)
     }
 }
 
+/* One rank's synthetic run: group, ZeRO (options o), DDP (bucket cap,
+ * 0: default; overlap: ZeRO's hook registered), `iters` iterations of
+ * rank's synthetic gradients, each followed by tdist_zero_step, inside a
+ * Join {ddp, zero} when join. */
+typedef struct zrun {
+    tdist_world_t *w;
+    tdist_pg_t *pg;
+    tdist_zero_t *z;
+    tdist_ddp_t *ddp;
+} zrun_t;
+
+static void zrun_open(zrun_t *r, model_t *m, const tdist_zero_opts_t *o, size_t cap, bool overlap)
+{
+    model_init(m, h5a_init);
+    open_pg(&r->w, &r->pg);
+    r->z = NULL;
+    ASSERT_OK(tdist_zero_create(r->pg, m->op, H5_NPARAMS, o, &r->z));
+    r->ddp = make_ddp(r->pg, r->z, m, cap);
+    if (overlap) ASSERT_OK(tdist_zero_register_overlap(r->z, r->ddp));
+}
+
+static void zrun_train(zrun_t *r, model_t *m, int rank, int iters, bool join)
+{
+    tdist_join_t *jn = NULL;
+    if (join) {
+        tdist_joinable_t j[2];
+        ASSERT_OK(tdist_ddp_joinable(r->ddp, &j[0]));
+        ASSERT_OK(tdist_zero_joinable(r->z, &j[1]));
+        ASSERT_OK(tdist_join_begin(j, 2, NULL, &jn));
+    }
+    static float g[H5_N];
+    for (int k = 0; k < iters; k++) {
+        synth_grads(g, rank, k);
+        ddp_iteration(r->ddp, m, g);
+        ASSERT_OK(tdist_zero_step(r->z));
+    }
+    if (jn) ASSERT_OK(tdist_join_end(jn));
+}
+
+static void zrun_close(zrun_t *r)
+{
+    tdist_ddp_destroy(r->ddp);
+    tdist_zero_destroy(r->z);
+    tdist_pg_destroy(r->pg);
+    tdist_world_destroy(r->w);
+}
+
 /* ================================================================ 2. Join */
 
 static const int join_batches[2] = {3, 5};
@@ -375,10 +422,6 @@ static void join_body(int rank, int n, void *arg)
 {
     const tdist_zero_partition_t *part = arg;
     static model_t m, ref;
-    model_init(&m, h5a_init);
-    tdist_world_t *w;
-    tdist_pg_t *pg;
-    open_pg(&w, &pg);
     tdist_zero_opts_t o;
     adam_opts(&o);
     o.partition = *part;
@@ -386,27 +429,12 @@ static void join_body(int rank, int n, void *arg)
         o.kind = TDIST_OPTIM_ADAMW;
         o.adam.weight_decay = 0.1;
     }
-    tdist_zero_t *z = NULL;
-    ASSERT_OK(tdist_zero_create(pg, m.op, H5_NPARAMS, &o, &z));
-    tdist_ddp_t *ddp = make_ddp(pg, z, &m, 0);
-    tdist_joinable_t j[2];
-    ASSERT_OK(tdist_ddp_joinable(ddp, &j[0]));
-    ASSERT_OK(tdist_zero_joinable(z, &j[1]));
-    tdist_join_t *join = NULL;
-    ASSERT_OK(tdist_join_begin(j, 2, NULL, &join));
-    static float g[H5_N];
-    for (int k = 0; k < join_batches[rank]; k++) {
-        synth_grads(g, rank, k);
-        ddp_iteration(ddp, &m, g);
-        ASSERT_OK(tdist_zero_step(z));
-    }
-    ASSERT_OK(tdist_join_end(join));
+    zrun_t r;
+    zrun_open(&r, &m, &o, 0, false);
+    zrun_train(&r, &m, rank, join_batches[rank], true);
     replay(&ref, &o, join_batches, n, join_batches[1]);
-    expect_params("ZeRO under Join", z, &ref);
-    tdist_ddp_destroy(ddp);
-    tdist_zero_destroy(z);
-    tdist_pg_destroy(pg);
-    tdist_world_destroy(w);
+    expect_params("ZeRO under Join", r.z, &ref);
+    zrun_close(&r);
 }
 
 TEST(zero_join_uneven_inputs_by_params, 90)
@@ -427,10 +455,6 @@ static void sgd_body(int rank, int n, void *arg)
 {
     (void)arg;
     static model_t m, ref;
-    model_init(&m, h5a_init);
-    tdist_world_t *w;
-    tdist_pg_t *pg;
-    open_pg(&w, &pg);
     tdist_zero_opts_t o;
     tdist_zero_opts_init(&o);
     o.sgd.lr = 0.05;
@@ -438,22 +462,13 @@ static void sgd_body(int rank, int n, void *arg)
     o.sgd.nesterov = true;
     o.sgd.weight_decay = 0.01;
     o.partition = TDIST_ZERO_FLAT;
-    tdist_zero_t *z = NULL;
-    ASSERT_OK(tdist_zero_create(pg, m.op, H5_NPARAMS, &o, &z));
-    tdist_ddp_t *ddp = make_ddp(pg, z, &m, 0);
-    static float g[H5_N];
-    for (int k = 0; k < 4; k++) {
-        synth_grads(g, rank, k);
-        ddp_iteration(ddp, &m, g);
-        ASSERT_OK(tdist_zero_step(z));
-    }
+    zrun_t r;
+    zrun_open(&r, &m, &o, 0, false);
+    zrun_train(&r, &m, rank, 4, false);
     static const int four[2] = {4, 4};
     replay(&ref, &o, four, n, 4);
-    expect_params("ZeRO SGD Nesterov FLAT", z, &ref);
-    tdist_ddp_destroy(ddp);
-    tdist_zero_destroy(z);
-    tdist_pg_destroy(pg);
-    tdist_world_destroy(w);
+    expect_params("ZeRO SGD Nesterov FLAT", r.z, &ref);
+    zrun_close(&r);
 }
 
 TEST(zero_sgd_nesterov_flat_2_ranks, 90) { tdist_test_run_ranks(2, sgd_body, NULL); }
@@ -464,57 +479,51 @@ TEST(zero_sgd_nesterov_flat_2_ranks, 90) { tdist_test_run_ranks(2, sgd_body, NUL
  * order is tdist's). */
 static const int join3_batches[3] = {2, 4, 3};
 
-static void join3_body(int rank, int n, void *arg)
+/* The replay of 3 ranks with the given batches: the average of the active
+ * ranks' gradients over 3, in double, rounded once. */
+static void replay3(model_t *ref, const tdist_zero_opts_t *o, const int *batches, int iters)
 {
-    (void)arg;
-    static model_t m, ref;
-    model_init(&m, h5a_init);
-    tdist_world_t *w;
-    tdist_pg_t *pg;
-    open_pg(&w, &pg);
-    tdist_zero_opts_t o;
-    adam_opts(&o);
-    tdist_zero_t *z = NULL;
-    ASSERT_OK(tdist_zero_create(pg, m.op, H5_NPARAMS, &o, &z));
-    tdist_ddp_t *ddp = make_ddp(pg, z, &m, 0);
-    tdist_joinable_t j[2];
-    ASSERT_OK(tdist_ddp_joinable(ddp, &j[0]));
-    ASSERT_OK(tdist_zero_joinable(z, &j[1]));
-    tdist_join_t *join = NULL;
-    ASSERT_OK(tdist_join_begin(j, 2, NULL, &join));
-    static float g[H5_N];
-    for (int k = 0; k < join3_batches[rank]; k++) {
-        synth_grads(g, rank, k);
-        ddp_iteration(ddp, &m, g);
-        ASSERT_OK(tdist_zero_step(z));
-    }
-    ASSERT_OK(tdist_join_end(join));
-    model_init(&ref, h5a_init);
+    model_init(ref, h5a_init);
     tdist_optim_t *opt = NULL;
-    ASSERT_OK(tdist_optim_create_adam(ref.op, H5_NPARAMS, &o.adam, &opt));
-    for (int k = 0; k < 4; k++) {
+    ASSERT_OK(tdist_optim_create_adam(ref->op, H5_NPARAMS, &o->adam, &opt));
+    for (int k = 0; k < iters; k++) {
         for (size_t i = 0; i < H5_N; i++) {
             double s = 0;
-            for (int r = 0; r < n; r++)
-                if (join3_batches[r] > k) s += synth_grad(r, k, i) / 3.0;
-            ref.g[i] = (float)s;
+            for (int r = 0; r < 3; r++)
+                if (!batches || batches[r] > k) s += synth_grad(r, k, i) / 3.0;
+            ref->g[i] = (float)s;
         }
         ASSERT_OK(tdist_optim_step(opt));
     }
     tdist_optim_destroy(opt);
-    float mine = tdist_zero_param_ptr(z, 0)[7], all[3];
-    ASSERT_OK(tdist_all_gather(pg, &mine, all, 1, TDIST_F32, NULL, NULL));
-    for (int r = 0; r < n; r++) ASSERT_TRUE(bits(all[r]) == bits(mine));
-    for (size_t jj = 0; jj < H5_NPARAMS; jj++)
-        for (size_t e = 0; e < h5_counts[jj]; e++) {
-            float p = tdist_zero_param_ptr(z, jj)[e], q = ref.op[jj].param[e];
+}
+
+/* z's parameters against ref's to rounding. */
+static void expect_close(const char *what, tdist_zero_t *z, const model_t *ref)
+{
+    for (size_t j = 0; j < H5_NPARAMS; j++)
+        for (size_t e = 0; e < h5_counts[j]; e++) {
+            float p = tdist_zero_param_ptr(z, j)[e], q = ref->op[j].param[e];
             if (fabs((double)p - q) > 1e-5 * (fabs((double)q) + 0.01))
-                FAIL("3 ranks under Join: %s[%zu] %.9g, replay %.9g", h5_names[jj], e, p, q);
+                FAIL("%s: %s[%zu] %.9g, replay %.9g", what, h5_names[j], e, p, q);
         }
-    tdist_ddp_destroy(ddp);
-    tdist_zero_destroy(z);
-    tdist_pg_destroy(pg);
-    tdist_world_destroy(w);
+}
+
+static void join3_body(int rank, int n, void *arg)
+{
+    (void)arg;
+    static model_t m, ref;
+    tdist_zero_opts_t o;
+    adam_opts(&o);
+    zrun_t r;
+    zrun_open(&r, &m, &o, 0, false);
+    zrun_train(&r, &m, rank, join3_batches[rank], true);
+    replay3(&ref, &o, join3_batches, 4);
+    float mine = tdist_zero_param_ptr(r.z, 0)[7], all[3];
+    ASSERT_OK(tdist_all_gather(r.pg, &mine, all, 1, TDIST_F32, NULL, NULL));
+    for (int q = 0; q < n; q++) ASSERT_TRUE(bits(all[q]) == bits(mine));
+    expect_close("3 ranks under Join", r.z, &ref);
+    zrun_close(&r);
 }
 
 TEST(zero_join_uneven_inputs_3_ranks, 90) { tdist_test_run_ranks(3, join3_body, NULL); }
@@ -753,74 +762,35 @@ static void overlap_body(int rank, int n, void *arg)
 {
     const overlap_case_t *oc = arg;
     static model_t m, ref;
-    model_init(&m, h5a_init);
-    tdist_world_t *w;
-    tdist_pg_t *pg;
-    open_pg(&w, &pg);
     tdist_zero_opts_t o;
     adam_opts(&o);
-    tdist_zero_t *z = NULL;
-    ASSERT_OK(tdist_zero_create(pg, m.op, H5_NPARAMS, &o, &z));
-    tdist_ddp_t *ddp = make_ddp(pg, z, &m, 1024); /* several buckets */
-    ASSERT_TRUE(tdist_ddp_num_buckets(ddp) >= 3);
-    ASSERT_OK(tdist_zero_register_overlap(z, ddp));
-    ASSERT_STATUS(tdist_zero_register_overlap(z, ddp), TDIST_ERR_INVALID_ARG);
+    zrun_t r;
+    zrun_open(&r, &m, &o, 1024, true); /* several buckets */
+    ASSERT_TRUE(tdist_ddp_num_buckets(r.ddp) >= 3);
+    ASSERT_STATUS(tdist_zero_register_overlap(r.z, r.ddp), TDIST_ERR_INVALID_ARG);
     static const int four[3] = {4, 4, 4};
     const int *batches = oc->batches ? oc->batches : four;
-    tdist_join_t *join = NULL;
-    if (oc->batches) {
-        tdist_joinable_t j[2];
-        ASSERT_OK(tdist_ddp_joinable(ddp, &j[0]));
-        ASSERT_OK(tdist_zero_joinable(z, &j[1]));
-        ASSERT_OK(tdist_join_begin(j, 2, NULL, &join));
-    }
-    static float g[H5_N];
-    for (int k = 0; k < batches[rank]; k++) {
-        synth_grads(g, rank, k);
-        ddp_iteration(ddp, &m, g);
-        ASSERT_OK(tdist_zero_step(z)); /* nothing: the step ran in backward_end */
-    }
-    if (join) ASSERT_OK(tdist_join_end(join));
+    /* tdist_zero_step does nothing: the step runs in backward_end */
+    zrun_train(&r, &m, rank, batches[rank], oc->batches != NULL);
     int iters = 0;
-    for (int r = 0; r < n; r++) iters = batches[r] > iters ? batches[r] : iters;
+    for (int q = 0; q < n; q++) iters = batches[q] > iters ? batches[q] : iters;
     /* the state is sharded: about a third / half of the whole model's */
-    size_t whole = 2 * H5_N * sizeof(float), mine = tdist_zero_state_bytes(z);
-    if (mine > whole / (size_t)n + 2 * 64 * sizeof(float) * tdist_ddp_num_buckets(ddp))
+    size_t whole = 2 * H5_N * sizeof(float), mine = tdist_zero_state_bytes(r.z);
+    if (mine > whole / (size_t)n + 2 * 64 * sizeof(float) * tdist_ddp_num_buckets(r.ddp))
         FAIL("state bytes %zu of %zu with %d ranks", mine, whole, n);
-    ASSERT_OK(tdist_zero_consolidate_state_dict(z, 0));
+    ASSERT_OK(tdist_zero_consolidate_state_dict(r.z, 0));
     if (n == 2) {
         tdist_optim_t *ropt = NULL;
         replay_keep(&ref, &o, batches, n, iters, &ropt);
-        expect_params("ZeRO overlapped with DDP", z, &ref);
-        if (rank == 0) expect_state("ZeRO overlapped with DDP", z, ropt);
-        if (!oc->batches) overlap_reload(pg, rank, z, &m, ropt);
+        expect_params("ZeRO overlapped with DDP", r.z, &ref);
+        if (rank == 0) expect_state("ZeRO overlapped with DDP", r.z, ropt);
+        if (!oc->batches) overlap_reload(r.pg, rank, r.z, &m, ropt);
         tdist_optim_destroy(ropt);
     } else {
-        /* 3 ranks: a replay in one order of the sum; to rounding */
-        model_init(&ref, h5a_init);
-        tdist_optim_t *opt = NULL;
-        ASSERT_OK(tdist_optim_create_adam(ref.op, H5_NPARAMS, &o.adam, &opt));
-        for (int k = 0; k < iters; k++) {
-            for (size_t i = 0; i < H5_N; i++) {
-                float s = 0.0f;
-                for (int r = 0; r < n; r++) s += synth_grad(r, k, i) * (float)(1.0 / n);
-                ref.g[i] = s;
-            }
-            ASSERT_OK(tdist_optim_step(opt));
-        }
-        tdist_optim_destroy(opt);
-        for (size_t i = 0; i < H5_N; i++) {
-            size_t j = 0;
-            while (i >= h5_off(j) + h5_counts[j]) j++;
-            float p = tdist_zero_param_ptr(z, j)[i - h5_off(j)];
-            if (fabs((double)p - ref.p[i]) > 1e-5 * (fabs(ref.p[i]) + 0.01))
-                FAIL("3 ranks: element %zu: %.9g, replay %.9g", i, p, ref.p[i]);
-        }
+        replay3(&ref, &o, NULL, iters); /* one order of the sum: to rounding */
+        expect_close("overlap, 3 ranks", r.z, &ref);
     }
-    tdist_ddp_destroy(ddp);
-    tdist_zero_destroy(z);
-    tdist_pg_destroy(pg);
-    tdist_world_destroy(w);
+    zrun_close(&r);
 }
 
 TEST(zero_overlap_with_ddp_2_ranks, 90)
