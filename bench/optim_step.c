@@ -2,7 +2,10 @@
  * bench/optim_step.c — time of one optimizer step over a large flat buffer,
  * one thread, for each update rule of optim/.
  *
- *   bench_optim_step [-n ELEMENTS] [-r REPEATS]
+ *   bench_optim_step [-n ELEMENTS] [-r REPEATS] [--plain]
+ *
+ * --plain runs the loops compiled without the AVX2 + FMA target (what a CPU
+ * without FMA runs: fmaf is then a C library call per element).
  *
  * Defaults: 16,777,216 elements (64 MiB of parameters), 20 timed steps after
  * 2 warm-up steps, each rule on its own optimizer. Prints, per rule, the
@@ -18,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "optim/internal.h"
 #include "tdist/optim.h"
 
 static double now_s(void)
@@ -81,14 +85,18 @@ int main(int argc, char **argv)
 {
     size_t n = (size_t)1 << 24;
     int reps = 20;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (strcmp(argv[i], "-n") == 0) n = (size_t)strtoull(argv[i + 1], NULL, 10);
-        else if (strcmp(argv[i], "-r") == 0) reps = atoi(argv[i + 1]);
+    int plain = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--plain") == 0) plain = 1;
+        else if (i + 1 < argc && strcmp(argv[i], "-n") == 0) n = (size_t)strtoull(argv[++i], NULL, 10);
+        else if (i + 1 < argc && strcmp(argv[i], "-r") == 0) reps = atoi(argv[++i]);
+        else reps = -1;
     }
     if (n == 0 || reps < 1 || reps > 1000) {
-        fprintf(stderr, "usage: bench_optim_step [-n ELEMENTS] [-r REPEATS (1..1000)]\n");
+        fprintf(stderr, "usage: bench_optim_step [-n ELEMENTS] [-r REPEATS (1..1000)] [--plain]\n");
         return 2;
     }
+    int fma = tdist__optim_use_fma(!plain);
     float *p = malloc(n * sizeof *p), *g = malloc(n * sizeof *g);
     double *t = malloc((size_t)reps * sizeof *t);
     if (!p || !g || !t) return 1;
@@ -97,7 +105,8 @@ int main(int argc, char **argv)
         g[i] = 0.001f * (float)(i % 89) - 0.04f;
     }
     tdist_optim_param_t prm = {.param = p, .grad = g, .count = n, .name = "flat"};
-    printf("elements %zu, %d timed steps per rule, one thread\n", n, reps);
+    printf("elements %zu, %d timed steps per rule, one thread, %s loops\n", n, reps,
+           fma ? "AVX2 + FMA" : "plain");
     for (size_t k = 0; k < sizeof rules / sizeof rules[0]; k++) {
         const rule_t *r = &rules[k];
         tdist_optim_t *opt = make(r, &prm);

@@ -1058,6 +1058,206 @@ TDIST_API tdist_status_t tdist_diloco_save(const tdist_diloco_t *d, void *buf, s
                                            size_t *written);
 TDIST_API tdist_status_t tdist_diloco_load(tdist_diloco_t *d, const void *buf, size_t len);
 
+/* ------------------------------------------------------------------ ZeRO */
+/* (src/algorithms/zero.c, zero_state.c, zero_hook.c)
+ *
+ * PyTorch's ZeroRedundancyOptimizer (ZeRO stage 1): the optimizer state is
+ * sharded over the group. Every rank keeps the full parameters and (after
+ * DDP) the full averaged gradients, but steps and keeps state only for
+ * the part it owns; after the step the owners' parameters are copied to
+ * every rank. Adam's state per rank is about 1/W of DDP + Adam's.
+ *
+ *  - Partition TDIST_ZERO_BY_PARAMS (default, PyTorch's): whole
+ *    parameters, sorted by element count, largest first (stable: ties keep
+ *    the creation order), each given to the rank with the fewest elements
+ *    so far (ties: the lowest rank). Results then equal PyTorch's.
+ *    TDIST_ZERO_FLAT (llm.c's ZeRO-1): the parameters, concatenated in
+ *    creation order, are one flat range of N elements; rank r owns
+ *    [r * S, (r + 1) * S), S = ceil(N / W), cutting parameters where the
+ *    ranges end: balanced to one element even when one parameter is most
+ *    of the model.
+ *  - Synchronisation after the step: TDIST_ZERO_SYNC_BROADCAST (default
+ *    for BY_PARAMS, PyTorch's _sync_params): one broadcast per parameter
+ *    from its owner (per rank with parameters_as_bucket_view);
+ *    TDIST_ZERO_SYNC_ALL_GATHER (default for FLAT, the only one it takes):
+ *    every rank's shard, padded to the largest, in one all_gather.
+ *  - parameters_as_bucket_view: the parameters move into one buffer owned
+ *    by the ZeRO object, each rank's shard contiguous (the values are
+ *    copied in at create); the model must use tdist_zero_param_ptr(z, i)
+ *    from then on. The synchronisation then needs no copies. The numbers
+ *    are the same either way.
+ *  - The optimizer is SGD, Adam or AdamW of tdist/optim.h, with its
+ *    options and exact arithmetic; the shard's optimizer reads the
+ *    gradients from each parameter's grad pointer (DDP's averaged ones).
+ *  - Join: tdist_zero_joinable. Pass it after the DDP reducer's joinable
+ *    ({ddp, zero}); a joined rank then steps its shard with the averaged
+ *    gradients DDP's shadow iteration gave it, and takes part in the
+ *    synchronisation. While some rank has joined the synchronisation is
+ *    the all_gather (a broadcast rooted at a joined rank cannot be
+ *    shadowed).
+ *  - Overlap with DDP (tdist_zero_register_overlap): a comm hook that
+ *    reduce-scatters each bucket (PREMUL_SUM by 1 / divisor, DDP's own
+ *    rounding), steps the rank's slice of that bucket as soon as it is
+ *    reduced, and all-gathers the updated slices: half the bytes of
+ *    all_reduce + broadcast, on every backend and transport. See
+ *    tdist_zero_register_overlap.
+ *  - Checkpoints: tdist_zero_consolidate_state_dict gathers the whole
+ *    state on one rank (PyTorch's consolidate_state_dict(to)); the
+ *    sharded save writes each rank's shard, and the sharded load takes
+ *    the shards of a run at any world size and partition (re-sharding).
+ *
+ * Threads: a ZeRO object is used by one training thread; not
+ * thread-safe. Errors name the rank, the group and the function.
+ */
+
+typedef struct tdist_zero tdist_zero_t;
+
+typedef enum tdist_zero_partition {
+    TDIST_ZERO_BY_PARAMS = 0, /* whole parameters, PyTorch's greedy rule (default) */
+    TDIST_ZERO_FLAT = 1       /* equal element ranges of the flat model (llm.c) */
+} tdist_zero_partition_t;
+
+typedef enum tdist_zero_sync {
+    TDIST_ZERO_SYNC_AUTO = 0,      /* BY_PARAMS: broadcast; FLAT: all_gather (default) */
+    TDIST_ZERO_SYNC_BROADCAST = 1, /* BY_PARAMS only */
+    TDIST_ZERO_SYNC_ALL_GATHER = 2
+} tdist_zero_sync_t;
+
+/* Options; fill with tdist_zero_opts_init(). Every rank must pass the same
+ * (checked at create). */
+typedef struct tdist_zero_opts {
+    tdist_optim_kind_t kind;      /* default TDIST_OPTIM_SGD */
+    tdist_optim_sgd_opts_t sgd;   /* kind SGD; default tdist_optim_sgd_opts_init */
+    tdist_optim_adam_opts_t adam; /* kind ADAM / ADAMW; default tdist_optim_adam_opts_init
+                                     (set weight_decay yourself for AdamW) */
+    tdist_zero_partition_t partition; /* default TDIST_ZERO_BY_PARAMS */
+    tdist_zero_sync_t sync;           /* default TDIST_ZERO_SYNC_AUTO */
+    bool parameters_as_bucket_view;   /* default false */
+} tdist_zero_opts_t;
+
+/* Fill *opts with the defaults above. NULL does nothing. Thread-safe. */
+TDIST_API void tdist_zero_opts_init(tdist_zero_opts_t *opts);
+
+/* Create a sharded optimizer over params[0..n) (f32, the model's
+ * parameters in a fixed order, with their gradient pointers) on pg.
+ * Collective over pg, blocking: every rank's optimizer kind, options,
+ * parameter count and each parameter's element count and name are
+ * compared (one all_gather, a second one naming the first differing
+ * parameter when they differ); any difference is TDIST_ERR_MISMATCH on
+ * every rank ("rank 0 uses adam, rank 1 uses sgd", "parameter 3
+ * (fc2.bias): 16 elements on rank 0, 17 on rank 1"). Then the partition
+ * is computed (the same on every rank, no communication) and this rank's
+ * optimizer is created over its shard. The params array is copied; the
+ * memory stays the caller's (with parameters_as_bucket_view the values are
+ * copied into the object's buffer). pg is borrowed. TDIST_ERR_INVALID_ARG
+ * for bad arguments or options (a NULL pointer, n == 0, FLAT with
+ * SYNC_BROADCAST), TDIST_ERR_NO_MEMORY. The caller owns *out. */
+TDIST_API tdist_status_t tdist_zero_create(tdist_pg_t *pg, const tdist_optim_param_t *params,
+                                           size_t n, const tdist_zero_opts_t *opts,
+                                           tdist_zero_t **out);
+
+/* Free the object, its optimizer and buffers (with
+ * parameters_as_bucket_view the parameters' memory: copy them out first).
+ * NULL does nothing. */
+TDIST_API void tdist_zero_destroy(tdist_zero_t *z);
+
+/* One step: this rank's optimizer steps its shard from the gradients,
+ * then the parameters are synchronised from their owners. Collective,
+ * blocking. With the overlap hook registered the step has already run
+ * inside tdist_ddp_backward_end: this returns TDIST_OK at once. Errors:
+ * the collective's (the group's error message, with context). */
+TDIST_API tdist_status_t tdist_zero_step(tdist_zero_t *z);
+
+/* Where parameter i lives: the object's buffer with
+ * parameters_as_bucket_view, else the caller's pointer. NULL for a bad
+ * index. */
+TDIST_API float *tdist_zero_param_ptr(const tdist_zero_t *z, size_t i);
+
+/* The partition: the number of parameters rank r owns (BY_PARAMS), and up
+ * to cap of their indices in the order its optimizer holds them (sorted
+ * as the partition rule visits them). FLAT: the parameters with at least
+ * one element in r's range, in creation order. 0 for a bad rank. */
+TDIST_API size_t tdist_zero_rank_params(const tdist_zero_t *z, int r, size_t *out, size_t cap);
+
+/* Elements of rank r's shard, and bytes of optimizer state on this rank
+ * (the shard's state arrays). */
+TDIST_API size_t tdist_zero_rank_elems(const tdist_zero_t *z, int r);
+TDIST_API size_t tdist_zero_state_bytes(const tdist_zero_t *z);
+
+/* This rank's optimizer (owned by z; one buffer per piece of the shard),
+ * for inspection (step counts, state). With the overlap hook it is the
+ * whole-model optimizer of the first synchronised iteration, then the
+ * shard's: re-read it. NULL for a NULL z. */
+TDIST_API tdist_optim_t *tdist_zero_optim(tdist_zero_t *z);
+
+/* The learning rate of the next steps (schedulers), on every optimizer z
+ * uses. lr finite and >= 0, else TDIST_ERR_INVALID_ARG. Training thread. */
+TDIST_API tdist_status_t tdist_zero_set_lr(tdist_zero_t *z, double lr);
+
+/* ZeRO as a joinable (ctx = z, pg = its group): the main hook performs a
+ * step (with the gradients the joined rank holds, DDP's shadow averages
+ * when DDP's joinable comes first), the synchronisation by all_gather
+ * while some rank has joined. No post hook. z must outlive the Join. */
+TDIST_API tdist_status_t tdist_zero_joinable(tdist_zero_t *z, tdist_joinable_t *out);
+
+/* Gather the whole optimizer state on rank `to` (PyTorch's
+ * consolidate_state_dict(to)). Collective, blocking (one gather per state
+ * array and one of the step counts). Afterwards, on rank `to` only,
+ * tdist_zero_consolidated_state reads it. */
+TDIST_API tdist_status_t tdist_zero_consolidate_state_dict(tdist_zero_t *z, int to);
+
+/* On the consolidating rank: parameter index's state array `slot` (SGD: 0
+ * momentum_buffer; Adam: 0 exp_avg, 1 exp_avg_sq, 2 max_exp_avg_sq) into
+ * *data (count elements, owned by z, valid until the next consolidate or
+ * destroy) and its step count into *steps (either may be NULL).
+ * TDIST_ERR_INVALID_ARG without a consolidated state here, or for an index
+ * or slot out of range. */
+TDIST_API tdist_status_t tdist_zero_consolidated_state(const tdist_zero_t *z, size_t index,
+                                                       int slot, const float **data,
+                                                       uint64_t *steps);
+
+/* Sharded checkpoint. tdist_zero_shard_size gives the bytes of this rank's
+ * blob; tdist_zero_save_shard writes it (this rank's pieces of the flat
+ * model, their step counts and state, the optimizer kind, the learning
+ * rate, every parameter's element count and name hash; a checksum). Not
+ * collective. */
+TDIST_API tdist_status_t tdist_zero_shard_size(const tdist_zero_t *z, size_t *size);
+TDIST_API tdist_status_t tdist_zero_save_shard(const tdist_zero_t *z, void *buf, size_t size);
+
+/* Load this rank's shard from the nblobs shard blobs of a checkpoint
+ * written at any world size with any partition (all of them, or at least
+ * those covering this rank's shard): re-sharding. Not collective. Checks
+ * every blob first; on any error z is unchanged: TDIST_ERR_INVALID_ARG for
+ * a blob that is not a ZeRO shard, truncated or corrupt; TDIST_ERR_MISMATCH
+ * for another optimizer kind or state layout, or another model, naming the
+ * first parameter that differs ("parameter 2 (fc2.weight): 512 elements in
+ * the checkpoint, 544 here"), or when the blobs do not cover this rank's
+ * shard (naming the parameter and range). The learning rate comes from the
+ * checkpoint. */
+TDIST_API tdist_status_t tdist_zero_load_shards(tdist_zero_t *z, const void *const *blobs,
+                                                const size_t *sizes, size_t nblobs);
+
+/* Overlap with DDP: register z's hook as ddp's comm hook (once, before the
+ * first forward_begin; the reducer's parameters must be z's, f32, in the
+ * same order and with the same pointers, or tdist_zero_param_ptr's with
+ * parameters_as_bucket_view). Every bucket is then averaged by a
+ * reduce_scatter (each rank gets its 1/W slice of the bucket), the slice is
+ * stepped at once, and the updated slices are all_gathered into the
+ * parameters while later buckets are still being reduced; no
+ * tdist_zero_step is needed (it does nothing). Here the shard of a rank is
+ * its slice of every bucket (the partition option is not used). The first
+ * synchronised iteration (DDP rebuilds its buckets after it) all_reduces
+ * and steps every parameter on every rank with a temporary full optimizer,
+ * whose state is then cut down to the shard: no step is lost (PyTorch
+ * skips the first two). After backward_end only this rank's slices of the
+ * gradients hold averages. Joined ranks run the hook on zeros, like DDP.
+ * Create the reducer with gradient_as_bucket_view: with a comm hook it
+ * otherwise copies every gradient into its bucket and back. Errors:
+ * TDIST_ERR_INVALID_ARG for NULL arguments or a second registration (and,
+ * from the hook, for a reducer whose parameters are not z's: their counts
+ * are checked on every bucket). Does not communicate; training thread. */
+TDIST_API tdist_status_t tdist_zero_register_overlap(tdist_zero_t *z, tdist_ddp_t *ddp);
+
 #ifdef __cplusplus
 }
 #endif

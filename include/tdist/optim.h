@@ -183,6 +183,22 @@ TDIST_API tdist_status_t tdist_optim_num_buffers(const tdist_optim_t *opt, size_
 TDIST_API tdist_status_t tdist_optim_step_count(const tdist_optim_t *opt, size_t index,
                                                 uint64_t *steps);
 
+/* Set buffer index's step count (restoring a state assembled elsewhere,
+ * e.g. ZeRO re-sharding a checkpoint). Not thread-safe. */
+TDIST_API tdist_status_t tdist_optim_set_step_count(tdist_optim_t *opt, size_t index,
+                                                    uint64_t steps);
+
+/* Direct access to the state: *nstate = state arrays per element (0 for
+ * SGD without momentum, 1 SGD momentum_buffer, 2 Adam exp_avg and
+ * exp_avg_sq, 3 with amsgrad's max_exp_avg_sq, in that order); *ptr =
+ * buffer index's array `slot` (count floats, owned by the optimizer, valid
+ * until it is destroyed; reading or writing it between steps is allowed).
+ * TDIST_ERR_INVALID_ARG for an index or slot out of range. Not
+ * thread-safe. */
+TDIST_API tdist_status_t tdist_optim_num_state(const tdist_optim_t *opt, int *nstate);
+TDIST_API tdist_status_t tdist_optim_state_ptr(tdist_optim_t *opt, size_t index, int slot,
+                                               float **ptr);
+
 /* Name of a kind: "sgd", "adam", "adamw"; "invalid" otherwise. */
 TDIST_API const char *tdist_optim_kind_name(tdist_optim_kind_t kind);
 

@@ -49,4 +49,8 @@ void tdist__optim_adam_update(const tdist_optim_adam_opts_t *o, int decoupled, d
                               uint64_t step, float *p, const float *g, float *exp_avg,
                               float *exp_avg_sq, float *max_exp_avg_sq, size_t n);
 
+/* Tests: run the loops compiled for AVX2 + FMA (on != 0, when the CPU has
+ * them) or the plain ones; returns 1 when the FMA loops are now used. */
+int tdist__optim_use_fma(int on);
+
 #endif /* TDIST_OPTIM_INTERNAL_H */

@@ -57,20 +57,33 @@
 #endif
 #define INLINE static inline __attribute__((always_inline))
 
-static int use_fma_path(void)
+static _Atomic int fma_known = -1; /* every thread computes the same value */
+
+static int cpu_has_fma(void)
 {
 #if HAVE_FMA_PATH
-    static _Atomic int known = -1; /* every thread computes the same value */
-    int v = atomic_load_explicit(&known, memory_order_relaxed);
-    if (v < 0) {
-        __builtin_cpu_init();
-        v = (__builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2")) ? 1 : 0;
-        atomic_store_explicit(&known, v, memory_order_relaxed);
-    }
-    return v;
+    __builtin_cpu_init();
+    return (__builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2")) ? 1 : 0;
 #else
     return 0;
 #endif
+}
+
+static int use_fma_path(void)
+{
+    int v = atomic_load_explicit(&fma_known, memory_order_relaxed);
+    if (v < 0) {
+        v = cpu_has_fma();
+        atomic_store_explicit(&fma_known, v, memory_order_relaxed);
+    }
+    return v;
+}
+
+int tdist__optim_use_fma(int on)
+{
+    int v = on && cpu_has_fma();
+    atomic_store_explicit(&fma_known, v, memory_order_relaxed);
+    return v;
 }
 
 /* ------------------------------------------------------------------ SGD */

@@ -376,3 +376,32 @@ tdist_status_t tdist_optim_step_count(const tdist_optim_t *opt, size_t index, ui
     *steps = opt->bufs[index].steps;
     return TDIST_OK;
 }
+
+tdist_status_t tdist_optim_set_step_count(tdist_optim_t *opt, size_t index, uint64_t steps)
+{
+    TDIST_CHECK(check_index("tdist_optim_set_step_count", opt, index));
+    opt->bufs[index].steps = steps;
+    return TDIST_OK;
+}
+
+tdist_status_t tdist_optim_num_state(const tdist_optim_t *opt, int *nstate)
+{
+    TDIST_ARG_CHECK(opt != NULL, "tdist_optim_num_state");
+    TDIST_ARG_CHECK(nstate != NULL, "tdist_optim_num_state");
+    *nstate = opt->nstate;
+    return TDIST_OK;
+}
+
+tdist_status_t tdist_optim_state_ptr(tdist_optim_t *opt, size_t index, int slot, float **ptr)
+{
+    static const char fn[] = "tdist_optim_state_ptr";
+    TDIST_CHECK(check_index(fn, opt, index));
+    TDIST_ARG_CHECK(ptr != NULL, fn);
+    if (slot < 0 || slot >= opt->nstate)
+        return tdist__error(TDIST_ERR_INVALID_ARG,
+                            "%s: state slot %d out of range (this %s optimizer keeps %d state "
+                            "arrays per element)",
+                            fn, slot, tdist_optim_kind_name(opt->kind), opt->nstate);
+    *ptr = opt->bufs[index].state[slot];
+    return TDIST_OK;
+}

@@ -19,6 +19,9 @@
  *   ddpjoin    the same under a Join with uneven inputs (rank r: 5 + r steps)
  *   envinit    env:// + TDIST_BACKEND=mpi makes an MPI world and MPI group
  *              (rank / size to check: OMPI_COMM_WORLD_*, else Hydra's PMI_*)
+ *   zero       ZeRO (Adam) over the MPI group, with the overlap hook (several
+ *              buckets) and without it (FLAT partition), equals the same over
+ *              a native group
  *   death      rank 1 SIGKILLs itself during an all_reduce loop; the others
  *              print what they saw (docs/mpi.md)
  *   tune       Open MPI's coll_libnbc_iallreduce_algorithm, which the backend
@@ -40,6 +43,7 @@
 
 #include "gen.h"
 #include "harness.h"
+#include "tdist/algorithms.h"
 #include "tdist/ddp.h"
 #include "tdist/join.h"
 #include "tdist/tdist.h"
@@ -672,6 +676,72 @@ static void run_ddp(tdist_world_t *w, bool join)
                join ? " under Join (rank r has 5 + r steps)" : "", N, differ, (size_t)(HID * DIN + HID + DOUT * HID + DOUT), worst);
 }
 
+/* ----------------------------------------------------------------- zero */
+
+#define ZP 3
+static const size_t zero_counts[ZP] = {333, 1000, 7};
+
+/* 4 steps of DDP + ZeRO(Adam) on pg: overlapped (several buckets) or not
+ * (FLAT). p: the parameters, concatenated. */
+static void zero_train(tdist_pg_t *pg, float *p, bool overlap)
+{
+    static float g[1340];
+    tdist_optim_param_t op[ZP];
+    tdist_ddp_param_t dp[ZP];
+    size_t off = 0;
+    for (int j = 0; j < ZP; j++) {
+        for (size_t e = 0; e < zero_counts[j]; e++) p[off + e] = (float)(0.1 * cos((double)(off + e)));
+        op[j] = (tdist_optim_param_t){p + off, g + off, zero_counts[j], NULL};
+        dp[j] = (tdist_ddp_param_t){p + off, g + off, zero_counts[j], TDIST_F32, NULL};
+        off += zero_counts[j];
+    }
+    tdist_zero_opts_t zo;
+    tdist_zero_opts_init(&zo);
+    zo.kind = TDIST_OPTIM_ADAM;
+    zo.adam.lr = 0.01;
+    if (!overlap) zo.partition = TDIST_ZERO_FLAT;
+    tdist_zero_t *z = NULL;
+    ASSERT_OK(tdist_zero_create(pg, op, ZP, &zo, &z));
+    tdist_ddp_opts_t o;
+    tdist_ddp_opts_init(&o);
+    o.bucket_cap_bytes = o.first_bucket_bytes = 1024;
+    tdist_ddp_t *ddp = NULL;
+    ASSERT_OK(tdist_ddp_create(pg, dp, ZP, NULL, 0, &o, &ddp));
+    if (overlap) ASSERT_OK(tdist_zero_register_overlap(z, ddp));
+    for (int k = 0; k < 4; k++) {
+        ASSERT_OK(tdist_ddp_forward_begin(ddp));
+        for (size_t i = 0; i < off; i++) g[i] = (float)(0.02 * sin(0.37 * (double)i + 1.3 * R + 0.7 * k));
+        for (int j = ZP; j-- > 0;) ASSERT_OK(tdist_ddp_grad_ready(ddp, (size_t)j));
+        ASSERT_OK(tdist_ddp_backward_end(ddp));
+        ASSERT_OK(tdist_zero_step(z));
+    }
+    tdist_ddp_destroy(ddp);
+    tdist_zero_destroy(z);
+}
+
+static void run_zero(tdist_world_t *w)
+{
+    static float a[1340], b[1340];
+    for (int ov = 0; ov < 2; ov++) {
+        tdist_pg_t *nat = make_pg(w, "native", 60000);
+        zero_train(nat, a, ov == 1);
+        tdist_pg_destroy(nat);
+        tdist_pg_t *mpi = make_pg(w, "mpi", 60000);
+        zero_train(mpi, b, ov == 1);
+        tdist_pg_destroy(mpi);
+        size_t differ = 0;
+        for (size_t i = 0; i < 1340; i++) {
+            if (a[i] != b[i]) differ++;
+            if (fabs((double)a[i] - (double)b[i]) > 1e-5 * (fabs((double)a[i]) + 0.01))
+                FAIL("zero%s: element %zu: native %.9g, mpi %.9g", ov ? " overlap" : "", i,
+                     (double)a[i], (double)b[i]);
+        }
+        if (N == 2 && differ) FAIL("zero%s: 2 ranks, %zu elements differ in bits", ov ? " overlap" : "", differ);
+        if (R == 0) printf("zero%s: %d ranks, 4 steps: %zu of 1340 parameters differ in bits\n",
+                           ov ? " with the overlap hook" : " (FLAT)", N, differ);
+    }
+}
+
 /* -------------------------------------------------------------- envinit */
 
 static void run_envinit(void)
@@ -823,6 +893,7 @@ int main(int argc, char **argv)
     else if (strcmp(what, "p2p") == 0) run_p2p(w);
     else if (strcmp(what, "ddp") == 0) run_ddp(w, false);
     else if (strcmp(what, "ddpjoin") == 0) run_ddp(w, true);
+    else if (strcmp(what, "zero") == 0) run_zero(w);
     else if (strcmp(what, "death") == 0) run_death(w);
     else if (strcmp(what, "tune") == 0) run_tune(w);
     else FAIL("unknown scenario %s", what);

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "optim/internal.h"
 #include "reference_values.h"
 
 #define NCASES (sizeof optim_ref_cases / sizeof optim_ref_cases[0])
@@ -189,6 +190,17 @@ TEST(optim_adam_matches_torch, 20)
 TEST(optim_adamw_matches_torch, 20)
 {
     ASSERT_GE(run_kind(TDIST_OPTIM_ADAMW), 5);
+}
+
+/* The plain loops (CPUs without FMA: fmaf from the C library) give the
+ * same bits as the AVX2 + FMA ones. */
+TEST(optim_plain_loops_match_torch, 30)
+{
+    tdist__optim_use_fma(0);
+    ASSERT_GE(run_kind(TDIST_OPTIM_SGD), 10);
+    ASSERT_GE(run_kind(TDIST_OPTIM_ADAM), 8);
+    ASSERT_GE(run_kind(TDIST_OPTIM_ADAMW), 5);
+    tdist__optim_use_fma(1);
 }
 
 /* PyTorch's S1 run (the DDP + Join reference): SGD lr 0.01 without

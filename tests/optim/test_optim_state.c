@@ -333,3 +333,39 @@ TEST(optim_state_empty_optimizer, 10)
     free(blob);
     tdist_optim_destroy(opt);
 }
+
+/* Direct state access (what ZeRO's consolidation and re-sharding use):
+ * the momentum buffer after a first step is the gradient; a step count
+ * set by hand is what the next step continues from. */
+TEST(optim_state_ptr_and_step_count, 10)
+{
+    float p[3] = {1.0f, 2.0f, 3.0f}, g[3] = {0.5f, -0.25f, 0.125f};
+    tdist_optim_param_t prm = {.param = p, .grad = g, .count = 3, .name = "w"};
+    tdist_optim_sgd_opts_t o;
+    tdist_optim_sgd_opts_init(&o);
+    o.momentum = 0.9;
+    tdist_optim_t *opt = NULL;
+    ASSERT_OK(tdist_optim_create_sgd(&prm, 1, &o, &opt));
+    int ns = -1;
+    ASSERT_OK(tdist_optim_num_state(opt, &ns));
+    ASSERT_EQ(ns, 1);
+    ASSERT_OK(tdist_optim_step(opt));
+    float *buf = NULL;
+    ASSERT_OK(tdist_optim_state_ptr(opt, 0, 0, &buf));
+    ASSERT_TRUE(memcmp(buf, g, sizeof g) == 0);
+    ASSERT_STATUS(tdist_optim_state_ptr(opt, 0, 1, &buf), TDIST_ERR_INVALID_ARG);
+    ASSERT_STATUS(tdist_optim_state_ptr(opt, 1, 0, &buf), TDIST_ERR_INVALID_ARG);
+    ASSERT_OK(tdist_optim_set_step_count(opt, 0, 41));
+    ASSERT_OK(tdist_optim_step(opt));
+    uint64_t steps = 0;
+    ASSERT_OK(tdist_optim_step_count(opt, 0, &steps));
+    ASSERT_EQ(steps, 42);
+    ASSERT_STATUS(tdist_optim_set_step_count(opt, 3, 1), TDIST_ERR_INVALID_ARG);
+    tdist_optim_destroy(opt);
+    tdist_optim_sgd_opts_init(&o); /* no momentum: no state arrays */
+    ASSERT_OK(tdist_optim_create_sgd(&prm, 1, &o, &opt));
+    ASSERT_OK(tdist_optim_num_state(opt, &ns));
+    ASSERT_EQ(ns, 0);
+    ASSERT_STATUS(tdist_optim_state_ptr(opt, 0, 0, &buf), TDIST_ERR_INVALID_ARG);
+    tdist_optim_destroy(opt);
+}
