@@ -66,40 +66,16 @@
 #include <tdist/nn.h>
 #include <tdist/tdist.h>
 
+#define EXAMPLE_NAME "train_gpt"
+#include "example_util.h"
+
 #define VOCAB 256
 #define VAL_ROWS 64 /* validation windows */
 #define CKPT_MAGIC 0x54445347504b4331ull /* "TDSGPKC1" */
 
-static int rank_g = -1;
-
-#define DIE(...)                                                                                   \
-    do {                                                                                           \
-        fprintf(stderr, "train_gpt: rank %d: ", rank_g);                                          \
-        fprintf(stderr, __VA_ARGS__);                                                              \
-        fputc('\n', stderr);                                                                       \
-        exit(1);                                                                                   \
-    } while (0)
-
-#define CHECK(call)                                                                                \
-    do {                                                                                           \
-        tdist_status_t st_ = (call);                                                               \
-        if (st_ != TDIST_OK) DIE("%s: %s: %s", #call, tdist_status_str(st_), tdist_last_error()); \
-    } while (0)
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static uint64_t mix(uint64_t z)
-{
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+/* splitmix64's output for state z: a hash of z (the counter-based
+ * generator of the batches' windows, and the sampler). */
+static uint64_t mix(uint64_t z) { return rng_next(&z); }
 
 /* ------------------------------------------------------- the command line */
 
@@ -108,6 +84,7 @@ typedef struct args {
     long steps, round, log_every, ckpt_every, stop_after, batch, seq, layers, embd, heads, sample;
     const char *hook, *ckpt;
     bool resume, recompute, offload;
+    double lr;
 } args_t;
 
 static void usage(FILE *f, const char *prog)
@@ -118,6 +95,7 @@ static void usage(FILE *f, const char *prog)
             "  --round N        iterations per round, one Join each (default 50)\n"
             "  --batch B --seq T --layers L --embd C --heads H   model and batch\n"
             "                   (default 8 64 4 128 4)\n"
+            "  --lr LR          peak learning rate (default 2e-3)\n"
             "  --hook HOOK      allreduce (default), fp16, bf16, powersgd:R, int8\n"
             "  --checkpoint-activations   recompute block activations in backward\n"
             "  --offload        keep block activations in bf16\n"
@@ -148,7 +126,8 @@ static void parse_args(int argc, char **argv, args_t *a)
     const char *env = getenv("TDIST_STEPS");
     *a = (args_t){.steps = env ? num_arg("TDIST_STEPS", env, 1, 10000000) : 300, .round = 50,
                   .log_every = 10, .batch = 8, .seq = 64, .layers = 4, .embd = 128, .heads = 4,
-                  .sample = 300, .hook = "allreduce", .ckpt = "gpt.ckpt", .stop_after = -1};
+                  .sample = 300, .hook = "allreduce", .ckpt = "gpt.ckpt", .stop_after = -1,
+                  .lr = 2e-3};
     static const struct {
         const char *name;
         size_t off;
@@ -186,6 +165,13 @@ static void parse_args(int argc, char **argv, args_t *a)
                 exit(2);
             }
             *(s[2] == 'h' ? &a->hook : &a->ckpt) = argv[++i];
+        } else if (strcmp(s, "--lr") == 0) {
+            char *end;
+            a->lr = i + 1 < argc ? strtod(argv[++i], &end) : 0;
+            if (!(a->lr > 0 && a->lr < 1) || *end != '\0') {
+                fprintf(stderr, "train_gpt: --lr needs a number in (0, 1)\n");
+                exit(2);
+            }
         } else if (strcmp(s, "--resume") == 0) {
             a->resume = true;
         } else if (strcmp(s, "--checkpoint-activations") == 0) {
@@ -621,7 +607,8 @@ static bool run_round(job_t *j, long k, tdist_joinable_t *jn, progress_t *pr)
     CHECK(tdist_join_begin(jn, 2, NULL, &join));
     for (long s = j->it - k * R; s < mine && !stopped; s++) {
         long it = k * R + s;
-        double lr = nn_lr_warmup_cosine((size_t)it, (size_t)warm, (size_t)j->a.steps, 2e-3, 2e-4);
+        double lr = nn_lr_warmup_cosine((size_t)it, (size_t)warm, (size_t)j->a.steps, j->a.lr,
+                                        j->a.lr / 10);
         double active, loss = train_step(j, it, lr, &active);
         j->it = it + 1;
         pr->tokens += active * (double)(j->a.batch * j->a.seq);
@@ -641,14 +628,6 @@ static bool run_round(job_t *j, long k, tdist_joinable_t *jn, progress_t *pr)
     bool stop_here = j->a.stop_after > k * R && j->a.stop_after <= k * R + len;
     j->it = stop_here ? j->a.stop_after : k * R + len;
     return !stop_here;
-}
-
-static uint64_t hash_floats(const float *p, size_t n)
-{
-    uint64_t h = 1469598103934665603ull;
-    const unsigned char *b = (const unsigned char *)p;
-    for (size_t i = 0; i < n * sizeof(float); i++) h = (h ^ b[i]) * 1099511628211ull;
-    return h;
 }
 
 /* Build the model, DDP, the hook and the optimizers; resume if asked. */
@@ -746,7 +725,7 @@ int main(int argc, char **argv)
     parse_args(argc, argv, &j.a);
     tdist_world_t *world;
     CHECK(tdist_init("env://", NULL, &world));
-    j.rank = rank_g = tdist_world_rank(world);
+    j.rank = example_rank = tdist_world_rank(world);
     j.size = tdist_world_size(world);
     CHECK(tdist_pg_create_world(world, NULL, &j.pg));
     nn_set_num_threads(1); /* one BLAS thread per rank: the ranks share the cores */
