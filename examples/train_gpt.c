@@ -45,7 +45,9 @@
  * sampler's state, in one file written by the lowest rank still active at
  * that iteration (it stepped every iteration) to FILE.tmp and renamed over
  * FILE. --resume continues from FILE; --stop-after N ends the run after
- * iteration N's checkpoint, as an interruption would.
+ * iteration N's checkpoint, as an interruption would. A comm hook's own
+ * state (PowerSGD's and int8's error feedback) is not in the file: with
+ * those hooks a resumed run starts it afresh.
  *
  * Other options: --hook (DDP comm hook, as train_digits), --checkpoint-
  * activations (recompute each block's activations in backward),
@@ -526,7 +528,7 @@ static void sample(job_t *j, long n)
         double u = (double)(mix(j->sampler++) >> 11) / 9007199254740992.0 * sum;
         int v = 0;
         while (v < VOCAB - 1 && (u -= pr[v]) > 0) v++;
-        outb[i] = (char)(v == '\n' || (v >= 32 && v < 127) ? v : '?');
+        outb[i] = (char)(v == '\n' || v == '\t' || (v >= 32 && v < 127) ? v : '?');
         if (len == T) memmove(ctx, ctx + 1, (T - 1) * sizeof *ctx);
         else len++;
         ctx[len - 1] = v;
@@ -708,8 +710,8 @@ static bool finish(job_t *j, double unigram, double vl)
     CHECK(tdist_ddp_get_stats(j->ddp, &ds));
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    printf("ddp: %llu iterations, %llu buckets, %.1f MB reduced, %.0f%% of communication hidden "
-           "behind backward; peak RSS of rank 0: %.1f MB\n",
+    printf("ddp (rank 0): %llu iterations of its own, %llu buckets, %.1f MB reduced, %.0f%% of "
+           "communication hidden behind backward; peak RSS: %.1f MB\n",
            (unsigned long long)ds.iterations, (unsigned long long)ds.num_buckets,
            (double)ds.bytes_reduced / 1e6, 100.0 * ds.overlap_fraction, (double)ru.ru_maxrss / 1e3);
     if (j->a.sample > 0) sample(j, j->a.sample);

@@ -6,6 +6,7 @@
  * the attention's per-head q k^T and att v) are cblas_sgemm calls.
  */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include <cblas.h>
@@ -174,21 +175,44 @@ void nn_attention_backward(float *dqkv, float *scratch, const float *dout, const
 
 #define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
 
+/* e^x for the GELU, in arithmetic the compiler vectorises (no libm call):
+ * x = n ln2 + r with |r| <= ln2/2 (Cody-Waite, two-part ln2), e^r by its
+ * Taylor polynomial to r^6 (relative error below 2e-7), times 2^n built in
+ * the exponent bits. x is clamped to [-87, 88], where 2^n stays normal. */
+static inline float exp_vec(float x)
+{
+    x = x < -87.0f ? -87.0f : x > 88.0f ? 88.0f : x;
+    const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    float n = (x * 1.44269504088896341f + shifter) - shifter;
+    float r = x - n * 0.693145751953125f - n * 1.428606765330187e-6f;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 +
+                                                                   r * (1.0f / 720))))));
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* 0.5 (1 + tanh(u)) is the logistic function of 2u: no tanh needed, and no
+ * cancellation where tanh(u) is near -1. */
+static inline float gelu_sigmoid(float x)
+{
+    float u = GELU_K * (x + 0.044715f * x * x * x);
+    return 1.0f / (1.0f + exp_vec(-2.0f * u));
+}
+
 void nn_gelu_forward(float *out, const float *inp, size_t n)
 {
-    for (size_t i = 0; i < n; i++) {
-        float x = inp[i];
-        out[i] = 0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x)));
-    }
+    for (size_t i = 0; i < n; i++) out[i] = inp[i] * gelu_sigmoid(inp[i]);
 }
 
 void nn_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
 {
+    /* d/dx [x s(2u)] = s + x s (1 - s) 2 du/dx, du/dx = K (1 + 3 * 0.044715 x^2) */
     for (size_t i = 0; i < n; i++) {
-        float x = inp[i], u = GELU_K * (x + 0.044715f * x * x * x);
-        float th = tanhf(u), sech2 = 1.0f - th * th;
+        float x = inp[i], s = gelu_sigmoid(x);
         float du = GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
-        dinp[i] += (0.5f * (1.0f + th) + 0.5f * x * sech2 * du) * dout[i];
+        dinp[i] += (s + 2.0f * x * s * (1.0f - s) * du) * dout[i];
     }
 }
 

@@ -21,7 +21,7 @@ uni=$(sed -n 's/.*unigram baseline: val_loss=\([0-9.]*\).*/\1/p' "$log" | head -
     { echo "plot_gpt_loss.sh: no plain progress lines, validation losses or baseline in $log" >&2; exit 1; }
 ranks=$(sed -n 's/.*train_gpt: \([0-9]*\) ranks;.*/\1/p' "$log" | head -n 1)
 gnuplot <<GP
-set terminal png size 900,540 font ",11"
+set terminal png size 900,540 font ",11" noenhanced
 set output "$out"
 set title "train_gpt: byte-level GPT on Debian's fortunes, ${ranks:-?} ranks, DDP under Join"
 set xlabel "iteration"

@@ -9,6 +9,7 @@
  *   - exact resume on 1 rank: a run stopped after iteration 6 and resumed
  *     from its checkpoint prints the same losses and ends with the same
  *     parameter hash as an uninterrupted run;
+ *   - --hook bf16, powersgd:2 and int8 learn and keep the replicas identical;
  *   - the options of other parts of tdist that do not exist yet are refused. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,6 +93,30 @@ TEST(tdistrun_train_gpt_2_ranks, 150)
     run_free(&r);
     run_free(&rc);
     run_free(&ro);
+}
+
+/* DDP's comm hooks on the GPT under Join: each names itself, learns and
+ * ends with identical parameters (PowerSGD compresses from the second
+ * round on). */
+TEST(tdistrun_train_gpt_hooks, 150)
+{
+    static const char *const hooks[] = {"bf16", "powersgd:2", "int8"};
+    for (int i = 0; i < 3; i++) {
+        run_t r;
+        char tag[32];
+        snprintf(tag, sizeof tag, "gpt_hook%d", i);
+        run_gpt("2", "--hook", hooks[i], NULL, tag, &r);
+        char want[96];
+        snprintf(want, sizeof want, "iterations in rounds of 8 (one Join each); hook %s\n", hooks[i]);
+        ASSERT_CONTAINS(r.out, want);
+        const char *v0 = strstr(r.out, "[rank 0] val_loss at iteration 0: ");
+        if (!v0) FAIL("no initial validation loss:\n%s", r.out);
+        double first = atof(v0 + strlen("[rank 0] val_loss at iteration 0: "));
+        double last = final_value(r.out, "final val_loss=");
+        if (!(last < first - 0.5)) FAIL("--hook %s: validation loss %.4f -> %.4f", hooks[i], first, last);
+        ASSERT_CONTAINS(strstr(r.out, "final val_loss="), "params_identical=yes\n");
+        run_free(&r);
+    }
 }
 
 /* The lines "it N/24 loss X ..." for N > from, up to the " lr". */
