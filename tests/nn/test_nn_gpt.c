@@ -50,14 +50,6 @@ static void k_check(const kcheck_t *k, size_t max_per)
     ASSERT_TRUE(norm > 1e-3); /* an all-zero gradient would pass trivially */
 }
 
-static float *rnd(size_t n, uint64_t seed, float lo, float hi)
-{
-    float *x = malloc(n * sizeof *x);
-    ASSERT_TRUE(x != NULL);
-    uint64_t s = seed;
-    t_fill(x, n, &s, lo, hi);
-    return x;
-}
 
 static float *zeros(size_t n)
 {
@@ -82,9 +74,9 @@ static void ln_fwd(void *c)
 TEST(nn_layernorm_grad, 30)
 {
     size_t N = 6, C = 7;
-    ln_ctx_t c = {zeros(N * C), zeros(N), zeros(N), rnd(N * C, 1, -2, 2), rnd(C, 2, 0.5f, 1.5f),
-                  rnd(C, 3, -0.5f, 0.5f), N, C};
-    float *w = rnd(N * C, 4, -1, 1), *dx = zeros(N * C), *dw = zeros(C), *db = zeros(C);
+    ln_ctx_t c = {zeros(N * C), zeros(N), zeros(N), t_rand_input(N * C, 1, -2, 2), t_rand_input(C, 2, 0.5f, 1.5f),
+                  t_rand_input(C, 3, -0.5f, 0.5f), N, C};
+    float *w = t_rand_input(N * C, 4, -1, 1), *dx = zeros(N * C), *dw = zeros(C), *db = zeros(C);
     ln_fwd(&c);
     nn_layernorm_backward(dx, dw, db, w, c.x, c.w, c.mean, c.rstd, N, C);
     /* the normalised rows have mean 0 and variance 1 (before w and b) */
@@ -116,9 +108,9 @@ static void mm_fwd(void *c)
 TEST(nn_matmul_grad, 30)
 {
     size_t N = 5, C = 6, OC = 4;
-    mm_ctx_t c = {zeros(N * OC), rnd(N * C, 1, -1, 1), rnd(OC * C, 2, -1, 1), rnd(OC, 3, -1, 1),
+    mm_ctx_t c = {zeros(N * OC), t_rand_input(N * C, 1, -1, 1), t_rand_input(OC * C, 2, -1, 1), t_rand_input(OC, 3, -1, 1),
                   N, C, OC};
-    float *w = rnd(N * OC, 4, -1, 1), *dx = zeros(N * C), *dw = zeros(OC * C), *db = zeros(OC);
+    float *w = t_rand_input(N * OC, 4, -1, 1), *dx = zeros(N * C), *dw = zeros(OC * C), *db = zeros(OC);
     mm_fwd(&c);
     /* out[1][2] = x[1] . W[2] + b[2] */
     double want = c.b[2];
@@ -147,9 +139,9 @@ static void att_fwd(void *c)
 TEST(nn_attention_grad, 30)
 {
     size_t B = 2, T = 5, C = 8, NH = 2;
-    att_ctx_t c = {zeros(B * T * C), zeros(B * NH * T * T), rnd(B * T * 3 * C, 1, -1.5f, 1.5f), B,
+    att_ctx_t c = {zeros(B * T * C), zeros(B * NH * T * T), t_rand_input(B * T * 3 * C, 1, -1.5f, 1.5f), B,
                    T, C, NH};
-    float *w = rnd(B * T * C, 2, -1, 1), *dqkv = zeros(B * T * 3 * C), *scratch = zeros(T * T);
+    float *w = t_rand_input(B * T * C, 2, -1, 1), *dqkv = zeros(B * T * 3 * C), *scratch = zeros(T * T);
     att_fwd(&c);
     /* causal: each row sums to 1 over j <= i and is 0 after; position 0 sees only itself */
     for (size_t r = 0; r < B * NH * T; r++) {
@@ -188,8 +180,8 @@ static void ew_fwd(void *c)
 TEST(nn_gelu_residual_encoder_grad, 30)
 {
     size_t n = 40;
-    ew_ctx_t c = {.out = zeros(n), .a = rnd(n, 1, -3, 3), .b = rnd(n, 2, -1, 1), .n = n};
-    float *w = rnd(n, 3, -1, 1), *da = zeros(n), *db = zeros(n);
+    ew_ctx_t c = {.out = zeros(n), .a = t_rand_input(n, 1, -3, 3), .b = t_rand_input(n, 2, -1, 1), .n = n};
+    float *w = t_rand_input(n, 3, -1, 1), *da = zeros(n), *db = zeros(n);
     ew_fwd(&c);
     ASSERT_TRUE(fabs(c.out[0] - 0.5 * c.a[0] * (1 + erf(c.a[0] / sqrt(2.0)))) < 2e-3);
     nn_gelu_backward(da, c.a, w, n);
@@ -204,9 +196,9 @@ TEST(nn_gelu_residual_encoder_grad, 30)
 
     /* encoder: B=2, T=3, C=4 over a vocabulary of 5; token 1 appears twice */
     int tok[6] = {1, 4, 0, 1, 2, 3};
-    ew_ctx_t e = {.out = zeros(24), .wte = rnd(20, 4, -1, 1), .wpe = rnd(12, 5, -1, 1), .tok = tok,
+    ew_ctx_t e = {.out = zeros(24), .wte = t_rand_input(20, 4, -1, 1), .wpe = t_rand_input(12, 5, -1, 1), .tok = tok,
                   .B = 2, .T = 3, .C = 4, .kind = 2};
-    float *we = rnd(24, 6, -1, 1), *dwte = zeros(20), *dwpe = zeros(12);
+    float *we = t_rand_input(24, 6, -1, 1), *dwte = zeros(20), *dwpe = zeros(12);
     ew_fwd(&e);
     nn_encoder_backward(dwte, dwpe, we, tok, 2, 3, 4);
     kcheck_t en = {ew_fwd, &e, e.out, 24, we, 2, {e.wte, e.wpe}, {dwte, dwpe}, {20, 12},
