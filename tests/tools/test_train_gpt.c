@@ -9,6 +9,9 @@
  *   - exact resume on 1 rank: a run stopped after iteration 6 and resumed
  *     from its checkpoint prints the same losses and ends with the same
  *     parameter hash as an uninterrupted run;
+ *   - resume on 2 ranks stopped where rank 0 has already joined: rank 1
+ *     writes the checkpoint, and the resumed run ends at the same
+ *     validation loss;
  *   - --hook bf16, powersgd:2 and int8 learn and keep the replicas identical;
  *   - the options of other parts of tdist that do not exist yet are refused. */
 #include <stdio.h>
@@ -159,6 +162,34 @@ TEST(tdistrun_train_gpt_exact_resume_1_rank, 150)
     hash_of(full.out, h1);
     hash_of(rest.out, h2);
     if (strcmp(h1, h2) != 0) FAIL("final parameters differ after resume: %s vs %s", h1, h2);
+    run_free(&full);
+    run_free(&part);
+    run_free(&rest);
+}
+
+/* 2 ranks, stopped after iteration 7: rank 0 takes 6 of every 8 batches,
+ * so it has joined and rank 1, still active, must write the checkpoint.
+ * The resumed run ends where the uninterrupted one does (the same
+ * validation loss to 4 decimals, identical replicas). */
+TEST(tdistrun_train_gpt_resume_2_ranks_under_join, 150)
+{
+    char *ck = tmp_path("gpt2.ckpt");
+    char ckpt[512];
+    snprintf(ckpt, sizeof ckpt, "%s", ck);
+    run_t full, part, rest;
+    run_gpt("2", NULL, NULL, NULL, "uninterrupted2", &full);
+    const char *stop[] = {TDISTRUN, "--nproc-per-node", "2", GPT, corpus(), SMALL,
+                          "--steps", "24", "--round", "8", "--log-every", "1", "--ckpt", ckpt,
+                          "--stop-after", "7", NULL};
+    run(stop, 100, "stopped2", &part);
+    if (!part.exited || part.code != 0) FAIL("stopped run: exit %d\n%s", part.code, part.err);
+    ASSERT_CONTAINS(part.out, "[rank 1] checkpoint: iteration 7 written to ");
+    ASSERT_CONTAINS(part.out, " by rank 1 (1 ranks active)");
+    run_gpt("2", "--resume", "--ckpt", ckpt, "resumed2", &rest);
+    double a = final_value(full.out, "final val_loss="), b = final_value(rest.out, "final val_loss=");
+    if (!(a - b < 5e-5 && b - a < 5e-5))
+        FAIL("resumed under Join ends at val_loss %.4f, uninterrupted %.4f", b, a);
+    ASSERT_CONTAINS(strstr(rest.out, "final val_loss="), "params_identical=yes\n");
     run_free(&full);
     run_free(&part);
     run_free(&rest);
