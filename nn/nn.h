@@ -329,10 +329,13 @@ typedef enum nn_act_mode {
  * nn_gpt_destroy. NULL (nn_last_error) on a bad config or no memory. */
 nn_gpt_t *nn_gpt_create(const nn_gpt_config_t *cfg, size_t max_batch, nn_act_mode_t mode,
                         uint64_t seed);
+/* Free the model and everything it owns (not memory the caller pointed
+ * grads at). NULL does nothing. */
 void nn_gpt_destroy(nn_gpt_t *g);
 
-/* Parameters (fixed order, see above) and flat memory, as nn_params /
- * nn_flat_params / nn_flat_grads. */
+/* Parameters (fixed order, see above) and flat memory, owned by the model,
+ * as nn_params / nn_flat_params / nn_flat_grads; zero_grad and the hook as
+ * nn_zero_grad / nn_set_grad_ready_hook. NULL for a NULL argument. */
 nn_param_t *nn_gpt_params(nn_gpt_t *g, size_t *n);
 float *nn_gpt_flat_params(nn_gpt_t *g, size_t *count);
 float *nn_gpt_flat_grads(nn_gpt_t *g, size_t *count);
@@ -366,12 +369,12 @@ size_t nn_gpt_activation_bytes_keep(const nn_gpt_t *g);
 /* PyTorch's clip_grad_norm_ over the grads of params[0..n): the global L2
  * norm (accumulated in double) is returned; if it exceeds max_norm every
  * gradient is multiplied by max_norm / (norm + 1e-6). max_norm <= 0: only
- * the norm. */
+ * the norm. The caller owns the params; thread-safe on distinct grads. */
 double nn_clip_grad_norm(nn_param_t *params, size_t n, double max_norm);
 
 /* Learning rate at `step` (0-based): linear warm-up from lr_max/warmup to
  * lr_max over the first `warmup` steps, then a cosine from lr_max down to
- * lr_min at step total (lr_min after it). */
+ * lr_min at step total (lr_min after it). Pure; thread-safe. */
 double nn_lr_warmup_cosine(size_t step, size_t warmup, size_t total, double lr_max,
                            double lr_min);
 

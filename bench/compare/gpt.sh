@@ -8,13 +8,17 @@
 #
 # Model (both): 4 layers, 4 heads, 128 channels, context 64, byte
 # vocabulary; batch 8 x 64 per rank; AdamW, clipping at norm 1; one
-# BLAS/intra-op thread per process. Each run interleaves tdist local, tdist
-# ddp, torch local, torch ddp; the figures are medians over runs.
+# BLAS/intra-op thread per process. Each run interleaves, per peer: local
+# (1 process), local on RANKS processes at once (no communication), ddp;
+# the figures are medians over runs.
 # -x: do not check or install Debian packages; -s: do not (re)build.
 # Ends with
 #   RESULT gpt_tokens_per_s_vs_torch <tdist ddp / torch ddp tokens/s> ratio
 #   RESULT gpt_tdist_ddp_tokens_per_s <x> tokens/s   (and torch's)
 #   RESULT gpt_tdist_ddp_over_local <ddp step time / local step time> ratio   (and torch's)
+#   RESULT gpt_tdist_ddp_over_local_shared <ddp step time / step time of RANKS
+#          local processes at once, no communication> ratio   (and torch's):
+#          what DDP costs beyond the ranks sharing the machine
 set -u -o pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 PY=/usr/bin/python3
@@ -24,7 +28,7 @@ while getopts ":r:n:w:p:xsh" o; do
     case "$o" in
     r) RUNS=$OPTARG ;; n) STEPS=$OPTARG ;; w) WARMUP=$OPTARG ;; p) NP=$OPTARG ;;
     x) INSTALL=0 ;; s) BUILD_IT=0 ;;
-    h) sed -n '2,18p' "$0"; exit 0 ;;
+    h) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "gpt.sh: bad option (see -h)" >&2; exit 2 ;;
     esac
 done
@@ -47,30 +51,38 @@ trap 'rm -rf "$out"' EXIT
 args=(-n "$STEPS" -w "$WARMUP")
 fail=0
 for ((r = 1; r <= RUNS; r++)); do
-    timeout 600 "$TDISTRUN" -q --nproc-per-node 1 "$BENCH" --mode local "${args[@]}" >>"$out/rows" || fail=1
+    for n in 1 "$NP"; do # alone, and NP at once without communication
+        timeout 600 "$TDISTRUN" -q --nproc-per-node "$n" "$BENCH" --mode local "${args[@]}" >>"$out/rows" || fail=1
+    done
     timeout 600 "$TDISTRUN" -q --nproc-per-node "$NP" "$BENCH" --mode ddp "${args[@]}" >>"$out/rows" || fail=1
-    timeout 600 "$PY" "$REPO/bench/compare/gpt_torch.py" --mode local --nproc 1 "${args[@]}" >>"$out/rows" || fail=1
+    for n in 1 "$NP"; do
+        timeout 600 "$PY" "$REPO/bench/compare/gpt_torch.py" --mode local --nproc "$n" "${args[@]}" >>"$out/rows" || fail=1
+    done
     timeout 600 "$PY" "$REPO/bench/compare/gpt_torch.py" --mode ddp --nproc "$NP" "${args[@]}" >>"$out/rows" || fail=1
 done
 sed 's/^\[rank 0\] //' "$out/rows" | grep '^ROW ' >"$out/r" || true
-med() { # med PEER MODE FIELD: the median of a column over runs
-    awk -v p="$1" -v m="$2" -v f="$3" '$2 == p && $3 == m { print $f }' "$out/r" | sort -g |
+med() { # med PEER MODE RANKS FIELD: the median of a column over runs
+    awk -v p="$1" -v m="$2" -v n="$3" -v f="$4" '$2 == p && $3 == m && $4 == n { print $f }' "$out/r" | sort -g |
         awk '{ v[NR] = $1 } END { if (NR) print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'
 }
 printf "%-6s %-6s %6s %12s %10s %8s\n" peer mode ranks tokens/s ms/step hidden
 for p in tdist torch; do
-    for m in local ddp; do
-        n=$([ $m = ddp ] && echo "$NP" || echo 1)
-        printf "%-6s %-6s %6s %12s %10s %8s\n" $p $m "$n" "$(med $p $m 5)" "$(med $p $m 6)" "$(med $p $m 7)"
+    for mn in "local 1" "local $NP" "ddp $NP"; do
+        # shellcheck disable=SC2086
+        set -- $mn # split "MODE RANKS"
+        printf "%-6s %-6s %6s %12s %10s %8s\n" $p "$1" "$2" "$(med $p "$1" "$2" 5)" \
+            "$(med $p "$1" "$2" 6)" "$(med $p "$1" "$2" 7)"
     done
 done
-td=$(med tdist ddp 5) tt=$(med torch ddp 5)
+td=$(med tdist ddp "$NP" 5) tt=$(med torch ddp "$NP" 5)
 if [ -n "$td" ] && [ -n "$tt" ]; then
     echo "RESULT gpt_tokens_per_s_vs_torch $(awk -v a="$td" -v b="$tt" 'BEGIN { printf "%.3f", a / b }') ratio"
     echo "RESULT gpt_tdist_ddp_tokens_per_s $td tokens/s"
     echo "RESULT gpt_torch_ddp_tokens_per_s $tt tokens/s"
     for p in tdist torch; do
-        echo "RESULT gpt_${p}_ddp_over_local $(awk -v a="$(med $p ddp 6)" -v b="$(med $p local 6)" 'BEGIN { printf "%.3f", a / b }') ratio"
+        d=$(med $p ddp "$NP" 6)
+        echo "RESULT gpt_${p}_ddp_over_local $(awk -v a="$d" -v b="$(med $p local 1 6)" 'BEGIN { printf "%.3f", a / b }') ratio"
+        echo "RESULT gpt_${p}_ddp_over_local_shared $(awk -v a="$d" -v b="$(med $p local "$NP" 6)" 'BEGIN { printf "%.3f", a / b }') ratio"
     done
 else
     fail=1
