@@ -135,23 +135,34 @@ static void loss_lines(const char *out, int from, char *buf, size_t cap)
     }
 }
 
+/* On nproc ranks: an uninterrupted run (*full), a run stopped after
+ * iteration `stop` with its checkpoint (*part), and a run resumed from it
+ * (*rest), all of run_gpt's size. */
+static void stop_and_resume(const char *nproc, const char *stop, run_t *full, run_t *part,
+                            run_t *rest)
+{
+    char ckpt[512], tag[32];
+    snprintf(ckpt, sizeof ckpt, "%s", tmp_path("gpt.ckpt"));
+    snprintf(tag, sizeof tag, "uninterrupted%s", nproc);
+    run_gpt(nproc, NULL, NULL, NULL, tag, full);
+    const char *argv[] = {TDISTRUN, "--nproc-per-node", nproc, GPT, corpus(), SMALL,
+                          "--steps", "24", "--round", "8", "--log-every", "1", "--ckpt", ckpt,
+                          "--stop-after", stop, NULL};
+    run(argv, 100, "stopped", part);
+    if (!part->exited || part->code != 0) FAIL("stopped run: exit %d\n%s", part->code, part->err);
+    char want[64];
+    snprintf(want, sizeof want, "stopped after iteration %s", stop);
+    ASSERT_CONTAINS(part->out, want);
+    run_gpt(nproc, "--resume", "--ckpt", ckpt, "resumed", rest);
+    ASSERT_CONTAINS(rest->out, "resumed from ");
+}
+
 TEST(tdistrun_train_gpt_exact_resume_1_rank, 150)
 {
-    char *ck = tmp_path("gpt.ckpt");
-    char ckpt[512];
-    snprintf(ckpt, sizeof ckpt, "%s", ck);
     run_t full, part, rest;
-    run_gpt("1", NULL, NULL, NULL, "uninterrupted", &full);
-    const char *stop[] = {TDISTRUN, "--nproc-per-node", "1", GPT, corpus(), SMALL,
-                          "--steps", "24", "--round", "8", "--log-every", "1", "--ckpt", ckpt,
-                          "--stop-after", "6", NULL};
-    run(stop, 100, "stopped", &part);
-    if (!part.exited || part.code != 0) FAIL("stopped run: exit %d\n%s", part.code, part.err);
+    stop_and_resume("1", "6", &full, &part, &rest);
     ASSERT_CONTAINS(part.out, "checkpoint: iteration 6 written to ");
-    ASSERT_CONTAINS(part.out, "stopped after iteration 6");
     ASSERT_TRUE(strstr(part.out, "it 7/24") == NULL);
-    run_gpt("1", "--resume", "--ckpt", ckpt, "resumed", &rest);
-    ASSERT_CONTAINS(rest.out, "resumed from ");
     ASSERT_TRUE(strstr(rest.out, "it 6/24") == NULL);
     static char a[8192], b[8192];
     loss_lines(full.out, 6, a, sizeof a);
@@ -173,19 +184,10 @@ TEST(tdistrun_train_gpt_exact_resume_1_rank, 150)
  * validation loss to 4 decimals, identical replicas). */
 TEST(tdistrun_train_gpt_resume_2_ranks_under_join, 150)
 {
-    char *ck = tmp_path("gpt2.ckpt");
-    char ckpt[512];
-    snprintf(ckpt, sizeof ckpt, "%s", ck);
     run_t full, part, rest;
-    run_gpt("2", NULL, NULL, NULL, "uninterrupted2", &full);
-    const char *stop[] = {TDISTRUN, "--nproc-per-node", "2", GPT, corpus(), SMALL,
-                          "--steps", "24", "--round", "8", "--log-every", "1", "--ckpt", ckpt,
-                          "--stop-after", "7", NULL};
-    run(stop, 100, "stopped2", &part);
-    if (!part.exited || part.code != 0) FAIL("stopped run: exit %d\n%s", part.code, part.err);
+    stop_and_resume("2", "7", &full, &part, &rest);
     ASSERT_CONTAINS(part.out, "[rank 1] checkpoint: iteration 7 written to ");
     ASSERT_CONTAINS(part.out, " by rank 1 (1 ranks active)");
-    run_gpt("2", "--resume", "--ckpt", ckpt, "resumed2", &rest);
     double a = final_value(full.out, "final val_loss="), b = final_value(rest.out, "final val_loss=");
     if (!(a - b < 5e-5 && b - a < 5e-5))
         FAIL("resumed under Join ends at val_loss %.4f, uninterrupted %.4f", b, a);
