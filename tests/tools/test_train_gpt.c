@@ -150,9 +150,15 @@ static void stop_and_resume(const char *nproc, const char *stop, run_t *full, ru
                           "--stop-after", stop, NULL};
     run(argv, 100, "stopped", part);
     if (!part->exited || part->code != 0) FAIL("stopped run: exit %d\n%s", part->code, part->err);
-    char want[64];
+    char want[600];
     snprintf(want, sizeof want, "stopped after iteration %s", stop);
     ASSERT_CONTAINS(part->out, want);
+    /* written to FILE.tmp, then renamed: the file is there, the .tmp not */
+    snprintf(want, sizeof want, "%s.tmp", ckpt);
+    FILE *f = fopen(ckpt, "rb"), *t = fopen(want, "rb");
+    ASSERT_TRUE(f != NULL);
+    ASSERT_TRUE(t == NULL);
+    fclose(f);
     run_gpt(nproc, "--resume", "--ckpt", ckpt, "resumed", rest);
     ASSERT_CONTAINS(rest->out, "resumed from ");
 }
