@@ -63,6 +63,9 @@
 #include <tdist/nn.h>
 #include <tdist/tdist.h>
 
+#define EXAMPLE_NAME "train_digits"
+#include "example_util.h"
+
 #define IMG 64
 #define CLASSES 10
 #define CONV1 16 /* output channels of the two convolutions */
@@ -77,38 +80,6 @@ typedef struct data {
     int y[MAX_SAMPLES];
     size_t n;
 } data_t;
-
-static int rank_g = -1;
-
-#define DIE(...)                                                                                   \
-    do {                                                                                           \
-        fprintf(stderr, "train_digits: rank %d: ", rank_g);                                       \
-        fprintf(stderr, __VA_ARGS__);                                                              \
-        fputc('\n', stderr);                                                                       \
-        exit(1);                                                                                   \
-    } while (0)
-
-#define CHECK(call)                                                                                \
-    do {                                                                                           \
-        tdist_status_t st_ = (call);                                                               \
-        if (st_ != TDIST_OK) DIE("%s: %s: %s", #call, tdist_status_str(st_), tdist_last_error()); \
-    } while (0)
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* splitmix64: the seeded shuffles every rank repeats identically. */
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 static void shuffle(size_t *idx, size_t n, uint64_t *s)
 {
@@ -158,14 +129,6 @@ static void on_grad_ready(void *arg, size_t i)
     hook_ctx_t *h = arg;
     tdist_status_t st = tdist_ddp_grad_ready(h->ddp, i);
     if (st != TDIST_OK && h->st == TDIST_OK) h->st = st;
-}
-
-static uint64_t hash_floats(const float *p, size_t n)
-{
-    uint64_t h = 1469598103934665603ull;
-    const unsigned char *b = (const unsigned char *)p;
-    for (size_t i = 0; i < n * sizeof(float); i++) h = (h ^ b[i]) * 1099511628211ull;
-    return h;
 }
 
 /* ------------------------------------------------------- the command line */
@@ -511,7 +474,7 @@ int main(int argc, char **argv)
     tdist_world_t *world;
     CHECK(tdist_init("env://", NULL, &world));
     int rank = tdist_world_rank(world), size = tdist_world_size(world);
-    rank_g = rank;
+    example_rank = rank;
     tdist_pg_t *pg;
     CHECK(tdist_pg_create_world(world, NULL, &pg));
     nn_set_num_threads(1); /* one BLAS thread per rank: the ranks share the cores */

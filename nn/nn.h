@@ -228,6 +228,157 @@ int nn_cross_entropy(const float *logits, const int *labels, size_t batch, size_
 size_t nn_count_correct(const float *logits, const int *labels, size_t batch, size_t classes);
 
 /* ------------------------------------------------------------------------ */
+/* Transformer kernels (llm.c style)                                        */
+/* ------------------------------------------------------------------------ */
+
+/* The pieces of a GPT, as plain functions over flat row-major f32 buffers;
+ * nn_gpt_t below strings them together. N rows of C channels; B sequences
+ * of T positions (N = B*T). Every forward WRITES its outputs; every
+ * backward ADDS into its gradient outputs (d-inputs and d-parameters), so
+ * the caller zeroes them first. None allocates, fails or keeps state; all
+ * are thread-safe on distinct buffers. Products go through cblas_sgemm.
+ *
+ * encoder: out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:] (tokens in [0, V),
+ *   the caller checks). Backward adds dout into the rows of dwte and dwpe.
+ * layernorm: out = (x - mean) * rstd * w + b over the C channels of each
+ *   row, eps 1e-5 (PyTorch's LayerNorm); mean and rstd (N each) are saved
+ *   for the backward.
+ * matmul: out = inp W^T + bias, inp N x C, W OC x C (PyTorch's Linear
+ *   layout), bias OC or NULL.
+ * attention: causal multi-head self-attention of qkv (B x T x 3C: q, k, v
+ *   side by side, head h at channels h*C/NH ..), out B x T x C; att
+ *   (B x NH x T x T) keeps the softmax weights for the backward (zero
+ *   above the diagonal). Scale 1/sqrt(C/NH). The backward needs a scratch
+ *   of T*T floats.
+ * gelu: GPT-2's tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))).
+ * residual: out = a + b.
+ * The loss over the vocabulary is nn_cross_entropy (rows = N, classes = V). */
+void nn_encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe,
+                        size_t B, size_t T, size_t C);
+void nn_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
+                         size_t B, size_t T, size_t C);
+void nn_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                          const float *w, const float *b, size_t N, size_t C);
+void nn_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                           const float *w, const float *mean, const float *rstd, size_t N,
+                           size_t C);
+void nn_matmul_forward(float *out, const float *inp, const float *w, const float *bias, size_t N,
+                       size_t C, size_t OC);
+void nn_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                        const float *w, size_t N, size_t C, size_t OC);
+void nn_attention_forward(float *out, float *att, const float *qkv, size_t B, size_t T, size_t C,
+                          size_t NH);
+void nn_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                           const float *att, size_t B, size_t T, size_t C, size_t NH);
+void nn_gelu_forward(float *out, const float *inp, size_t n);
+void nn_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+void nn_residual_forward(float *out, const float *a, const float *b, size_t n);
+void nn_residual_backward(float *da, float *db, const float *dout, size_t n);
+
+/* ------------------------------------------------------------------------ */
+/* GPT                                                                      */
+/* ------------------------------------------------------------------------ */
+
+/* A GPT-2 shaped language model: token and position embeddings, n_layer
+ * pre-LayerNorm blocks (x + attn(ln_1(x)), then x + mlp(ln_2(x)) with a
+ * 4*n_embd GELU MLP), a final LayerNorm and an LM head tied to the token
+ * embedding (logits = ln_f(x) wte^T). Parameters are named as nanoGPT's
+ * state_dict ("wte", "wpe", "h.0.ln_1.weight", "h.0.ln_1.bias",
+ * "h.0.attn.c_attn.weight", "h.0.attn.c_attn.bias", "h.0.attn.c_proj.weight",
+ * "h.0.attn.c_proj.bias", "h.0.ln_2.weight", "h.0.ln_2.bias",
+ * "h.0.mlp.c_fc.weight", "h.0.mlp.c_fc.bias", "h.0.mlp.c_proj.weight",
+ * "h.0.mlp.c_proj.bias", ..., "ln_f.weight", "ln_f.bias") and listed in that
+ * order; a weight is out x in as in PyTorch's Linear. GPT-2's initial
+ * values: weights and embeddings N(0, 0.02), the c_proj weights
+ * N(0, 0.02/sqrt(2 n_layer)), biases 0, LayerNorm weights 1.
+ *
+ * The grad-ready hook and gradient accumulation follow the contract of
+ * nn_seq_t (above): nn_gpt_backward reports every parameter once, in
+ * exactly the reverse of the list order, as soon as its gradient is final
+ * (wte, shared by the head and the embedding, comes last), and ADDS into
+ * the grads, which a caller may re-point. Not thread-safe; one model per
+ * thread. */
+typedef struct nn_gpt nn_gpt_t;
+
+typedef struct nn_gpt_config {
+    size_t vocab;    /* V: token ids are in [0, V) */
+    size_t max_seq;  /* positions of wpe: T <= max_seq */
+    size_t n_layer;
+    size_t n_head;   /* must divide n_embd */
+    size_t n_embd;   /* C */
+} nn_gpt_config_t;
+
+/* What a block keeps between forward and backward:
+ * NN_ACT_KEEP: every activation in f32 (fastest, most memory);
+ * NN_ACT_RECOMPUTE: activation checkpointing: only the block's input (the
+ *   residual stream) stays; the backward runs the block's forward again
+ *   into one shared scratch first. Gradients are bitwise those of KEEP;
+ * NN_ACT_OFFLOAD_BF16: the block's activations go to a host pool in bf16
+ *   (round to nearest even) after its forward and come back to f32 for its
+ *   backward; the residual stream stays f32. Gradients differ from KEEP by
+ *   bf16 rounding of the saved values (see docs/nn.md). */
+typedef enum nn_act_mode {
+    NN_ACT_KEEP = 0,
+    NN_ACT_RECOMPUTE = 1,
+    NN_ACT_OFFLOAD_BF16 = 2
+} nn_act_mode_t;
+
+/* A new model with activation memory for up to max_batch sequences of
+ * max_seq tokens, in mode `mode`, initialised from `seed` (every process
+ * with the same seed holds the same values). The caller owns it:
+ * nn_gpt_destroy. NULL (nn_last_error) on a bad config or no memory. */
+nn_gpt_t *nn_gpt_create(const nn_gpt_config_t *cfg, size_t max_batch, nn_act_mode_t mode,
+                        uint64_t seed);
+/* Free the model and everything it owns (not memory the caller pointed
+ * grads at). NULL does nothing. */
+void nn_gpt_destroy(nn_gpt_t *g);
+
+/* Parameters (fixed order, see above) and flat memory, owned by the model,
+ * as nn_params / nn_flat_params / nn_flat_grads; zero_grad and the hook as
+ * nn_zero_grad / nn_set_grad_ready_hook. NULL for a NULL argument. */
+nn_param_t *nn_gpt_params(nn_gpt_t *g, size_t *n);
+float *nn_gpt_flat_params(nn_gpt_t *g, size_t *count);
+float *nn_gpt_flat_grads(nn_gpt_t *g, size_t *count);
+void nn_gpt_zero_grad(nn_gpt_t *g);
+void nn_gpt_set_grad_ready_hook(nn_gpt_t *g, nn_grad_ready_fn fn, void *ctx);
+
+/* Forward B x T tokens (B <= max_batch, T <= max_seq). With targets
+ * (B x T ids, the next tokens) it writes the mean cross-entropy to *loss
+ * and keeps d loss / d logits for nn_gpt_backward; returns the logits
+ * memory, which then holds those gradients. Without targets it returns
+ * the logits (B x T x V), valid until the next forward. The memory is the
+ * model's. NULL on bad sizes or a token or target out of range. */
+float *nn_gpt_forward(nn_gpt_t *g, const int *tokens, const int *targets, size_t B, size_t T,
+                      float *loss);
+
+/* Back-propagate the loss of the last forward with targets, ADDING into
+ * the parameters' grads and calling the grad-ready hook. -1 if the last
+ * forward had no targets. `tokens` must be unchanged since the forward. */
+int nn_gpt_backward(nn_gpt_t *g);
+
+/* Bytes of activation memory the model holds (all its buffers for
+ * activations and their gradients, sized for max_batch x max_seq), and
+ * what NN_ACT_KEEP would hold for the same sizes. */
+size_t nn_gpt_activation_bytes(const nn_gpt_t *g);
+size_t nn_gpt_activation_bytes_keep(const nn_gpt_t *g);
+
+/* ------------------------------------------------------------------------ */
+/* Training helpers                                                         */
+/* ------------------------------------------------------------------------ */
+
+/* PyTorch's clip_grad_norm_ over the grads of params[0..n): the global L2
+ * norm (accumulated in double) is returned; if it exceeds max_norm every
+ * gradient is multiplied by max_norm / (norm + 1e-6). max_norm <= 0: only
+ * the norm. The caller owns the params; thread-safe on distinct grads. */
+double nn_clip_grad_norm(nn_param_t *params, size_t n, double max_norm);
+
+/* Learning rate at `step` (0-based): linear warm-up from lr_max/warmup to
+ * lr_max over the first `warmup` steps, then a cosine from lr_max down to
+ * lr_min at step total (lr_min after it). Pure; thread-safe. */
+double nn_lr_warmup_cosine(size_t step, size_t warmup, size_t total, double lr_max,
+                           double lr_min);
+
+/* ------------------------------------------------------------------------ */
 /* Misc                                                                     */
 /* ------------------------------------------------------------------------ */
 

@@ -1,28 +1,41 @@
 #!/usr/bin/env bash
 # scripts/demo.sh — the main job: build tdist (Release) and train a small
-# CNN on the handwritten digits with DDP on 4 local ranks, through the
-# tdistrun launcher and the default backend (shared memory on one host).
+# GPT (examples/train_gpt.c, nn's llm.c-style transformer) byte by byte on
+# English text, with DDP under Join on 4 local ranks, through the tdistrun
+# launcher and the default backend (shared memory on one host).
 #
-# The data set is the one Debian's python3-sklearn ships
-# (sklearn/datasets/data/digits.csv.gz); it is unpacked into the build
-# directory. Nothing is downloaded from anywhere but Debian's packages.
+# The text is Debian's fortunes package (about 2.5 MB of quotations,
+# jokes and verse), joined into one file in the build directory by
+# scripts/fortunes_corpus.sh. Nothing is downloaded from anywhere but
+# Debian's packages.
 #
 #   TDIST_NPROC       ranks to start (default: 4)
-#   TDIST_EPOCHS      epochs (default: 20)
+#   TDIST_STEPS       iterations (default: 400)
+#   TDIST_GPT_ARGS    more train_gpt options, e.g. "--hook bf16 --checkpoint-activations"
+#
+# On a terminal the last rank draws a progress bar; otherwise it prints a
+# line every 25 iterations. A checkpoint goes to build/release/gpt.ckpt
+# every 100 iterations (TDIST_GPT_ARGS="--resume" continues from it).
+# The digits example keeps its own command: see docs/getting-started.md.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=scripts/deps.sh
 . "$here/scripts/deps.sh"
-ensure_packages "${TDIST_BUILD_PACKAGES[@]}" python3-sklearn
+ensure_packages "${TDIST_BUILD_PACKAGES[@]}" fortunes
 
 build="$here/build/release"
 cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DTDIST_BUILD_TESTS=OFF -DTDIST_BUILD_BENCH=OFF >/dev/null
-cmake --build "$build" --parallel "$(nproc)" --target tdistrun train_digits
+cmake --build "$build" --parallel "$(nproc)" --target tdistrun train_gpt
 
-gz="$(dpkg -L python3-sklearn | grep '/sklearn/datasets/data/digits.csv.gz$' | head -n 1)"
-[ -n "$gz" ] && [ -r "$gz" ] || { echo "demo.sh: digits.csv.gz not found in python3-sklearn" >&2; exit 1; }
-gzip -dc "$gz" >"$build/digits.csv"
+bash "$here/scripts/fortunes_corpus.sh" "$build/fortunes.txt"
 
-exec "$build/tools/tdistrun/tdistrun" --nproc-per-node "${TDIST_NPROC:-4}" \
-     "$build/examples/train_digits" "$build/digits.csv" "${TDIST_EPOCHS:-20}"
+launcher=()
+if [ -t 1 ]; then
+    export TDIST_PROGRESS=bar
+    launcher=(--no-prefix)
+fi
+# shellcheck disable=SC2086 # TDIST_GPT_ARGS is a list of options
+exec "$build/tools/tdistrun/tdistrun" --nproc-per-node "${TDIST_NPROC:-4}" "${launcher[@]}" \
+     "$build/examples/train_gpt" "$build/fortunes.txt" --steps "${TDIST_STEPS:-400}" \
+     --log-every 25 --ckpt "$build/gpt.ckpt" --ckpt-every 100 ${TDIST_GPT_ARGS:-}

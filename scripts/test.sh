@@ -11,11 +11,12 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$here/scripts/deps.sh"
 
 # clang and its runtime build the libFuzzer target for the store's frame parser;
-# python3-sklearn ships the digits data set the main job (and its test) trains on;
+# python3-sklearn ships the digits data set the digits example (and its test) trains on;
+# fortunes ships the English text the main job, the GPT (and its test), trains on;
 # iproute2 (ip, tc) builds the network namespaces of the net tests (tests/net);
 # openmpi-bin + libopenmpi-dev build the MPI backend and run its tests (tests/mpi).
 ensure_packages "${TDIST_BUILD_PACKAGES[@]}" clang libclang-rt-14-dev python3-sklearn iproute2 \
-    openmpi-bin libopenmpi-dev
+    openmpi-bin libopenmpi-dev fortunes
 
 build="${TDIST_BUILD_DIR:-$here/build/test}"
 jobs="${TDIST_TEST_JOBS:-2}"

@@ -98,12 +98,13 @@ echo "cmake shared: $out"
 [[ "$out" == *"add=42 sum=3.75"* ]]
 
 # 4. The examples, outside the source tree: with CMake against the
-#    installed package, and train_digits by hand with pkg-config.
+#    installed package (train_digits, train_gpt, launcher_hello), and
+#    train_digits by hand with pkg-config.
 cp -r "$src/examples" "$work/examples"
 cmake -S "$work/examples" -B "$work/examples/build" -DCMAKE_PREFIX_PATH="$prefix" \
       -DCMAKE_C_COMPILER="$cc" -DCMAKE_C_FLAGS="$san" >/dev/null
 cmake --build "$work/examples/build" >/dev/null
-for ex in train_digits launcher_hello; do
+for ex in train_digits train_gpt launcher_hello; do
     [ -x "$work/examples/build/$ex" ] || { echo "example $ex was not built"; exit 1; }
 done
 # shellcheck disable=SC2046,SC2086

@@ -32,6 +32,16 @@ static inline void t_fill(float *x, size_t n, uint64_t *s, float lo, float hi)
     for (size_t i = 0; i < n; i++) x[i] = t_rand(s, lo, hi);
 }
 
+/* A fresh buffer (the caller frees it) of n seeded uniform values in [lo, hi). */
+static inline float *t_rand_input(size_t n, uint64_t seed, float lo, float hi)
+{
+    float *x = malloc(n * sizeof *x);
+    ASSERT_TRUE(x != NULL);
+    uint64_t s = seed;
+    t_fill(x, n, &s, lo, hi);
+    return x;
+}
+
 /* L = sum(w * forward(x)), in double. */
 static inline double t_loss(nn_seq_t *m, const float *x, size_t batch, const float *w)
 {

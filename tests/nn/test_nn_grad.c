@@ -2,16 +2,6 @@
  * parameter gradient) against central finite differences. */
 #include "nn_check.h"
 
-/* A fresh buffer of n seeded uniform values in [lo, hi). */
-static float *rand_input(size_t n, uint64_t seed, float lo, float hi)
-{
-    float *x = malloc(n * sizeof *x);
-    ASSERT_TRUE(x != NULL);
-    uint64_t s = seed;
-    t_fill(x, n, &s, lo, hi);
-    return x;
-}
-
 /* Make every parameter non-trivial (BatchNorm starts at 1 and 0). */
 static void randomize_params(nn_seq_t *m, uint64_t seed, float lo, float hi)
 {
@@ -34,7 +24,7 @@ TEST(nn_linear_grad, 30)
     ASSERT_EQ(h, 3);
     ASSERT_EQ(w, 4);
     size_t batch = 3;
-    float *x = rand_input(batch * nn_input_size(m), 1, -1.0f, 1.0f);
+    float *x = t_rand_input(batch * nn_input_size(m), 1, -1.0f, 1.0f);
     size_t checked = t_check_grads(m, x, batch, 1, 100, 1000, 1e-2);
     ASSERT_EQ(checked, 4 * 5 + 4 + batch * 30);
     free(x);
@@ -81,7 +71,7 @@ TEST(nn_conv2d_grad, 60)
         ASSERT_EQ(h, cases[t].oh);
         ASSERT_EQ(w, cases[t].ow);
         size_t batch = 2;
-        float *x = rand_input(batch * nn_input_size(m), 20 + t, -1.0f, 1.0f);
+        float *x = t_rand_input(batch * nn_input_size(m), 20 + t, -1.0f, 1.0f);
         ASSERT_GE(t_check_grads(m, x, batch, 1, 200 + t, 1000, 1e-2), 20);
         free(x);
         nn_seq_destroy(m);
@@ -114,7 +104,7 @@ TEST(nn_batchnorm2d_grad, 60)
     ASSERT_EQ(nn_batchnorm2d(m), 0);
     randomize_params(m, 9, 0.5f, 1.5f);
     size_t batch = 3;
-    float *x = rand_input(batch * nn_input_size(m), 30, -2.0f, 2.0f);
+    float *x = t_rand_input(batch * nn_input_size(m), 30, -2.0f, 2.0f);
     ASSERT_GE(t_check_grads(m, x, batch, 1, 300, 1000, 1e-2), 6 + 54);
 
     /* Eval mode: running statistics, set to arbitrary values. */
@@ -135,7 +125,7 @@ TEST(nn_relu_grad, 30)
     nn_seq_t *m = nn_seq_create(2, 3, 3, 1);
     ASSERT_EQ(nn_relu(m), 0);
     size_t batch = 2, n = batch * nn_input_size(m);
-    float *x = rand_input(n, 40, 0.1f, 1.0f);
+    float *x = t_rand_input(n, 40, 0.1f, 1.0f);
     /* random signs, every |x| >= 0.1 so the finite difference never crosses 0 */
     uint64_t s = 41;
     size_t neg = 0;
@@ -202,7 +192,7 @@ TEST(nn_flatten_grad, 10)
     size_t n;
     nn_param_t *p = nn_params(m, &n);
     ASSERT_EQ(p[0].count, 3 * 24);
-    float *x = rand_input(2 * 24, 60, -1.0f, 1.0f);
+    float *x = t_rand_input(2 * 24, 60, -1.0f, 1.0f);
     ASSERT_GE(t_check_grads(m, x, 2, 1, 600, 1000, 1e-2), 72 + 3 + 48);
     free(x);
     nn_seq_destroy(m);
@@ -271,7 +261,7 @@ TEST(nn_cnn_grad, 60)
     ASSERT_EQ(nn_linear(m, 4), 0);
     ASSERT_EQ(nn_output_size(m), 4);
     size_t batch = 3;
-    float *x = rand_input(batch * 36, 80, -1.0f, 1.0f);
+    float *x = t_rand_input(batch * 36, 80, -1.0f, 1.0f);
     ASSERT_GE(t_check_grads(m, x, batch, 1, 800, 40, 1e-3), 100);
     free(x);
     nn_seq_destroy(m);
@@ -280,7 +270,7 @@ TEST(nn_cnn_grad, 60)
 TEST(nn_cross_entropy_grad, 10)
 {
     size_t batch = 4, classes = 5;
-    float *z = rand_input(batch * classes, 90, -3.0f, 3.0f);
+    float *z = t_rand_input(batch * classes, 90, -3.0f, 3.0f);
     int labels[4] = {0, 4, 2, 2};
     float loss, d[20];
     ASSERT_EQ(nn_cross_entropy(z, labels, batch, classes, &loss, d), 0);

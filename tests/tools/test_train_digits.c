@@ -1,4 +1,4 @@
-/* tests/tools/test_train_digits.c — the README's main job, end to end:
+/* tests/tools/test_train_digits.c — the digits example, end to end:
  * examples/train_digits under tdistrun on 2 and 4 ranks (default backend:
  * shared memory), on the digits data set of Debian's python3-sklearn
  * (scripts/test.sh installs it; unpacked here into the test's tmpdir).
