@@ -76,6 +76,16 @@ double tdist_test_now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+double tdist_test_cpu_wait_ms(void)
+{
+    FILE *f = fopen("/proc/thread-self/schedstat", "r");
+    if (!f) return 0;
+    unsigned long long on_cpu = 0, waited = 0;
+    int got = fscanf(f, "%llu %llu", &on_cpu, &waited);
+    fclose(f);
+    return got == 2 ? (double)waited / 1e6 : 0;
+}
+
 const char *tdist_test_tmpdir(void) { return tmpdir; }
 
 const char *tdist_test_describe(const tdist_rank_result_t *r, char *buf, size_t n)

@@ -151,6 +151,13 @@ double tdist_test_timeout_mult(void);
 /* Monotonic milliseconds (double, for measuring). */
 double tdist_test_now_ms(void);
 
+/* Milliseconds the calling thread has waited for a CPU since it started:
+ * its run-queue delay (/proc/thread-self/schedstat); 0 where the kernel
+ * does not report it. Subtracted from an interval the thread measured, it
+ * leaves the time the code ran or waited by itself, however loaded the
+ * machine is: what a bound on the code's own latency can check. */
+double tdist_test_cpu_wait_ms(void);
+
 /* --------------------------------------------------------------- ranks */
 
 /* Which rank this process is in a multi-rank test (-1 in the test's main
