@@ -58,6 +58,7 @@ static void later_call_fails_at_once(tdist_pg_t *pg, tdist_status_t st)
     double dt = tdist_test_now_ms() - t0 - (tdist_test_cpu_wait_ms() - q0);
     if (st != TDIST_OK) ASSERT_STATUS(got, st);
     ASSERT_TRUE(got != TDIST_OK);
+    fprintf(stderr, "a later call on the failed group failed after %.3f ms\n", dt);
     if (dt > LATER_CALL_MS)
         FAIL("a call on the failed group took %.1f ms to fail (limit %d ms)", dt, LATER_CALL_MS);
 }
@@ -186,6 +187,7 @@ static void mm_body(int rank, int n, void *arg)
     char prefix[64];
     snprintf(prefix, sizeof prefix, "rank %d group world seq 2 ", rank);
     ASSERT_CONTAINS(m, prefix);
+    fprintf(stderr, "rank %d: mismatch reported after %.1f ms\n", rank, dt);
     if (dt > MISMATCH_MS) FAIL("mismatch took %.0f ms to report (limit %d ms)", dt, MISMATCH_MS);
     tdist_work_free(wk);
     ASSERT_EQ(atomic_load(&g_mm->cb[rank]), 1);
@@ -287,6 +289,7 @@ static void mm_tiny_body(int rank, int n, void *arg)
     const char *common = strstr(m, "collective mismatch:");
     ASSERT_TRUE(common != NULL);
     snprintf(g_mm->msg[rank], sizeof g_mm->msg[rank], "%s", common);
+    fprintf(stderr, "rank %d: mismatch reported after %.1f ms\n", rank, dt);
     if (dt > MISMATCH_MS) FAIL("mismatch took %.0f ms to report (limit %d ms)", dt, MISMATCH_MS);
     /* sticky: the next call (the fast path's too) fails at once */
     ASSERT_STATUS(tdist_all_reduce(pg, buf, out, 2, TDIST_F32, TDIST_SUM, NULL, NULL),
