@@ -530,15 +530,16 @@ TEST(pg_peer_sigsegv_fails_pending_async_works, 40) { run_death_x(3, 2, D_SEGV, 
 /* rank 0, which leads the tiny and staged shared-memory paths, as the victim */
 TEST(pg_peer_rank0_sigkill_fails_others, 40) { run_death(4, 0, D_KILL, 3000); }
 TEST(pg_peer_rank0_sigstop_fails_others_at_timeout, 40) { run_death(3, 0, D_STOP, 2000); }
-/* 64 MiB all_reduces (16 Mi f32): the victim ends 15 ms into its fourth,
- * in the middle of moving it */
+/* 64 MiB all_reduces (16 Mi f32): the victim ends 15 ms into its second,
+ * in the middle of moving it. T is scaled (a sanitizer's 64 MiB
+ * all_reduce can take seconds); the bounds are in T. */
 TEST(pg_peer_sigkill_during_64mib_all_reduce, 120)
 {
-    run_death_at(3, 1, D_KILL, 3000, false, 16 << 20, 3, 15);
+    run_death_at(3, 1, D_KILL, (int64_t)(3000 * tdist_test_timeout_mult()), false, 16 << 20, 1, 15);
 }
 TEST(pg_peer_sigstop_during_64mib_all_reduce, 120)
 {
-    run_death_at(3, 1, D_STOP, 3000, false, 16 << 20, 3, 15);
+    run_death_at(3, 1, D_STOP, (int64_t)(3000 * tdist_test_timeout_mult()), false, 16 << 20, 1, 15);
 }
 
 /* ------------------------------------------------------------- abort */
