@@ -156,6 +156,17 @@ void tdist__work_finish(struct tdist_work *w, tdist_status_t st, const char *msg
     tdist__work_release(w);
 }
 
+void tdist__work_shift_seq(struct tdist_work *w, uint64_t by)
+{
+    if (w->inline_run) { /* the caller's thread runs it: no other reader (and a stack work has no mu) */
+        w->seq += by;
+        return;
+    }
+    pthread_mutex_lock(&w->mu);
+    w->seq += by;
+    pthread_mutex_unlock(&w->mu);
+}
+
 tdist_status_t tdist_work_status(const tdist_work_t *w)
 {
     if (!w) return tdist__error(TDIST_ERR_INVALID_ARG, "tdist_work_status: w is NULL");
@@ -195,14 +206,16 @@ tdist_status_t tdist_work_wait(tdist_work_t *w, int64_t timeout_ms)
             }
             pthread_cond_timedwait(&w->cv, &w->mu, &ts);
         }
+        if (st == TDIST_INPROGRESS) { /* still running: its seq may move (Join shadowing) */
+            char d[200];
+            tdist__work_describe(w, d, sizeof d);
+            unsigned long long seq = (unsigned long long)w->seq;
+            pthread_mutex_unlock(&w->mu);
+            return tdist__error(TDIST_ERR_TIMEOUT,
+                                "tdist_work_wait: %s seq %llu did not complete within %lld ms "
+                                "(it goes on)", d, seq, (long long)timeout_ms);
+        }
         pthread_mutex_unlock(&w->mu);
-    }
-    if (st == TDIST_INPROGRESS) {
-        char d[200];
-        tdist__work_describe(w, d, sizeof d);
-        return tdist__error(TDIST_ERR_TIMEOUT,
-                            "tdist_work_wait: %s seq %llu did not complete within %lld ms (it goes on)",
-                            d, (unsigned long long)w->seq, (long long)timeout_ms);
     }
     if (st != TDIST_OK) return tdist__error((tdist_status_t)st, "%s", w->msg ? w->msg : "");
     return TDIST_OK;
@@ -574,7 +587,7 @@ static tdist_status_t run_work_status(tdist_pg_t *pg, struct tdist_work *w, char
     w->deadline_ms = deadline == TDIST__DEADLINE_LAZY ? 0 : deadline;
     tdist_clear_error();
     /* shadow collectives run on a joined rank took sequence numbers */
-    w->seq += pg->join.seq_shift;
+    if (pg->join.seq_shift) tdist__work_shift_seq(w, pg->join.seq_shift);
     if (w->shadow_leader >= 0) st = tdist__pg_shadow_until(pg, w, deadline);
     if (st == TDIST_OK) st = tdist__pg_run_body(pg, w, timeout, deadline);
     pg->chk.have = -1;

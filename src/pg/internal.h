@@ -276,6 +276,9 @@ tdist_status_t tdist__work_hand_over(struct tdist_work *w, tdist_work_t **work);
 /* Finish w with st (msg may be NULL on success): call on_complete, wake
  * waiters, drop the engine's reference. */
 void tdist__work_finish(struct tdist_work *w, tdist_status_t st, const char *msg);
+/* Add by to w's seq while it runs, under w->mu unless it runs inline: a
+ * waiter's timeout message (tdist_work_wait) reads seq under w->mu. */
+void tdist__work_shift_seq(struct tdist_work *w, uint64_t by);
 /* Queue w (owned by the engine from now on) and return it to the caller
  * (async), or wait for it (work == NULL). Assigns the sequence number. */
 tdist_status_t tdist__pg_submit(tdist_pg_t *pg, struct tdist_work *w, tdist_work_t **work);

@@ -310,7 +310,7 @@ tdist_status_t tdist__pg_shadow_until(tdist_pg_t *pg, struct tdist_work *w, int6
                                         leader, d);
         }
         pg->join.seq_shift++;
-        w->seq++;
+        tdist__work_shift_seq(w, 1);
     }
     return tdist__error(TDIST_ERR_INTERNAL, "rank %d (joined): shadowed %d collectives before "
                         "its own next one", pg->rank, SHADOW_MAX_PER_WORK);

@@ -320,9 +320,8 @@ static int op_valid(tdist_redop_t op, tdist_dtype_t dt)
 static void check_all_on(tdist__isa_t isa, const size_t *counts, size_t ncounts)
 {
     if (isa > tdist__best_isa()) {
-        printf("SKIP: this CPU has no %s kernels (best: %s)\n", tdist__isa_name(isa),
-               tdist__isa_name(tdist__best_isa()));
-        return;
+        SKIP("this CPU has no %s kernels (best: %s)", tdist__isa_name(isa),
+             tdist__isa_name(tdist__best_isa()));
     }
     ASSERT_EQ(tdist__set_isa(isa), isa);
     ASSERT_EQ(tdist__get_isa(), isa);

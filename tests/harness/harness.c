@@ -20,6 +20,7 @@ static const tdist_test_entry_t *registry[MAX_TESTS];
 static int num_tests;
 int tdist_test_rank = -1;
 static char tmpdir[256];
+static const char *current_test = "?";
 
 void tdist_test_register(const tdist_test_entry_t *e)
 {
@@ -41,6 +42,19 @@ void tdist_test_fail(const char *file, int line, const char *fmt, ...)
     _exit(1);
 }
 
+void tdist_test_skip(const char *fmt, ...)
+{
+    char msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    printf("SKIP %s: %s\n", current_test, msg);
+    fflush(stdout);
+    fflush(stderr);
+    _exit(TDIST_TEST_SKIP_CODE);
+}
+
 double tdist_test_timeout_mult(void)
 {
     const char *v = getenv("TDIST_TEST_TIMEOUT_MULT");
@@ -60,6 +74,16 @@ double tdist_test_now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+double tdist_test_cpu_wait_ms(void)
+{
+    FILE *f = fopen("/proc/thread-self/schedstat", "r");
+    if (!f) return 0;
+    unsigned long long on_cpu = 0, waited = 0;
+    int got = fscanf(f, "%llu %llu", &on_cpu, &waited);
+    fclose(f);
+    return got == 2 ? (double)waited / 1e6 : 0;
 }
 
 const char *tdist_test_tmpdir(void) { return tmpdir; }
@@ -262,6 +286,10 @@ void tdist_test_run_ranks(int n, tdist_rank_fn body, void *arg)
         own++;
         if (first < 0 || res[r].end_ms < res[first].end_ms) first = r;
     }
+    if (first >= 0 && res[first].exited && res[first].code == TDIST_TEST_SKIP_CODE) {
+        free(res);
+        tdist_test_skip("rank %d skipped (its reason is above)", first);
+    }
     char buf[128];
     if (first < 0) {
         free(res);
@@ -303,6 +331,7 @@ static int run_one(const tdist_test_entry_t *t)
     }
     fflush(stdout);
     fflush(stderr);
+    current_test = t->name;
     double start = tdist_test_now_ms();
     pid_t runner = getpid();
     pid_t pid = fork();
@@ -340,6 +369,9 @@ static int run_one(const tdist_test_entry_t *t)
     } else if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
         printf("PASS %s (%.2f s)\n", t->name, took);
         rc = 0;
+    } else if (WIFEXITED(status) && WEXITSTATUS(status) == TDIST_TEST_SKIP_CODE) {
+        printf("SKIPPED %s (%.2f s)\n", t->name, took);
+        rc = TDIST_TEST_SKIP_CODE;
     } else if (WIFEXITED(status)) {
         fprintf(stderr, "FAIL %s: exited with status %d after %.2f s\n", t->name,
                 WEXITSTATUS(status), took);
@@ -361,9 +393,13 @@ int main(int argc, char **argv)
         for (int i = 0; i < num_tests; i++) printf("%s %d\n", registry[i]->name, registry[i]->timeout_s);
         return 0;
     }
-    int failed = 0, ran = 0;
+    int failed = 0, ran = 0, skipped = 0;
     if (argc < 2) {
-        for (int i = 0; i < num_tests; i++, ran++) failed += run_one(registry[i]) != 0;
+        for (int i = 0; i < num_tests; i++, ran++) {
+            int rc = run_one(registry[i]);
+            failed += rc != 0 && rc != TDIST_TEST_SKIP_CODE;
+            skipped += rc == TDIST_TEST_SKIP_CODE;
+        }
     } else {
         for (int a = 1; a < argc; a++) {
             const tdist_test_entry_t *t = find_test(argv[a]);
@@ -372,12 +408,16 @@ int main(int argc, char **argv)
                 failed++;
                 continue;
             }
-            failed += run_one(t) != 0;
+            int rc = run_one(t);
+            failed += rc != 0 && rc != TDIST_TEST_SKIP_CODE;
+            skipped += rc == TDIST_TEST_SKIP_CODE;
             ran++;
         }
     }
-    printf("%d passed, %d failed\n", ran - failed, failed);
-    return failed ? 1 : 0;
+    printf("%d passed, %d failed, %d skipped\n", ran - failed - skipped, failed, skipped);
+    /* Everything that ran skipped: say so to ctest (SKIP_RETURN_CODE). */
+    if (failed) return 1;
+    return ran > 0 && skipped == ran ? TDIST_TEST_SKIP_CODE : 0;
 }
 
 void tdist_test_open_world(tdist_world_t **w, tdist_pg_t **pg, int64_t timeout_ms)

@@ -59,6 +59,18 @@ _Noreturn void tdist_test_fail(const char *file, int line, const char *fmt, ...)
 
 #define FAIL(...) tdist_test_fail(__FILE__, __LINE__, __VA_ARGS__)
 
+/* The exit status of a test that cannot run here; ctest's SKIP_RETURN_CODE
+ * (tests/CMakeLists.txt), so the summary lists it as skipped, not passed. */
+#define TDIST_TEST_SKIP_CODE 77
+
+/* Print "SKIP <test>: message" and end this process with
+ * TDIST_TEST_SKIP_CODE. Never returns. Call it from the test's own process
+ * or from a rank of tdist_test_run_ranks (the whole test then skips), after
+ * undoing whatever the test set up outside the process. */
+_Noreturn void tdist_test_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#define SKIP(...) tdist_test_skip(__VA_ARGS__)
+
 #define ASSERT_TRUE(c)                                                         \
     do {                                                                       \
         if (!(c)) FAIL("ASSERT_TRUE(%s) failed", #c);                          \
@@ -139,6 +151,13 @@ double tdist_test_timeout_mult(void);
 /* Monotonic milliseconds (double, for measuring). */
 double tdist_test_now_ms(void);
 
+/* Milliseconds the calling thread has waited for a CPU since it started:
+ * its run-queue delay (/proc/thread-self/schedstat); 0 where the kernel
+ * does not report it. Subtracted from an interval the thread measured, it
+ * leaves the time the code ran or waited by itself, however loaded the
+ * machine is: what a bound on the code's own latency can check. */
+double tdist_test_cpu_wait_ms(void);
+
 /* --------------------------------------------------------------- ranks */
 
 /* Which rank this process is in a multi-rank test (-1 in the test's main
@@ -179,7 +198,8 @@ int tdist_test_spawn_ranks(const tdist_ranks_opts_t *o, tdist_rank_fn body, void
                            tdist_rank_result_t *results);
 
 /* Run body on n ranks with a store and default options; fail the test,
- * naming the first rank that failed and how, unless every rank exits 0. */
+ * naming the first rank that failed and how, unless every rank exits 0.
+ * When the first rank to end otherwise skipped (SKIP), the test skips. */
 void tdist_test_run_ranks(int n, tdist_rank_fn body, void *arg);
 
 /* In a rank body: join the job (env://) and create the world group with

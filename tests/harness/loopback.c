@@ -14,8 +14,7 @@
 bool tdist_test_private_loopback(const char *test)
 {
     if (unshare(CLONE_NEWNET) != 0) {
-        printf("SKIP %s: cannot create a network namespace (%s)\n", test, strerror(errno));
-        return false;
+        SKIP("cannot create a network namespace (%s)", strerror(errno));
     }
     int fd = socket(AF_INET, SOCK_DGRAM, 0);
     if (fd < 0) FAIL("socket: %s", strerror(errno));

@@ -10,9 +10,9 @@
 #include <stdint.h>
 
 /* Move the calling process (and the ranks it forks later) into a new
- * network namespace with lo up. false, after printing "SKIP <test>: ..."
- * when the namespace cannot be made (no privileges); any other failure
- * fails the test. */
+ * network namespace with lo up and return true; when the namespace cannot
+ * be made (no privileges) the test ends with SKIP; any other failure fails
+ * the test. */
 bool tdist_test_private_loopback(const char *test);
 
 /* Bytes sent on lo so far (its tx_bytes in /proc/net/dev). */

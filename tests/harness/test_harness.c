@@ -46,8 +46,9 @@ static void rank2_asserts(int rank, int n, void *arg)
 
 TEST_HIDDEN(selftest_rank_asserts, 30) { tdist_test_run_ranks(4, rank2_asserts, NULL); }
 
-/* Run "tdist_tests name" with the given multiplier; capture its output. */
-static int run_runner(const char *name, const char *mult, char *out, size_t outn, double *took_ms)
+/* Run "tdist_tests name [name2]" with the given multiplier; capture its output. */
+static int run_runner_two(const char *name, const char *name2, const char *mult, char *out,
+                          size_t outn, double *took_ms)
 {
     char path[512];
     snprintf(path, sizeof path, "%s/runner.out", tdist_test_tmpdir());
@@ -58,7 +59,7 @@ static int run_runner(const char *name, const char *mult, char *out, size_t outn
         if (!freopen(path, "w", stdout) || dup2(STDOUT_FILENO, STDERR_FILENO) < 0) _exit(90);
         setenv("TDIST_TEST_TIMEOUT_MULT", mult, 1);
         setenv("TDIST_SELFTEST_DIR", tdist_test_tmpdir(), 1);
-        execl("/proc/self/exe", "tdist_tests", name, (char *)NULL);
+        execl("/proc/self/exe", "tdist_tests", name, name2, (char *)NULL);
         _exit(91);
     }
     int status = 0;
@@ -71,6 +72,11 @@ static int run_runner(const char *name, const char *mult, char *out, size_t outn
     fclose(f);
     ASSERT_TRUE(WIFEXITED(status));
     return WEXITSTATUS(status);
+}
+
+static int run_runner(const char *name, const char *mult, char *out, size_t outn, double *took_ms)
+{
+    return run_runner_two(name, NULL, mult, out, outn, took_ms);
 }
 
 TEST(harness_kills_hung_test_at_deadline, 30)
@@ -122,4 +128,35 @@ TEST(harness_unknown_test_fails, 10)
     double took;
     ASSERT_EQ(run_runner("no_such_test_name", "1", out, sizeof out, &took), 1);
     ASSERT_CONTAINS(out, "no test named no_such_test_name");
+}
+
+TEST_HIDDEN(selftest_skips, 10) { SKIP("this machine has no %s", "frobnicator"); }
+
+static void rank1_skips(int rank, int n, void *arg)
+{
+    (void)n;
+    (void)arg;
+    if (rank == 1) SKIP("rank %d has no frobnicator", rank);
+    for (int i = 0; i < 600; i++) usleep(100 * 1000); /* killed by the harness */
+}
+
+TEST_HIDDEN(selftest_rank_skips, 30) { tdist_test_run_ranks(3, rank1_skips, NULL); }
+
+/* A test that cannot run here ends with the skip code ctest knows
+ * (SKIP_RETURN_CODE), never as a pass; a rank that skips skips the test. */
+TEST(harness_skip_is_not_a_pass, 60)
+{
+    char out[8192];
+    double took;
+    ASSERT_EQ(run_runner("selftest_skips", "1", out, sizeof out, &took), TDIST_TEST_SKIP_CODE);
+    ASSERT_CONTAINS(out, "SKIP selftest_skips: this machine has no frobnicator");
+    ASSERT_CONTAINS(out, "0 passed, 0 failed, 1 skipped");
+
+    ASSERT_EQ(run_runner("selftest_rank_skips", "1", out, sizeof out, &took), TDIST_TEST_SKIP_CODE);
+    ASSERT_CONTAINS(out, "SKIP selftest_rank_skips: rank 1 has no frobnicator");
+    ASSERT_CONTAINS(out, "0 passed, 0 failed, 1 skipped");
+
+    /* A skip beside a failure is a failure. */
+    ASSERT_EQ(run_runner_two("selftest_skips", "selftest_rank_fails", "1", out, sizeof out, &took), 1);
+    ASSERT_CONTAINS(out, "0 passed, 1 failed, 1 skipped");
 }

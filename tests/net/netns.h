@@ -12,9 +12,8 @@
  * address is ever a target and no traffic leaves them.)
  *
  * netns_setup() needs `ip` (iproute2) and the privilege to create
- * namespaces (CAP_SYS_ADMIN, CAP_NET_ADMIN: root); without them it prints
- * "SKIP <test>: <why>" and returns false, and the test returns (the
- * harness counts it as passed, as the other SKIPs of the suite).
+ * namespaces (CAP_SYS_ADMIN, CAP_NET_ADMIN: root); without them it undoes
+ * what it made and ends the test with SKIP (ctest lists it as skipped).
  *
  * Clean-up, also on failure: netns_setup() forks a guardian that leaves
  * the test's process group (setsid), so the runner's kill at the deadline
@@ -179,8 +178,9 @@ NETNS_FN void netns_teardown(netns_topo_t *t)
     netns_current = NULL;
 }
 
-/* Make both hosts; false (after printing why) when the test must skip.
- * Fails the test on errors that are not about privilege or tools. */
+/* Make both hosts and return true; when the test cannot run here (no ip
+ * tool, no privilege, no veth) end it with SKIP, after undoing what was
+ * made. Fails the test on errors that are not about privilege or tools. */
 NETNS_FN bool netns_setup(netns_topo_t *t, const char *test)
 {
     memset(t, 0, sizeof *t);
@@ -188,9 +188,8 @@ NETNS_FN bool netns_setup(netns_topo_t *t, const char *test)
     t->owner = getpid();
     t->ip = netns_find_tool("ip");
     if (!t->ip) {
-        printf("SKIP %s: the ip tool (iproute2) is not installed; the network-namespace tests "
-               "need it (apt-get install iproute2)\n", test);
-        return false;
+        SKIP("the ip tool (iproute2) is not installed; the network-namespace tests "
+             "need it (apt-get install iproute2)");
     }
     int pid = (int)getpid();
     snprintf(t->ns[0], sizeof t->ns[0], "tdist-%d-a", pid);
@@ -221,20 +220,18 @@ NETNS_FN bool netns_setup(netns_topo_t *t, const char *test)
     char out[1024];
     netns_delete_all(t); /* a stale pair from a killed run with this pid */
     if (NETNS_IP(t, out, sizeof out, "netns", "add", t->ns[0]) != 0) {
-        printf("SKIP %s: cannot create a network namespace (needs root: CAP_SYS_ADMIN and "
-               "CAP_NET_ADMIN): ip netns add: %s\n", test, out);
         t->up = true; /* delete whatever half-exists, stop the guardian */
         netns_teardown(t);
-        return false;
+        SKIP("cannot create a network namespace (needs root: CAP_SYS_ADMIN and "
+             "CAP_NET_ADMIN): ip netns add: %s", out);
     }
     t->up = true;
     if (NETNS_IP(t, out, sizeof out, "netns", "add", t->ns[1]) != 0)
         FAIL("ip netns add %s: %s", t->ns[1], out);
     if (NETNS_IP(t, out, sizeof out, "link", "add", t->veth[0], "netns", t->ns[0], "type", "veth",
                  "peer", "name", t->veth[1], "netns", t->ns[1]) != 0) {
-        printf("SKIP %s: cannot create a veth pair (kernel without veth?): %s\n", test, out);
         netns_teardown(t);
-        return false;
+        SKIP("cannot create a veth pair (kernel without veth?): %s", out);
     }
     for (int i = 0; i < 2; i++) {
         char cidr[40];

@@ -8,8 +8,8 @@
  * clean veth link and once after `tc qdisc add dev <veth> root netem
  * delay 2ms loss 1%` on both ends; every rank's hashes must be the same
  * in both runs (and the same on every rank). Where the kernel has no
- * netem queueing discipline (or tc is missing), the test prints SKIP
- * with tc's message and passes. */
+ * netem queueing discipline (or tc is missing), the test skips (SKIP,
+ * with tc's message). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,13 +81,13 @@ static void body(int rank, int n, void *arg)
     tdist_world_destroy(w);
 }
 
-/* Add netem on both veth ends; false (after printing SKIP) when the
+/* Add netem on both veth ends; false (after printing why) when the
  * kernel or the tools cannot. */
 static bool add_netem(netns_topo_t *t, const char *test)
 {
     const char *tc = netns_find_tool("tc");
     if (!tc) {
-        printf("SKIP %s: the tc tool (iproute2) is not installed\n", test);
+        printf("%s: the tc tool (iproute2) is not installed\n", test);
         return false;
     }
     for (int i = 0; i < 2; i++) {
@@ -98,7 +98,7 @@ static bool add_netem(netns_topo_t *t, const char *test)
                            out, sizeof out, 10000 * tdist_test_timeout_mult());
         if (rc != 0) {
             if (i == 1) FAIL("netem works on %s but not on %s: %s", t->veth[0], t->veth[1], out);
-            printf("SKIP %s: this kernel has no netem queueing discipline (tc qdisc add dev %s "
+            printf("%s: this kernel has no netem queueing discipline (tc qdisc add dev %s "
                    "root netem delay 2ms loss 1%%: %s)\n", test, t->veth[i], out);
             return false;
         }
@@ -143,13 +143,10 @@ TEST(net_netns_netem_bit_identical, 120)
                             out, sizeof out, 10000 * tdist_test_timeout_mult())
                 : -1;
     if (rc != 0) {
-        if (!tc)
-            printf("SKIP %s: the tc tool (iproute2) is not installed\n", name);
-        else
-            printf("SKIP %s: this kernel has no netem queueing discipline (tc qdisc add dev %s "
-                   "root netem: %s)\n", name, t.veth[0], out);
         netns_teardown(&t);
-        return;
+        if (!tc) SKIP("the tc tool (iproute2) is not installed");
+        SKIP("this kernel has no netem queueing discipline (tc qdisc add dev %s root netem: %s)",
+             t.veth[0], out);
     }
     rc = netns_cmd((const char *const[]){tc, "-n", t.ns[0], "qdisc", "del", "dev", t.veth[0],
                                          "root", NULL},
@@ -162,7 +159,7 @@ TEST(net_netns_netem_bit_identical, 120)
     netns_run_ranks(&t, &o, body, &clean);
     if (!add_netem(&t, name)) {
         netns_teardown(&t);
-        return;
+        SKIP("netem could not be added (why is above)");
     }
     o.port = NETNS_STORE_PORT + 1;
     netns_run_ranks(&t, &o, body, &bad);

@@ -21,9 +21,7 @@
 TEST_HIDDEN(net_netns_tdistrun_worker, 60)
 {
     if (!getenv("TDIST_NETNS_WORKER")) {
-        printf("SKIP net_netns_tdistrun_worker: a worker that net_netns_tdistrun_two_nodes "
-               "starts through tdistrun\n");
-        return;
+        SKIP("a worker that net_netns_tdistrun_two_nodes starts through tdistrun");
     }
     tdist_world_t *w;
     ASSERT_OK(tdist_init("env://", NULL, &w));

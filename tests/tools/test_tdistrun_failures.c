@@ -259,7 +259,10 @@ TEST(tdistrun_stalled_stdout_still_handles_a_failure, 30)
     pid_t pids[2];
     trun_read_pids(2, pids);
     wait_pipe_full(rd);
-    usleep(300 * 1000); /* and the launcher's own queue fills up behind it */
+    /* and the launcher's own queue fills up behind it (however slow the
+     * launcher runs: a sanitizer, a loaded machine) */
+    wait_err_text("stallfail", "stdout is not being read fast enough",
+                  10000 * tdist_test_timeout_mult());
     ASSERT_EQ(kill(pids[1], SIGUSR1), 0); /* the failure: rank 1 exits 3 */
     double t0 = tdist_test_now_ms();
     wait_gone(pids, 1, 1000); /* rank 0 stopped within a second */

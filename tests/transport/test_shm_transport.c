@@ -815,8 +815,7 @@ static void affinity_body(int rank, int n, void *arg)
     for (int c = 0; c < CPU_SETSIZE && k < 2; c++)
         if (CPU_ISSET(c, &all)) cpu[k++] = c;
     if (k < 2) {
-        if (rank == 0) printf("SKIP: this process may run on one CPU only\n");
-        return;
+        SKIP("this process may run on one CPU only");
     }
     CPU_ZERO(&one);
     CPU_SET(same ? cpu[0] : cpu[rank], &one);

@@ -948,8 +948,7 @@ static void ipv6_body(int rank, int n, void *arg)
 TEST(transport_tcp_ipv6_loopback, 30)
 {
     if (!ipv6_loopback_works()) {
-        printf("SKIP: ::1 is not available on this host\n");
-        return;
+        SKIP("::1 is not available on this host");
     }
     tdist_test_run_ranks(3, ipv6_body, NULL);
 }
