@@ -278,9 +278,11 @@ static tdist_status_t wait_for(const tdist__coll_ctx_t *c, what_t what, uint64_t
     char list[256] = "";
     size_t used = 0;
     int missing = 0;
+    tdist__tp_set_owed_peer(-1);
     for (int r = 0; r < s->size && used < sizeof list; r++) {
         if (r == s->rank || (only >= 0 && r != only)) continue;
         if (read_counter(s, r, what, v) >= v) continue;
+        if (missing == 0) tdist__tp_set_owed_peer(r);
         used += (size_t)snprintf(list + used, sizeof list - used, "%speer rank %d",
                                  missing++ ? ", " : "", r);
     }

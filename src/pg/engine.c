@@ -263,7 +263,8 @@ char *tdist__pg_fail(tdist_pg_t *pg, tdist_status_t st, const char *prefix, cons
     if (st != TDIST_ERR_MISMATCH && pg->store && pg->size > 1) {
         /* First failure of the group wins; everyone reads the winner. A
          * stopped or unreachable store host must not hold the failure up:
-         * the call ends 0.5 s past the collective's deadline at the latest. */
+         * the failure path ends 1 s past the collective's deadline at the
+         * latest (the wait chain's grace included). */
         char key[300];
         snprintf(key, sizeof key, "pg/%s/failure", pg->uid);
         char *mine = tdist__asprintf("rank %d (world rank %d) %s: %s", pg->rank,
@@ -271,7 +272,7 @@ char *tdist__pg_fail(tdist_pg_t *pg, tdist_status_t st, const char *prefix, cons
         void *cur = NULL;
         size_t cur_len = 0;
         int64_t now = tdist__now_ms();
-        tdist_store_bound_thread(TDIST_MAX(deadline_ms, now) - now + 500);
+        tdist_store_bound_thread(TDIST_MAX(deadline_ms + 950, now + 100) - now);
         tdist_status_t cst = mine ? tdist_store_compare_set(pg->store, key, NULL, 0, mine,
                                                             strlen(mine), &cur, &cur_len)
                                   : TDIST_ERR_NO_MEMORY;
@@ -549,6 +550,18 @@ static tdist_status_t work_failed(tdist_pg_t *pg, const struct tdist_work *w, td
         free(cause);
         cause = tdist__asprintf("the group was aborted (tdist_pg_abort or destroy) on rank %d",
                                 pg->rank);
+    }
+    /* a timeout: the peer waited on may be waiting on another (waits.c) */
+    int waited_on = st == TDIST_ERR_TIMEOUT ? tdist__tp_owed_peer() : -1;
+    tdist__tp_set_owed_peer(-1);
+    char *chain = waited_on >= 0 && cause ? tdist__pg_wait_chain(pg, waited_on) : NULL;
+    if (chain) {
+        char *full = tdist__asprintf("%s%s", cause, chain);
+        if (full) {
+            free(cause);
+            cause = full;
+        }
+        free(chain);
     }
     char where[300], d[200];
     tdist__work_describe(w, d, sizeof d);

@@ -286,9 +286,15 @@ tdist_status_t tdist__pg_start_engine(tdist_pg_t *pg);
 void tdist__pg_stop_engine(tdist_pg_t *pg);
 /* The sticky error, copied (or TDIST_OK). Caller frees *msg. */
 tdist_status_t tdist__pg_sticky(tdist_pg_t *pg, char **msg);
+/* waits.c: on a timeout that waited on peer, record it in the store and
+ * follow the others' records (0.5 s of grace at most) to the rank that
+ * reports no wait of its own; "; who waits on whom: ..." naming it, or
+ * NULL (nothing more to say than that peer). Engine side; blocks up to the
+ * grace. */
+char *tdist__pg_wait_chain(tdist_pg_t *pg, int peer);
 /* Record a failure: post the root cause ("rank R (world rank W) <where>:
- * <cause>") to the store, bounded to 0.5 s past deadline_ms (absolute; the
- * failed call's), make it sticky, destroy the collective mesh (peers
+ * <cause>") to the store, bounded to end 1 s past deadline_ms (absolute;
+ * the failed call's) at the latest, make it sticky, destroy the collective mesh (peers
  * blocked on it fail fast) and abort the p2p mesh. Returns the full
  * message, "<prefix>: <cause>" with the group's first failure (malloc'd). */
 char *tdist__pg_fail(tdist_pg_t *pg, tdist_status_t st, const char *prefix, const char *where,

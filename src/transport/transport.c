@@ -249,10 +249,26 @@ tdist_status_t tdist__tp_req_status(const tdist__tp_req_t *req)
     return req->finished ? req->status : TDIST_INPROGRESS;
 }
 
+/* The peer this thread's last timed-out wait was on (tdist__tp_owed_peer). */
+static _Thread_local int owed_peer = -1;
+
+int tdist__tp_owed_peer(void) { return owed_peer; }
+void tdist__tp_set_owed_peer(int peer) { owed_peer = peer; }
+
 /* The deadline passed: name every peer still owed bytes by reqs. */
 static tdist_status_t wait_timeout(const tdist__tp_t *tp, tdist__tp_req_t *const *reqs, size_t n,
                                    int64_t start)
 {
+    /* the peer waited on: the first one a receive still waits for, else
+     * the first one a send still waits on */
+    int recv_peer = -1, send_peer = -1;
+    for (size_t i = 0; i < n; i++) {
+        const tdist__tp_req_t *r = reqs[i];
+        if (r->finished) continue;
+        if (!r->is_send && recv_peer < 0) recv_peer = r->peer;
+        if (r->is_send && send_peer < 0) send_peer = r->peer;
+    }
+    owed_peer = recv_peer >= 0 ? recv_peer : send_peer;
     char msg[TDIST__TP_ERRMSG_LEN];
     size_t used = (size_t)snprintf(msg, sizeof msg,
                                    "rank %d: transport wait timed out after %lld ms; still owed:",

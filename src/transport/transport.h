@@ -164,6 +164,13 @@ tdist_status_t tdist__tp_sendrecv(tdist__tp_t *tp, int to, const void *sbuf, siz
  * (may be NULL) gets its size. Cheap; no locking. */
 void *tdist__tp_shm_area(tdist__tp_t *tp, int r, size_t *bytes);
 
+/* The peer the calling thread's last wait that timed out was waiting on (a
+ * receive's peer first, else a send's; shared-memory collectives set it
+ * too), -1 when none since tdist__tp_set_owed_peer(-1). pg's failure path
+ * reads it to follow who waits on whom. Per thread; never blocks. */
+int tdist__tp_owed_peer(void);
+void tdist__tp_set_owed_peer(int peer);
+
 /* tdist__tp_wait_until's flags. */
 #define TDIST__WAIT_SPIN 1u /* the caller's own thread waits on a blocking call */
 /* Every rank the condition waits for makes its move on its own, needing no
