@@ -80,32 +80,21 @@ NETNS_FN bool netfault_start(netns_topo_t *t, netfault_t *f, const netfault_opts
     int p[2];
     if (pipe(p) != 0) FAIL("pipe: %s", strerror(errno));
     snprintf(num[5], sizeof num[5], "%d", p[1]);
-    fflush(stdout);
-    fflush(stderr);
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid < 0) FAIL("fork: %s", strerror(errno));
-    if (pid == 0) {
-        netns_child_init(parent);
-        close(p[0]);
-        int fd = open(f->out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) {
-            dup2(fd, STDOUT_FILENO);
-            dup2(fd, STDERR_FILENO);
-        }
-        execl(relay, relay, "--ns-a", t->ns[0], "--dev-a", dev[0], "--ns-b", t->ns[1], "--dev-b",
-              dev[1], "--ctl", f->ctl, "--delay", num[0], "--jitter", num[1], "--loss", num[2],
-              "--rate", num[3], "--seed", num[4], "--ready-fd", num[5], "--max-seconds", "1800",
-              (char *)NULL);
-        _exit(127);
-    }
+    /* it opens each device inside its namespace itself; started in A */
+    const char *const argv[] = {relay, "--ns-a", t->ns[0], "--dev-a", dev[0], "--ns-b",
+                                t->ns[1], "--dev-b", dev[1], "--ctl", f->ctl, "--delay", num[0],
+                                "--jitter", num[1], "--loss", num[2], "--rate", num[3], "--seed",
+                                num[4], "--ready-fd", num[5], "--max-seconds", "1800", NULL};
+    pid_t pid = netns_spawn(t->ns[0], argv, NULL, "netfault");
     close(p[1]);
     f->pid = pid;
     struct pollfd pf = {.fd = p[0], .events = POLLIN};
     char ready[8] = "";
     if (poll(&pf, 1, (int)(10000 * tdist_test_timeout_mult())) != 1 ||
         read(p[0], ready, sizeof ready - 1) < 5) {
-        char *why = slurp(f->out);
+        char err[512];
+        snprintf(err, sizeof err, "%s/netfault.err", tdist_test_tmpdir());
+        char *why = slurp(err);
         FAIL("tdist_netfault did not start: %s", why);
     }
     close(p[0]);

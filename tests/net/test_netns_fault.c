@@ -3,17 +3,16 @@
  * (tests/net/netfault.h), on kernels without netem.
  *
  * net_fault_bad_link_bit_identical: the same work on a clean link and on
- * one with 50 ms +- 10 ms one-way delay, 3% loss and a 10 Mbit/s limit.
- * Every all_reduce, broadcast and all_gather carries the deadline
- * T = 20 x the worst round trip (2.4 s) and must succeed (no spurious
- * timeout); every result must be the same bits as on the clean link. The
- * work: all_reduce at four sizes (tiny, fused, larger, AVG), a broadcast
- * from a rank on the other host, and a DDP run (three parameters in
- * several buckets, SGD with momentum, a buffer broadcast from rank 0;
- * DDP's reductions run under the group's deadline, 60 s, which is also
- * the set-up's: see open_group). The relay's counters must show losses
- * both ways, and five tiny all_reduces must take at least two round
- * trips (the link really was slow).
+ * one with 50 ms +- 10 ms one-way delay, 3% loss and a 10 Mbit/s limit
+ * (switched on once the group is set up). The group's deadline is
+ * T = 20 x the worst round trip (2.4 s); every call must succeed (no
+ * spurious timeout) and every result must be the same bits as on the
+ * clean link. The work: all_reduce at four sizes (tiny, fused, larger,
+ * AVG), a broadcast from a rank on the other host, and a DDP run (three
+ * parameters in several buckets, SGD with momentum, a buffer broadcast
+ * from rank 0). The relay's counters must show losses both ways, and
+ * five tiny all_reduces must take at least two round trips (the link
+ * really was slow).
  *
  * net_fault_blackhole_fails_like_stopped_peer: the link starts dropping
  * everything while the ranks loop on all_reduce (T = 2 s): every rank's
@@ -34,6 +33,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "core/internal.h" /* tdist__fnv1a: the library's one hash */
 #include "mesh.h"
 #include "netfault.h"
 #include "tdist/ddp.h"
@@ -59,17 +59,8 @@ typedef struct arg {
     const netfault_t *f;
     shared_t *sh;
     bool survive; /* fault_body: the fault must not fail a call */
+    const char *const *faults; /* work_body: relay commands after set-up */
 } arg_t;
-
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) {
-        h ^= b[i];
-        h *= 1099511628211ull;
-    }
-    return h;
-}
 
 static void fill(float *x, size_t cnt, uint64_t seed)
 {
@@ -80,11 +71,8 @@ static void fill(float *x, size_t cnt, uint64_t seed)
     }
 }
 
-/* The world group with deadline timeout_ms. That deadline is the
- * set-up's too, and setting a group up takes tens of round trips (store,
- * connections, subgroups: 2.5-4.5 s on the bad link), so on the bad link
- * the group gets 60 s and the collectives carry their own deadline
- * (deadline()). */
+/* The world group; timeout_ms is the deadline of every collective and
+ * of the set-up. */
 static tdist_pg_t *open_group(tdist_world_t **w, int64_t timeout_ms)
 {
     ASSERT_OK(tdist_init("env://", NULL, w));
@@ -95,14 +83,6 @@ static tdist_pg_t *open_group(tdist_world_t **w, int64_t timeout_ms)
     tdist_pg_t *pg = NULL;
     ASSERT_OK(tdist_pg_create_world(*w, &o, &pg));
     return pg;
-}
-
-static tdist_coll_opts_t deadline(int64_t ms)
-{
-    tdist_coll_opts_t o;
-    tdist_coll_opts_init(&o);
-    o.timeout_ms = ms;
-    return o;
 }
 
 /* A DDP run without a model: gradients are a fixed function of the
@@ -147,9 +127,9 @@ static void ddp_run(tdist_pg_t *pg, int rank, uint64_t *hp, uint64_t *hb)
         ASSERT_OK(tdist_ddp_backward_end(ddp));
         ASSERT_OK(tdist_optim_step(opt));
     }
-    *hp = 1469598103934665603ull;
-    for (int i = 0; i < NP; i++) *hp = fnv(*hp, p[i], cnt[i] * sizeof(float));
-    *hb = fnv(1469598103934665603ull, buf, sizeof buf);
+    *hp = TDIST__FNV_INIT;
+    for (int i = 0; i < NP; i++) *hp = tdist__fnv1a(*hp, p[i], cnt[i] * sizeof(float));
+    *hb = tdist__fnv1a(TDIST__FNV_INIT, buf, sizeof buf);
     tdist_optim_destroy(opt);
     tdist_ddp_destroy(ddp);
     for (int i = 0; i < NP; i++) {
@@ -163,9 +143,13 @@ static void work_body(int rank, int n, void *argp)
 {
     const arg_t *a = argp;
     tdist_world_t *w;
-    tdist_pg_t *pg = open_group(&w, 60000);
-    tdist_coll_opts_t co = deadline(a->timeout_ms);
-    /* ranks end their set-up seconds apart on the bad link: start together */
+    tdist_pg_t *pg = open_group(&w, a->timeout_ms);
+    /* The group is set up on the clean link (setting up takes tens of
+     * round trips, 2.5-4.5 s on the bad link: more than T), then the
+     * link turns bad; from here every call has the group's deadline T. */
+    ASSERT_OK(tdist_barrier(pg, NULL, NULL));
+    if (rank == 0)
+        for (const char *const *c = a->faults; c && *c; c++) netfault_ctl(a->f, *c);
     ASSERT_OK(tdist_barrier(pg, NULL, NULL));
     uint64_t h[NHASH];
     const size_t sizes[4] = {2, 1000, 16384, 4099};
@@ -176,22 +160,22 @@ static void work_body(int rank, int n, void *argp)
     double t0 = tdist_test_now_ms();
     for (int k = 0; k < 5; k++) {
         float v[2] = {1, (float)rank};
-        ASSERT_OK(tdist_all_reduce(pg, v, v, 2, TDIST_F32, TDIST_SUM, &co, NULL));
+        ASSERT_OK(tdist_all_reduce(pg, v, v, 2, TDIST_F32, TDIST_SUM, NULL, NULL));
         ASSERT_TRUE(v[0] == (float)n);
     }
     a->sh->tiny_ms[rank] = tdist_test_now_ms() - t0;
     for (int s = 0; s < 4; s++) {
         fill(x, sizes[s], (uint64_t)(rank * 10 + s));
         ASSERT_OK(tdist_all_reduce(pg, x, x, sizes[s], TDIST_F32, s < 3 ? TDIST_SUM : TDIST_AVG,
-                                   &co, NULL));
-        h[s] = fnv(1469598103934665603ull, x, sizes[s] * sizeof *x);
+                                   NULL, NULL));
+        h[s] = tdist__fnv1a(TDIST__FNV_INIT, x, sizes[s] * sizeof *x);
     }
     fill(x, 16384, (uint64_t)(rank + 77));
-    ASSERT_OK(tdist_broadcast(pg, x, 16384, TDIST_F32, 2, &co, NULL)); /* root on host B */
-    h[4] = fnv(1469598103934665603ull, x, 16384 * sizeof *x);
+    ASSERT_OK(tdist_broadcast(pg, x, 16384, TDIST_F32, 2, NULL, NULL)); /* root on host B */
+    h[4] = tdist__fnv1a(TDIST__FNV_INIT, x, 16384 * sizeof *x);
     ddp_run(pg, rank, &h[5], &h[6]);
     uint64_t all[NR][NHASH];
-    ASSERT_OK(tdist_all_gather(pg, h, all, NHASH, TDIST_I64, &co, NULL));
+    ASSERT_OK(tdist_all_gather(pg, h, all, NHASH, TDIST_I64, NULL, NULL));
     for (int q = 0; q < n; q++)
         for (int s = 0; s < NHASH; s++)
             if (all[q][s] != h[s])
@@ -259,9 +243,11 @@ TEST(net_fault_bad_link_bit_identical, 150)
     /* the bad link; rebuilt, so it starts empty */
     netns_teardown(&t);
     if (!netns_setup(&t, name)) return;
-    netfault_opts_t bad = {.delay_ms = 50, .jitter_ms = 10, .loss_pct = 3, .rate_mbit = 10};
+    static const char *const bad[] = {"set delay 50", "set jitter 10", "set loss 3",
+                                      "set rate 10", NULL};
     a.phase = "bad";
-    if (!run_phase(&t, &bad, NETNS_STORE_PORT, work_body, &a, c, name)) return;
+    a.faults = bad;
+    if (!run_phase(&t, &clean, NETNS_STORE_PORT, work_body, &a, c, name)) return;
     unsigned long long in = c[0].in + c[1].in, lost = c[0].loss + c[1].loss;
     fprintf(stderr, "%s: bad link: %llu packets, %llu lost (%.2f%%), %llu dropped at the queue; "
             "5 tiny all_reduces per rank %.1f %.1f %.1f %.1f ms\n", name, in, lost,
@@ -323,20 +309,30 @@ static void fault_body(int rank, int n, void *argp)
     _exit(0);
 }
 
+/* Two fresh hosts on a 1 ms link, fault_body on them with a; false
+ * when skipped. */
+static bool fault_run(const char *name, arg_t *a, netfault_counts_t c[2])
+{
+    netns_topo_t t;
+    if (!netns_setup(&t, name)) return false;
+    netfault_opts_t fo = {.delay_ms = 1};
+    if (!run_phase(&t, &fo, NETNS_STORE_PORT, fault_body, a, c, name)) return false;
+    netns_teardown(&t);
+    for (int r = 0; r < NR && !a->survive; r++)
+        fprintf(stderr, "rank %d: %s after %.0f ms (%.0f ms after the fault): %s\n", r,
+                tdist_status_str(a->sh->status[r]), a->sh->elapsed[r], a->sh->latency[r],
+                a->sh->msg[r]);
+    return true;
+}
+
 TEST(net_fault_blackhole_fails_like_stopped_peer, 60)
 {
-    const char *name = "net_fault_blackhole_fails_like_stopped_peer";
-    netns_topo_t t;
-    if (!netns_setup(&t, name)) return;
     shared_t *sh = shared_alloc(sizeof *sh);
     const int64_t T = 2000;
     arg_t a = {.phase = "drop", .timeout_ms = T, .sh = sh};
-    netfault_opts_t fo = {.delay_ms = 1};
     netfault_counts_t c[2];
-    if (!run_phase(&t, &fo, NETNS_STORE_PORT, fault_body, &a, c, name)) return;
+    if (!fault_run("net_fault_blackhole_fails_like_stopped_peer", &a, c)) return;
     for (int r = 0; r < NR; r++) {
-        fprintf(stderr, "rank %d: %s after %.0f ms (%.0f ms after the cut): %s\n", r,
-                tdist_status_str(sh->status[r]), sh->elapsed[r], sh->latency[r], sh->msg[r]);
         if (sh->status[r] != TDIST_ERR_TIMEOUT)
             FAIL("rank %d: %s, not a timeout: %s", r, tdist_status_str(sh->status[r]), sh->msg[r]);
         if (sh->elapsed[r] < 0.9 * (double)T)
@@ -348,46 +344,32 @@ TEST(net_fault_blackhole_fails_like_stopped_peer, 60)
     }
     ASSERT_TRUE(c[0].blackhole + c[1].blackhole > 0);
     munmap(sh, sizeof *sh);
-    netns_teardown(&t);
 }
 
 TEST(net_fault_stall_shorter_than_deadline, 60)
 {
-    const char *name = "net_fault_stall_shorter_than_deadline";
-    netns_topo_t t;
-    if (!netns_setup(&t, name)) return;
     shared_t *sh = shared_alloc(sizeof *sh);
     arg_t a = {.phase = "stall 1000", .timeout_ms = 4000, .sh = sh, .survive = true};
-    netfault_opts_t fo = {.delay_ms = 1};
     netfault_counts_t c[2];
-    if (!run_phase(&t, &fo, NETNS_STORE_PORT, fault_body, &a, c, name)) return;
+    if (!fault_run("net_fault_stall_shorter_than_deadline", &a, c)) return;
     /* the stall happened: a rank's next call needs data sent after it */
     for (int r = 0; r < NR; r++)
         if (sh->latency[r] < 950)
             FAIL("rank %d ran its 30 calls after the stall in %.0f ms: the link did not stall", r,
                  sh->latency[r]);
     munmap(sh, sizeof *sh);
-    netns_teardown(&t);
 }
 
 TEST(net_fault_reset_fails_not_hangs, 60)
 {
-    const char *name = "net_fault_reset_fails_not_hangs";
-    netns_topo_t t;
-    if (!netns_setup(&t, name)) return;
     shared_t *sh = shared_alloc(sizeof *sh);
     const int64_t T = 20000;
     arg_t a = {.phase = "reset 3000", .timeout_ms = T, .sh = sh};
-    netfault_opts_t fo = {.delay_ms = 1};
     netfault_counts_t c[2];
-    if (!run_phase(&t, &fo, NETNS_STORE_PORT, fault_body, &a, c, name)) return;
-    for (int r = 0; r < NR; r++) {
-        fprintf(stderr, "rank %d: %s after %.0f ms (%.0f ms after the reset): %s\n", r,
-                tdist_status_str(sh->status[r]), sh->elapsed[r], sh->latency[r], sh->msg[r]);
+    if (!fault_run("net_fault_reset_fails_not_hangs", &a, c)) return;
+    for (int r = 0; r < NR; r++)
         if (sh->latency[r] >= (double)T)
             FAIL("rank %d failed only at the deadline: %s", r, sh->msg[r]);
-    }
     ASSERT_TRUE(c[0].reset + c[1].reset > 0);
     munmap(sh, sizeof *sh);
-    netns_teardown(&t);
 }
