@@ -25,13 +25,17 @@
  * 1 s while collectives run (T = 4 s); every call succeeds with the
  * right sum. net_fault_reset_fails_not_hangs: both ends of every TCP
  * connection get a reset mid-loop; every rank fails with an error long
- * before T (20 s). */
+ * before T (20 s). net_fault_relay_shapes_the_link checks the link itself
+ * with one TCP transfer: delay, rate and loss as asked. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 
 #include "core/internal.h" /* tdist__fnv1a: the library's one hash */
 #include "mesh.h"
@@ -372,4 +376,119 @@ TEST(net_fault_reset_fails_not_hangs, 60)
             FAIL("rank %d failed only at the deadline: %s", r, sh->msg[r]);
     ASSERT_TRUE(c[0].reset + c[1].reset > 0);
     munmap(sh, sizeof *sh);
+}
+
+/* The link itself: a TCP transfer from host A to host B through a relay
+ * with 20 ms delay, 3% loss and 10 Mbit/s. The handshake takes at least
+ * one round trip, 2 MiB at least 2 MiB / 10 Mbit/s (the load of the
+ * machine can only make both longer), and the relay's loss counter is
+ * 3% of its packets give or take 2 points (over a thousand packets:
+ * several standard deviations). */
+enum { SHAPE_BYTES = 2 << 20, SHAPE_PORT = 5001 };
+
+static void shape_server(const netns_topo_t *t)
+{
+    int ls = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(SHAPE_PORT)};
+    inet_pton(AF_INET, t->addr[1], &sa.sin_addr);
+    if (ls < 0 || bind(ls, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(ls, 1) != 0) _exit(3);
+    struct pollfd p = {.fd = ls, .events = POLLIN};
+    if (poll(&p, 1, 30000) != 1) _exit(4);
+    int c = accept(ls, NULL, NULL);
+    if (c < 0) _exit(5);
+    char buf[65536];
+    size_t got = 0;
+    for (int i = 0; i < 100000; i++) { /* bounded: SHAPE_BYTES arrive in far fewer reads */
+        ssize_t r = read(c, buf, sizeof buf);
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    if (got != SHAPE_BYTES || write(c, "k", 1) != 1) _exit(6);
+    close(c);
+    _exit(0);
+}
+
+TEST(net_fault_relay_shapes_the_link, 60)
+{
+    const char *name = "net_fault_relay_shapes_the_link";
+    netns_topo_t t;
+    if (!netns_setup(&t, name)) return;
+    netfault_t f;
+    netfault_opts_t fo = {.delay_ms = 20, .loss_pct = 3, .rate_mbit = 10};
+    if (!netfault_start(&t, &f, &fo, name)) {
+        netns_teardown(&t);
+        return;
+    }
+    fflush(stdout);
+    fflush(stderr);
+    pid_t parent = getpid(), srv = fork();
+    ASSERT_TRUE(srv >= 0);
+    if (srv == 0) {
+        netns_child_init(parent);
+        netns_enter(t.ns[1]);
+        shape_server(&t);
+    }
+    pid_t cli = fork();
+    ASSERT_TRUE(cli >= 0);
+    if (cli == 0) { /* host A: connect (retrying until the server listens), send, wait */
+        netns_child_init(parent);
+        netns_enter(t.ns[0]);
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(SHAPE_PORT)};
+        inet_pton(AF_INET, t.addr[1], &sa.sin_addr);
+        int s = -1;
+        double t0 = 0;
+        for (int i = 0; i < 200 && s < 0; i++) {
+            s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            t0 = tdist_test_now_ms();
+            if (connect(s, (struct sockaddr *)&sa, sizeof sa) != 0) {
+                close(s);
+                s = -1;
+                usleep(20000);
+            }
+        }
+        if (s < 0) FAIL("cannot connect to %s:%d through the relay", t.addr[1], SHAPE_PORT);
+        double t1 = tdist_test_now_ms();
+        static char buf[SHAPE_BYTES];
+        size_t sent = 0;
+        for (int i = 0; i < 100000 && sent < SHAPE_BYTES; i++) {
+            ssize_t w = write(s, buf + sent, SHAPE_BYTES - sent);
+            if (w <= 0) FAIL("write: %s", strerror(errno));
+            sent += (size_t)w;
+        }
+        shutdown(s, SHUT_WR);
+        char k;
+        if (read(s, &k, 1) != 1) FAIL("no answer from the server");
+        double t2 = tdist_test_now_ms();
+        fprintf(stderr, "%s: handshake %.1f ms, %d bytes in %.0f ms (%.2f Mbit/s)\n", name,
+                t1 - t0, SHAPE_BYTES, t2 - t1, SHAPE_BYTES * 8 / (t2 - t1) / 1e3);
+        if (t1 - t0 < 2 * 20 * 0.95) FAIL("the handshake took %.1f ms: no delay", t1 - t0);
+        if (t2 - t1 < SHAPE_BYTES * 8 / 10e3 * 0.95)
+            FAIL("%d bytes in %.0f ms: faster than 10 Mbit/s", SHAPE_BYTES, t2 - t1);
+        _exit(0);
+    }
+    int st_cli = 0, st_srv = 0;
+    double end = tdist_test_now_ms() + 40000 * tdist_test_timeout_mult();
+    pid_t left[2] = {cli, srv};
+    int *sts[2] = {&st_cli, &st_srv};
+    for (int k = 0; k < 2; k++) {
+        while (waitpid(left[k], sts[k], WNOHANG) == 0) {
+            if (tdist_test_now_ms() > end) {
+                kill(cli, SIGKILL);
+                kill(srv, SIGKILL);
+                FAIL("the transfer through the relay did not end");
+            }
+            usleep(5000);
+        }
+    }
+    netfault_counts_t c[2];
+    netfault_stop(&f, c);
+    netns_teardown(&t);
+    if (!WIFEXITED(st_cli) || WEXITSTATUS(st_cli) != 0) FAIL("the client failed (status %d)", st_cli);
+    if (!WIFEXITED(st_srv) || WEXITSTATUS(st_srv) != 0) FAIL("the server failed (status %d)", st_srv);
+    double lost = 100.0 * (double)(c[0].loss + c[1].loss) / (double)(c[0].in + c[1].in);
+    fprintf(stderr, "%s: %.2f%% of %llu packets lost\n", name, lost, c[0].in + c[1].in);
+    ASSERT_TRUE(c[0].in + c[1].in > 1000);
+    if (lost < 1 || lost > 5) FAIL("%.2f%% of the packets lost, not 3%%", lost);
 }
