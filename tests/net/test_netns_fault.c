@@ -159,8 +159,8 @@ static void work_body(int rank, int n, void *argp)
     const size_t sizes[4] = {2, 1000, 16384, 4099};
     float *x = malloc(16384 * sizeof *x);
     ASSERT_TRUE(x != NULL);
-    /* the fastest of a few tiny all_reduces: at least one one-way delay
-     * on the bad link */
+    /* five tiny all_reduces, each needing the previous one's answer from
+     * the other host: at least two round trips on the bad link */
     double t0 = tdist_test_now_ms();
     for (int k = 0; k < 5; k++) {
         float v[2] = {1, (float)rank};
@@ -168,16 +168,25 @@ static void work_body(int rank, int n, void *argp)
         ASSERT_TRUE(v[0] == (float)n);
     }
     a->sh->tiny_ms[rank] = tdist_test_now_ms() - t0;
+    double slowest = 0; /* for the log: the margin to T */
     for (int s = 0; s < 4; s++) {
         fill(x, sizes[s], (uint64_t)(rank * 10 + s));
+        t0 = tdist_test_now_ms();
         ASSERT_OK(tdist_all_reduce(pg, x, x, sizes[s], TDIST_F32, s < 3 ? TDIST_SUM : TDIST_AVG,
                                    NULL, NULL));
+        slowest = fmax(slowest, tdist_test_now_ms() - t0);
         h[s] = tdist__fnv1a(TDIST__FNV_INIT, x, sizes[s] * sizeof *x);
     }
     fill(x, 16384, (uint64_t)(rank + 77));
+    t0 = tdist_test_now_ms();
     ASSERT_OK(tdist_broadcast(pg, x, 16384, TDIST_F32, 2, NULL, NULL)); /* root on host B */
+    slowest = fmax(slowest, tdist_test_now_ms() - t0);
     h[4] = tdist__fnv1a(TDIST__FNV_INIT, x, 16384 * sizeof *x);
+    t0 = tdist_test_now_ms();
     ddp_run(pg, rank, &h[5], &h[6]);
+    fprintf(stderr, "%s rank %d: slowest all_reduce/broadcast %.0f ms, DDP (3 steps) %.0f ms; "
+            "T %lld ms\n", a->phase, rank, slowest, tdist_test_now_ms() - t0,
+            (long long)a->timeout_ms);
     uint64_t all[NR][NHASH];
     ASSERT_OK(tdist_all_gather(pg, h, all, NHASH, TDIST_I64, NULL, NULL));
     for (int q = 0; q < n; q++)
