@@ -41,24 +41,26 @@ typedef struct netfault_counts {
     unsigned long long in, fwd, loss, queue, blackhole, reset, bytes, err;
 } netfault_counts_t;
 
-/* The relay's path, or NULL (after printing SKIP) when it is missing. */
+/* The relay's path, or NULL (after saying why on stderr) when it is
+ * missing: the caller tears its namespaces down and SKIPs. */
 NETNS_FN const char *netfault_relay(const char *test)
 {
     static const char path[] = TDIST_BIN_DIR "/tests/net/tdist_netfault";
     if (access(path, X_OK) == 0) return path;
-    printf("SKIP %s: %s was not built\n", test, path);
+    fprintf(stderr, "%s: %s was not built\n", test, path);
     return NULL;
 }
 
 /* Start the relay with o's faults and move t's addresses onto its tun
- * devices. false (after printing SKIP) when this machine cannot. */
+ * devices. false (after saying why on stderr) when this machine cannot:
+ * the caller tears its namespaces down and SKIPs. */
 NETNS_FN bool netfault_start(netns_topo_t *t, netfault_t *f, const netfault_opts_t *o,
                              const char *test)
 {
     const char *relay = netfault_relay(test);
     if (!relay) return false;
     if (access("/dev/net/tun", R_OK | W_OK) != 0) {
-        printf("SKIP %s: no /dev/net/tun (%s)\n", test, strerror(errno));
+        fprintf(stderr, "%s: no /dev/net/tun (%s)\n", test, strerror(errno));
         return false;
     }
     char out[1024], dev[2][16], num[6][32];
