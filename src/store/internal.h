@@ -55,4 +55,9 @@ int tdist__store_parse_counter(const void *value, size_t len, int64_t *out);
 /* malloc a copy of len bytes (at least 1 byte, so an empty value is not NULL). */
 void *tdist__store_dup(const void *value, size_t len);
 
+/* Log a warning when a TCP store on addr ("host:port", "[v6]:port") runs
+ * without the job's secret and addr is not a loopback address, so other
+ * hosts can reach it. who: "store server", "store client". */
+void tdist__store_warn_no_secret(const char *who, const char *addr);
+
 #endif /* TDIST_STORE_INTERNAL_H */
