@@ -297,6 +297,22 @@ static void clear_pending(conn_t *c)
     c->pending = false;
 }
 
+/* Take c (not yet authenticated) off the unauthenticated list. */
+static void unauth_unlink(conn_t *c)
+{
+    tdist_store_server_t *srv = c->srv;
+    srv->pre_hello--;
+    if (c->uprev)
+        c->uprev->unext = c->unext;
+    else
+        srv->unauth = c->unext;
+    if (c->unext)
+        c->unext->uprev = c->uprev;
+    else
+        srv->unauth_tail = c->uprev;
+    c->uprev = c->unext = NULL;
+}
+
 /* Close c now and free it at the end of the loop iteration. why is logged. */
 static void drop(conn_t *c, const char *why)
 {
@@ -317,18 +333,7 @@ static void drop(conn_t *c, const char *why)
         srv->conns = c->next;
     if (c->next) c->next->prev = c->prev;
     atomic_fetch_sub(&srv->num_clients, 1);
-    if (!c->hello_done) {
-        srv->pre_hello--;
-        if (c->uprev)
-            c->uprev->unext = c->unext;
-        else
-            srv->unauth = c->unext;
-        if (c->unext)
-            c->unext->uprev = c->uprev;
-        else
-            srv->unauth_tail = c->uprev;
-        c->uprev = c->unext = NULL;
-    }
+    if (!c->hello_done) unauth_unlink(c);
     c->dead_next = srv->dead;
     srv->dead = c;
 }
@@ -686,19 +691,9 @@ static void set_growth(tdist_store_server_t *srv, const tdist__wire_bytes_t *k, 
 /* c has authenticated: it leaves the unauthenticated list and is served. */
 static void authenticated(conn_t *c)
 {
-    tdist_store_server_t *srv = c->srv;
     c->hello_done = true;
     c->auth_wait = false;
-    srv->pre_hello--;
-    if (c->uprev)
-        c->uprev->unext = c->unext;
-    else
-        srv->unauth = c->unext;
-    if (c->unext)
-        c->unext->uprev = c->uprev;
-    else
-        srv->unauth_tail = c->uprev;
-    c->uprev = c->unext = NULL;
+    unauth_unlink(c);
 }
 
 /* HELLO: check the protocol version; without a secret the client is

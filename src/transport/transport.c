@@ -12,7 +12,6 @@
 #include <string.h>
 
 #include "transport/ops.h"
-#include "core/auth.h"
 
 #define OPS(pfx)                                                                                 \
     {                                                                                            \
@@ -32,32 +31,13 @@ static const tdist__tp_ops_t *ops(const tdist__tp_t *tp) { return &ops_by_kind[t
 
 /* ------------------------------------------------------ the shared part */
 
-/* The tag both sides of a handshake check: with a job secret
- * (TDIST_JOB_SECRET), the first 8 bytes of HMAC-SHA256(secret,
- * "tdist transport tag" | tag), so only a process that knows the secret
- * can name it; without one, the tag as given. */
-static uint64_t keyed_tag(uint64_t tag)
-{
-    const char *secret = tdist__env_job_secret();
-    if (!secret) return tag;
-    uint8_t le[8], mac[TDIST_SHA256_LEN];
-    for (int i = 0; i < 8; i++) le[i] = (uint8_t)(tag >> (8 * i));
-    static const char label[] = "tdist transport tag";
-    const void *parts[2] = {label, le};
-    size_t lens[2] = {sizeof label, sizeof le};
-    tdist__hmac_sha256(secret, strlen(secret), parts, lens, 2, mac);
-    uint64_t k = 0;
-    for (int i = 0; i < 8; i++) k |= (uint64_t)mac[i] << (8 * i);
-    return k;
-}
-
 tdist_status_t tdist__tp_base_init(tdist__tp_t *tp, tdist__tp_kind_t kind, int rank, int size,
                                    uint64_t tag)
 {
     tp->kind = kind;
     tp->rank = rank;
     tp->size = size;
-    tp->tag = keyed_tag(tag);
+    tp->tag = tag;
     atomic_init(&tp->aborted, false);
     tp->chan = calloc((size_t)size, sizeof *tp->chan);
     tp->pfd = calloc((size_t)size + 1, sizeof *tp->pfd);
