@@ -31,6 +31,8 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <unistd.h>
 
 #include "core/auth.h"
@@ -169,6 +171,16 @@ static void close_fd(int *fd)
 
 /* ------------------------------------------------------------- listen */
 
+/* Whether ss is a loopback address (127.0.0.0/8, ::1, ::ffff:127.x). */
+static bool is_loopback(const struct sockaddr_storage *ss)
+{
+    if (ss->ss_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)ss)->sin_addr.s_addr) >> 24) == 127;
+    const struct in6_addr *a = &((const struct sockaddr_in6 *)ss)->sin6_addr;
+    if (IN6_IS_ADDR_LOOPBACK(a)) return true;
+    return IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127;
+}
+
 /* Open the listening socket on ss and the abort eventfd. */
 static tdist_status_t open_listener(tcp_tp_t *t, struct sockaddr_storage *ss, socklen_t sl)
 {
@@ -222,6 +234,10 @@ tdist_status_t tdist__tcp_listen(tdist__tp_kind_t kind, int rank, int size,
         for (int p = 0; p < size; p++) t->conn[p].fd = -1;
         st = open_listener(t, &ss, sl);
     }
+    if (st == TDIST_OK && !*t->secret && !is_loopback(&ss))
+        TDIST_LOGW("rank %d: transport listens on %s without the job's secret: any process that "
+                   "can reach it can try to join the mesh; set the same TDIST_JOB_SECRET for "
+                   "every rank", rank, t->b.addr);
     if (st != TDIST_OK) {
         tdist__tcp_destroy(&t->b);
         return st;

@@ -487,3 +487,51 @@ TEST(store_client_fails_fast_when_store_host_dies, 120)
         tdist_store_destroy(s);
     }
 }
+
+/* Run a server on host with secret and return what it logged at warn level
+ * (malloc'd). */
+static char *server_warnings(const char *host, const char *secret)
+{
+    int fds[2];
+    ASSERT_EQ(pipe(fds), 0);
+    fflush(stderr);
+    int saved = dup(STDERR_FILENO);
+    ASSERT_TRUE(saved >= 0);
+    ASSERT_TRUE(dup2(fds[1], STDERR_FILENO) >= 0);
+    tdist_log_set_level(TDIST_LOG_WARN);
+    tdist_store_server_opts_t so;
+    tdist_store_server_opts_init(&so);
+    so.token = secret;
+    tdist_store_server_t *srv = NULL;
+    tdist_status_t st = tdist_store_server_create(host, 0, &so, &srv);
+    tdist_store_server_destroy(srv);
+    tdist_log_set_level(TDIST_LOG_OFF);
+    fflush(stderr);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    close(fds[1]);
+    ASSERT_OK(st);
+    char *buf = calloc(1, 8192);
+    ASSERT_TRUE(buf != NULL);
+    size_t n = 0;
+    ssize_t r;
+    while (n < 8191 && (r = read(fds[0], buf + n, 8191 - n)) > 0) n += (size_t)r;
+    close(fds[0]);
+    return buf;
+}
+
+/* A store reachable from other hosts without a secret warns through
+ * tdist's log (and only there); one on loopback or with a secret does not. */
+TEST(store_warns_without_secret_off_loopback, 30)
+{
+    char *w = server_warnings("0.0.0.0", "");
+    ASSERT_CONTAINS(w, "runs without the job's secret");
+    ASSERT_CONTAINS(w, "TDIST_JOB_SECRET");
+    free(w);
+    w = server_warnings("0.0.0.0", "some-secret");
+    ASSERT_TRUE(strstr(w, "without the job's secret") == NULL);
+    free(w);
+    w = server_warnings("127.0.0.1", "");
+    ASSERT_TRUE(strstr(w, "without the job's secret") == NULL);
+    free(w);
+}
