@@ -65,6 +65,7 @@ typedef struct tcp_tp {
     int wake_fd;        /* eventfd written by tdist__tp_abort */
     conn_t *conn;       /* size entries; conn[rank] unused */
     char *secret;       /* the job's secret ("" when none); the handshake's key */
+    uint64_t accepted;  /* connections accepted during set-up */
 } tcp_tp_t;
 
 #define TCP(t) ((tcp_tp_t *)(void *)(t))
@@ -259,6 +260,7 @@ typedef struct pending {
     int phase;
     size_t out_done, in_done;
     int64_t retry_at; /* outgoing with fd < 0: when to try again */
+    uint64_t accepted; /* incoming: order of acceptance (oldest first) */
     uint8_t outf[HS_LEN], inf[HS_LEN];
     uint8_t want[TDIST_SHA256_LEN]; /* incoming: the PROOF's mac it must send */
     char from[ADDR_LEN]; /* incoming: the remote socket address */
@@ -540,20 +542,23 @@ static void accept_all(tcp_tp_t *t, pending_t *in)
                            strerror(errno));
             return;
         }
-        int slot = -1;
-        for (int i = 0; i < MAX_INCOMING && slot < 0; i++)
+        /* a free slot, else the oldest handshake still pending makes room:
+         * connections that never prove anything cannot keep peers out */
+        int slot = -1, oldest = 0;
+        for (int i = 0; i < MAX_INCOMING && slot < 0; i++) {
             if (in[i].fd < 0) slot = i;
+            else if (in[i].accepted < in[oldest].accepted) oldest = i;
+        }
+        if (slot < 0) {
+            in_reject(t, &in[oldest], "the oldest of the pending handshakes, closed to make "
+                                      "room for a new connection");
+            slot = oldest;
+        }
         char from[ADDR_LEN];
         tdist__net_sockaddr_str(&ss, from, sizeof from);
-        if (slot < 0) {
-            TDIST_LOGW("rank %d: transport set-up: rejected a connection from %s: %d "
-                       "handshakes already pending",
-                       t->b.rank, from, MAX_INCOMING);
-            close(fd);
-            continue;
-        }
         pending_t *p = &in[slot];
         memset(p, 0, sizeof *p);
+        p->accepted = ++t->accepted;
         p->fd = fd;
         p->peer = -1;
         p->phase = PH_RECV;

@@ -386,9 +386,13 @@ static int handshake_child(uint16_t port, const char *secret)
     if (fd < 0) return 17;
     if (send(fd, f, 5, MSG_NOSIGNAL) != 5) return 18;
     close(fd);
-    /* a silent connection, kept open */
+    /* a silent connection, kept open, and 100 more: more than the 64
+     * handshakes a listener keeps pending, so the oldest make room */
     int silent = raw_connect(port);
     if (silent < 0) return 19;
+    int flood[100];
+    for (int i = 0; i < 100; i++)
+        if ((flood[i] = raw_connect(port)) < 0) return 24;
     /* a stranger without the secret: gets a challenge, its proof is refused */
     int stranger = claim_rank1(port, secret, "not the secret");
     if (stranger < 0) return 30 - stranger;
@@ -413,6 +417,7 @@ static int handshake_child(uint16_t port, const char *secret)
         return 23;
     }
     close(silent);
+    for (int i = 0; i < 100; i++) close(flood[i]);
     close(keep);
     return 0;
 }
