@@ -131,10 +131,14 @@ TDIST_API void tdist_store_server_destroy(tdist_store_server_t *srv);
 /* ---------------------------------------------------------------- stores */
 
 /* Connect a TCP client to host:port. Retries refused connections until
- * opts->connect_timeout_ms; authenticates with the token if one is set.
- * Fails with TDIST_ERR_TIMEOUT / TDIST_ERR_CONNECTION naming host:port,
- * TDIST_ERR_AUTH if the server refuses the token, or TDIST_ERR_MISMATCH if
- * it speaks another protocol version. Blocks. opts may be NULL.
+ * opts->connect_timeout_ms; client and server prove to each other that
+ * they know the job's secret (opts->token) by challenge-response when the
+ * server has one. Fails with TDIST_ERR_TIMEOUT / TDIST_ERR_CONNECTION
+ * naming host:port, TDIST_ERR_AUTH if the secrets differ (or only one side
+ * has one), or TDIST_ERR_MISMATCH if it speaks another protocol version.
+ * Once connected, a call that finds the connection refused or reset fails
+ * at once with TDIST_ERR_CONNECTION ("lost the store host:port"); the
+ * next call tries one reconnect. Blocks. opts may be NULL.
  * The caller owns *out (tdist_store_destroy). */
 TDIST_API tdist_status_t tdist_store_tcp_connect(const char *host, uint16_t port,
                                                  const tdist_store_opts_t *opts,
