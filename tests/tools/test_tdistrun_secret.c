@@ -155,3 +155,51 @@ TEST(tdistrun_job_secret_keeps_strangers_out, 90)
     ASSERT_EXIT(r, 0);
     run_free(&r);
 }
+
+/* Two launchers play two nodes: with the same TDIST_JOB_SECRET the job
+ * runs and nobody warns; without one each launcher warns. */
+TEST(tdistrun_two_nodes_share_a_secret, 120)
+{
+    for (int with = 1; with >= 0; with--) {
+        if (with)
+            setenv("TDIST_JOB_SECRET", "two-node-secret-0123456789abcdef", 1);
+        else
+            unsetenv("TDIST_JOB_SECRET");
+        unsetenv("TDIST_STORE_TOKEN");
+        uint16_t port = 0;
+        int lfd = listener(&port);
+        char fdtxt[16], porttxt[16];
+        snprintf(fdtxt, sizeof fdtxt, "%d", lfd);
+        snprintf(porttxt, sizeof porttxt, "%u", (unsigned)port);
+        const char *node1[] = {TDISTRUN, "--nnodes", "2", "--node-rank", "1", "--nproc-per-node",
+                               "1", "--master-port", porttxt, "--grace-period", "1", HELLO, NULL};
+        const char *node0[] = {TDISTRUN, "--nnodes", "2", "--node-rank", "0", "--nproc-per-node",
+                               "1", "--master-port", porttxt, "--grace-period", "1", HELLO, NULL};
+        double start = tdist_test_now_ms();
+        setenv("TDIST_HOSTNAME", "fake-node1", 1);
+        const char *t0 = with ? "s-node0" : "n-node0", *t1 = with ? "s-node1" : "n-node1";
+        pid_t p1 = spawn(node1, t1);
+        setenv("TDIST_HOSTNAME", "fake-node0", 1);
+        setenv("TDIST_STORE_LISTEN_FD", fdtxt, 1);
+        pid_t p0 = spawn(node0, t0);
+        unsetenv("TDIST_STORE_LISTEN_FD");
+        unsetenv("TDIST_HOSTNAME");
+        close(lfd);
+        run_t r0, r1;
+        wait_for(p0, 60000 * tdist_test_timeout_mult(), t0, start, &r0);
+        wait_for(p1, 60000 * tdist_test_timeout_mult(), t1, start, &r1);
+        ASSERT_EXIT(r0, 0);
+        ASSERT_EXIT(r1, 0);
+        ASSERT_CONTAINS(r0.out, "[rank 0] all 2 ranks checked in\n");
+        if (with) {
+            ASSERT_TRUE(strstr(r0.err, "no TDIST_JOB_SECRET") == NULL);
+            ASSERT_TRUE(strstr(r1.err, "no TDIST_JOB_SECRET") == NULL);
+        } else {
+            ASSERT_CONTAINS(r0.err, "warning: no TDIST_JOB_SECRET for a 2-node job");
+            ASSERT_CONTAINS(r1.err, "warning: no TDIST_JOB_SECRET for a 2-node job");
+        }
+        run_free(&r0);
+        run_free(&r1);
+    }
+    unsetenv("TDIST_JOB_SECRET");
+}
