@@ -425,21 +425,30 @@ static void in_reject(tcp_tp_t *t, pending_t *p, const char *why)
     close_fd(&p->fd);
 }
 
-/* Read and check an accepted connection's HELLO and claim its rank.
- * Returns true once the ACK is ready to go; false to wait for the socket
- * or when the connection was rejected (then p->fd < 0). */
-static bool in_hello(tcp_tp_t *t, pending_t *p)
+/* Read the rest of an accepted connection's current frame into p->inf.
+ * true once it is whole; false to wait for the socket, or when the
+ * connection closed or failed (rejected, on_eof or the error logged). */
+static bool in_read(tcp_tp_t *t, pending_t *p, const char *on_eof)
 {
     while (p->in_done < HS_LEN) {
         ssize_t n = recv(p->fd, p->inf + p->in_done, HS_LEN - p->in_done, MSG_DONTWAIT);
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
         if (n <= 0) {
-            in_reject(t, p, n == 0 ? "closed before its handshake was complete" : strerror(errno));
+            in_reject(t, p, n == 0 ? on_eof : strerror(errno));
             return false;
         }
         p->in_done += (size_t)n;
     }
+    return true;
+}
+
+/* Read and check an accepted connection's HELLO and claim its rank.
+ * Returns true once the ACK is ready to go; false to wait for the socket
+ * or when the connection was rejected (then p->fd < 0). */
+static bool in_hello(tcp_tp_t *t, pending_t *p)
+{
+    if (!in_read(t, p, "closed before its handshake was complete")) return false;
     char why[200];
     int from = -1;
     if (!hs_check(&t->b, p->inf, HS_HELLO, &from, why, sizeof why)) {
@@ -470,16 +479,7 @@ static bool in_hello(tcp_tp_t *t, pending_t *p)
  * when the connection was rejected (then p->fd < 0). */
 static bool in_proof(tcp_tp_t *t, pending_t *p)
 {
-    while (p->in_done < HS_LEN) {
-        ssize_t n = recv(p->fd, p->inf + p->in_done, HS_LEN - p->in_done, MSG_DONTWAIT);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
-        if (n <= 0) {
-            in_reject(t, p, n == 0 ? "closed before proving the job's secret" : strerror(errno));
-            return false;
-        }
-        p->in_done += (size_t)n;
-    }
+    if (!in_read(t, p, "closed before proving the job's secret")) return false;
     char why[200];
     int from = -1;
     if (!hs_check(&t->b, p->inf, HS_PROOF, &from, why, sizeof why) || from != p->peer) {
