@@ -262,6 +262,24 @@ TEST(store_secret_stranger_cannot_read_or_write, 60)
  * changes nothing; the server goes on. */
 TEST(store_caps_total_bytes_and_keys, 60)
 {
+    /* the defaults, and the environment's */
+    tdist_store_server_opts_t so;
+    unsetenv("TDIST_STORE_MAX_BYTES");
+    unsetenv("TDIST_STORE_MAX_NUM_KEYS");
+    tdist_store_server_opts_init(&so);
+    ASSERT_TRUE(so.max_total_bytes == (1ull << 30) && so.max_total_keys == (1ull << 20));
+    ASSERT_EQ(so.max_unauthenticated, 256);
+    setenv("TDIST_STORE_MAX_BYTES", "5000", 1);
+    setenv("TDIST_STORE_MAX_NUM_KEYS", "abc", 1); /* not a number: the default */
+    tdist_store_server_opts_init(&so);
+    ASSERT_TRUE(so.max_total_bytes == 5000 && so.max_total_keys == (1ull << 20));
+    unsetenv("TDIST_STORE_MAX_BYTES");
+    unsetenv("TDIST_STORE_MAX_NUM_KEYS");
+    so.max_total_keys = 0;
+    tdist_store_server_t *bad = NULL;
+    ASSERT_STATUS(tdist_store_server_create("127.0.0.1", 0, &so, &bad), TDIST_ERR_INVALID_ARG);
+    ASSERT_CONTAINS(tdist_last_error(), "max_total_keys (0)");
+
     child_srv_t c = start_child_server(NULL, 64 * 1024, 100);
     tdist_store_t *s = client(c.port, NULL, tmo());
     char key[32];
