@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -557,4 +558,22 @@ TEST(store_warns_without_secret_off_loopback, 30)
     w = server_warnings("127.0.0.1", "");
     ASSERT_TRUE(strstr(w, "without the job's secret") == NULL);
     free(w);
+}
+
+/* A file store is created readable by its user only: the job's keys are
+ * not for other users of the host. */
+TEST(store_file_store_created_private, 10)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/job.store", tdist_test_tmpdir());
+    mode_t old = umask(0);
+    tdist_store_t *s = NULL;
+    tdist_status_t st = tdist_store_file_create(path, NULL, &s);
+    umask(old);
+    ASSERT_OK(st);
+    ASSERT_OK(tdist_store_set(s, "k", "v", 1));
+    struct stat sb;
+    ASSERT_EQ(stat(path, &sb), 0);
+    ASSERT_EQ(sb.st_mode & 0777, 0600);
+    tdist_store_destroy(s);
 }
