@@ -687,7 +687,6 @@ static void set_growth(tdist_store_server_t *srv, const tdist__wire_bytes_t *k, 
     *bytes += (int64_t)vlen - (present ? (int64_t)e->vlen : -(int64_t)k->len);
 }
 
-
 /* c has authenticated: it leaves the unauthenticated list and is served. */
 static void authenticated(conn_t *c)
 {
