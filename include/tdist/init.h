@@ -60,7 +60,8 @@
  *                            (NCCL_SOCKET_IFNAME syntax; default: the
  *                            interface that reaches the store). See
  *                            docs/multihost.md
- *   TDIST_TIMEOUT_MS, TDIST_STORE_TOKEN   defaults of the options below
+ *   TDIST_TIMEOUT_MS, TDIST_JOB_SECRET    defaults of the options below
+ *   (TDIST_STORE_TOKEN: the older name of TDIST_JOB_SECRET)
  *   TDIST_LINE_BUFFERED=1    read once when the library is loaded, not
  *                            by tdist_init: stdout is made line-buffered
  *                            before main (tdistrun sets it in its workers;
@@ -101,7 +102,9 @@ typedef struct tdist_init_opts {
      * environment. Also the store's timeout, and the longest rank 0 waits
      * in tdist_world_destroy for the others to leave. */
     int64_t timeout_ms;
-    /* Store shared secret; NULL: TDIST_STORE_TOKEN from the environment. */
+    /* The job's secret the store requires (proved by challenge-response,
+     * never sent); NULL: TDIST_JOB_SECRET, else TDIST_STORE_TOKEN, from
+     * the environment. */
     const char *token;
     /* tcp:// and env:// rank 0 only: >= 0 means host the store on this
      * already-listening socket (tdist_store_server_adopt) instead of

@@ -48,8 +48,9 @@ typedef struct tdist_store_opts {
      * recommended). Default TDIST_STORE_DEFAULT_TIMEOUT_MS, or
      * TDIST_TIMEOUT_MS from the environment. */
     int64_t timeout_ms;
-    /* TCP client: shared secret sent on connect. NULL: TDIST_STORE_TOKEN
-     * from the environment, if set. Copied; the caller keeps ownership. */
+    /* TCP client: the job's secret, proved on connect by challenge-response
+     * (it is never sent). NULL: TDIST_JOB_SECRET from the environment, else
+     * TDIST_STORE_TOKEN, if set; "" means none. Copied. */
     const char *token;
     /* TCP client: how long to keep retrying a refused connection while
      * the server is starting. < 0: the same as timeout_ms. */
@@ -61,10 +62,11 @@ TDIST_API void tdist_store_opts_init(tdist_store_opts_t *opts);
 
 /* Options for the TCP server. Fill with tdist_store_server_opts_init(). */
 typedef struct tdist_store_server_opts {
-    /* Shared secret clients must present. NULL: TDIST_STORE_TOKEN from the
-     * environment if set, else no secret. Copied. */
+    /* The job's secret clients must prove they know (challenge-response,
+     * never sent). NULL: TDIST_JOB_SECRET, else TDIST_STORE_TOKEN from the
+     * environment if set, else no secret; "" means none. Copied. */
     const char *token;
-    /* Most clients connected at once; more are refused (closed). */
+    /* Most authenticated clients connected at once; more are refused. */
     int max_clients;
     /* Caps enforced on every frame; default TDIST_STORE_MAX_KEY / _VALUE. */
     uint32_t max_key;
@@ -75,10 +77,21 @@ typedef struct tdist_store_server_opts {
      * secret) this many ms after it was accepted is closed, so idle or
      * hostile connections cannot hold client slots. Default 30000. */
     int hello_timeout_ms;
+    /* Most connections at once that have not yet authenticated; when one
+     * more arrives the oldest of them is closed, so strangers cannot lock
+     * clients out. Default 256. */
+    int max_unauthenticated;
+    /* Caps on what the store holds: bytes of keys plus values, and keys
+     * with a value. A write beyond either fails with TDIST_ERR_INVALID_ARG
+     * and changes nothing; the server goes on. Defaults 1 GiB and 1048576,
+     * or TDIST_STORE_MAX_BYTES / TDIST_STORE_MAX_NUM_KEYS. */
+    uint64_t max_total_bytes;
+    uint64_t max_total_keys;
 } tdist_store_server_opts_t;
 
 /* Fill *opts with defaults (max_clients 4096, backlog 1024,
- * hello_timeout_ms 30000). Thread-safe. */
+ * hello_timeout_ms 30000, max_unauthenticated 256, max_total_bytes and
+ * max_total_keys from the environment or 1 GiB and 1048576). Thread-safe. */
 TDIST_API void tdist_store_server_opts_init(tdist_store_server_opts_t *opts);
 
 /* ---------------------------------------------------------------- server */
@@ -118,10 +131,14 @@ TDIST_API void tdist_store_server_destroy(tdist_store_server_t *srv);
 /* ---------------------------------------------------------------- stores */
 
 /* Connect a TCP client to host:port. Retries refused connections until
- * opts->connect_timeout_ms; authenticates with the token if one is set.
- * Fails with TDIST_ERR_TIMEOUT / TDIST_ERR_CONNECTION naming host:port,
- * TDIST_ERR_AUTH if the server refuses the token, or TDIST_ERR_MISMATCH if
- * it speaks another protocol version. Blocks. opts may be NULL.
+ * opts->connect_timeout_ms; client and server prove to each other that
+ * they know the job's secret (opts->token) by challenge-response when the
+ * server has one. Fails with TDIST_ERR_TIMEOUT / TDIST_ERR_CONNECTION
+ * naming host:port, TDIST_ERR_AUTH if the secrets differ (or only one side
+ * has one), or TDIST_ERR_MISMATCH if it speaks another protocol version.
+ * Once connected, a call that finds the connection refused or reset fails
+ * at once with TDIST_ERR_CONNECTION ("lost the store host:port"); the
+ * next call tries one reconnect. Blocks. opts may be NULL.
  * The caller owns *out (tdist_store_destroy). */
 TDIST_API tdist_status_t tdist_store_tcp_connect(const char *host, uint16_t port,
                                                  const tdist_store_opts_t *opts,

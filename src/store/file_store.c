@@ -138,7 +138,7 @@ static tdist_status_t ensure_own_fd(file_store_t *fs)
     pid_t me = getpid();
     if (me == fs->pid) return TDIST_OK;
     int fd;
-    TDIST_SYSCALL(fd, open(fs->path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
+    TDIST_SYSCALL(fd, open(fs->path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
     if (fd < 0) return tdist__error_errno(errno, "file store %s: reopen after fork", fs->path);
     close(fs->fd);
     fs->fd = fd;
@@ -628,7 +628,7 @@ tdist_status_t tdist_store_file_create(const char *path, const tdist_store_opts_
         fs->path ? TDIST_OK : tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory", fn);
     if (st == TDIST_OK) st = tdist_store_hash_create(NULL, &fs->view);
     if (st == TDIST_OK) {
-        TDIST_SYSCALL(fs->fd, open(path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
+        TDIST_SYSCALL(fs->fd, open(path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
         if (fs->fd < 0) st = tdist__error_errno(errno, "file store %s: open", path);
     }
     fs->pid = getpid();

@@ -59,4 +59,9 @@ void *tdist__store_dup(const void *value, size_t len);
  * tdist__now_ms clock; INT64_MAX: none), set by tdist_store_bound_thread. */
 int64_t tdist__store_thread_bound(void);
 
+/* Log a warning when a TCP store on addr ("host:port", "[v6]:port") runs
+ * without the job's secret and addr is not a loopback address, so other
+ * hosts can reach it. who: "store server", "store client". */
+void tdist__store_warn_no_secret(const char *who, const char *addr);
+
 #endif /* TDIST_STORE_INTERNAL_H */

@@ -1,4 +1,5 @@
 /* store/store.c — the public store API: argument checks, then dispatch. */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,6 +14,22 @@ void tdist_store_opts_init(tdist_store_opts_t *opts)
     opts->connect_timeout_ms = -1;
 }
 
+/* A positive integer from the environment, else dflt. */
+static uint64_t env_u64(const char *name, uint64_t dflt)
+{
+    const char *v = getenv(name);
+    if (!v || !*v) return dflt;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (errno || *end || x == 0 || *v == '-') {
+        TDIST_LOGW("%s=\"%s\" is not a positive integer; using %llu", name, v,
+                   (unsigned long long)dflt);
+        return dflt;
+    }
+    return x;
+}
+
 void tdist_store_server_opts_init(tdist_store_server_opts_t *opts)
 {
     if (!opts) return;
@@ -23,6 +40,9 @@ void tdist_store_server_opts_init(tdist_store_server_opts_t *opts)
     opts->max_value = TDIST_STORE_MAX_VALUE;
     opts->backlog = 1024;
     opts->hello_timeout_ms = 30000;
+    opts->max_unauthenticated = 256;
+    opts->max_total_bytes = env_u64("TDIST_STORE_MAX_BYTES", 1ull << 30);
+    opts->max_total_keys = env_u64("TDIST_STORE_MAX_NUM_KEYS", 1ull << 20);
 }
 
 void tdist__store_base_init(tdist_store_t *s, const tdist_store_ops_t *ops,
@@ -247,4 +267,15 @@ tdist_status_t tdist_store_multi_set(tdist_store_t *s, const char *const *keys,
         return tdist__error(TDIST_ERR_INVALID_ARG, "%s: values and lens must not be NULL", fn);
     for (size_t i = 0; i < n; i++) TDIST_CHECK(check_value(values[i], lens[i], fn));
     return s->ops->multi_set(s, keys, values, lens, n);
+}
+
+void tdist__store_warn_no_secret(const char *who, const char *addr)
+{
+    const char *a = addr[0] == '[' ? addr + 1 : addr;
+    if (strncmp(a, "127.", 4) == 0 || strncmp(a, "::1]", 4) == 0 ||
+        strncmp(a, "localhost:", 10) == 0 || strncmp(a, "::ffff:127.", 11) == 0)
+        return;
+    TDIST_LOGW("%s %s runs without the job's secret: any process that can reach it can read "
+               "and write the job's keys; set the same TDIST_JOB_SECRET for every process of "
+               "the job (tdistrun makes one for single-node jobs)", who, addr);
 }

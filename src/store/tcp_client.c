@@ -11,10 +11,17 @@
  * - Broken connections: after any transport or protocol failure (send or
  *   recv error, reply missing at the deadline, malformed reply) the socket
  *   is closed and the call fails with an error naming host:port. The next
- *   call reconnects lazily (retrying refused connections until the
- *   connect timeout or that call's deadline, whichever is first). A
- *   failed call is never retried automatically, so a non-idempotent op
- *   (add, append) is never applied twice behind the caller's back.
+ *   call reconnects lazily, with one attempt: once a client has been
+ *   connected, a refused connection means the store is lost (its host
+ *   died), and waiting for it would only delay the failure. Only the
+ *   first connect retries refused connections (the server may not be up
+ *   yet). A failed call is never retried automatically, so a
+ *   non-idempotent op (add, append) is never applied twice behind the
+ *   caller's back.
+ * - Authentication: HELLO carries a fresh client nonce; a server with a
+ *   secret answers with its own nonce, the client proves the secret with
+ *   an HMAC over both (AUTH) and checks the server's proof in return, so
+ *   neither side talks to a process without the secret.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -26,6 +33,7 @@
 #include "store/internal.h"
 #include "core/net.h"
 #include "store/wire.h"
+#include "core/auth.h"
 
 #define GRACE_MS 1000          /* extra client wait beyond a blocking call's timeout */
 #define KEEP_BUFFER (1u << 20) /* free request/reply buffers larger than this after a call */
@@ -35,11 +43,12 @@ typedef struct tcp_store {
     char *host;
     uint16_t port;
     char addr[320]; /* "host:port" */
-    char *token;    /* NULL: none */
+    char *token;    /* the job's secret; NULL: none */
     int64_t connect_timeout_ms;
     pthread_mutex_t mu;
     /* guarded by mu */
     int fd;            /* -1: not connected */
+    bool was_connected; /* a connection has once been established */
     tdist__wbuf_t req; /* request being sent */
     uint8_t *rbuf;     /* reply body */
     size_t rcap;
@@ -172,8 +181,57 @@ fail:
     return st;
 }
 
-/* Connect and say HELLO, retrying refused connections until
- * retry_deadline; nothing runs past deadline. Caller holds the lock. */
+/* Send the frame in b (freed) and read its reply to op. A non-OK reply
+ * becomes an error (and a closed connection). Caller holds the lock. */
+static tdist_status_t handshake_step(tcp_store_t *s, tdist__wbuf_t *b, uint8_t op,
+                                     int64_t deadline, const char *what, tdist__wire_reply_t *rep)
+{
+    tdist_status_t st = b->oom ? tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory", what)
+                               : tdist__net_send_all(s->fd, b->data, b->len, deadline, what);
+    tdist__wbuf_free(b);
+    if (st != TDIST_OK) {
+        disconnect(s);
+        return st;
+    }
+    st = read_reply(s, op, deadline, what, rep);
+    if (st == TDIST_ERR_CONNECTION)
+        return tdist__error(st, "%s (during the handshake: the server may have too many clients, "
+                                "or is not a tdist store)", tdist_last_error());
+    if (st != TDIST_OK) return st;
+    if (rep->status != TDIST_WIRE_OK) {
+        st = remote_error(rep, what);
+        tdist__wire_reply_free(rep);
+        disconnect(s);
+    }
+    return st;
+}
+
+/* The secret's half of the handshake: prove it over the server's nonce sn
+ * and our cn, and check the server's proof. Caller holds the lock. */
+static tdist_status_t prove_secret(tcp_store_t *s, const tdist__wire_bytes_t *sn,
+                                   const tdist__wire_bytes_t *cn, int64_t deadline,
+                                   const char *what)
+{
+    uint8_t proof[TDIST_WIRE_PROOF_LEN], want[TDIST_WIRE_PROOF_LEN];
+    tdist__wire_proof(s->token, false, sn, cn, proof);
+    tdist__wire_proof(s->token, true, cn, sn, want);
+    tdist__wbuf_t b = {0};
+    size_t off = tdist__wbuf_begin_frame(&b, TDIST_WIRE_AUTH, 0);
+    tdist__wbuf_put_bytes(&b, proof, sizeof proof);
+    tdist__wbuf_end_frame(&b, off);
+    tdist__wire_reply_t rep;
+    TDIST_CHECK(handshake_step(s, &b, TDIST_WIRE_AUTH, deadline, what, &rep));
+    bool ok = rep.value.len == sizeof want && tdist__const_time_eq(rep.value.ptr, want, sizeof want);
+    tdist__wire_reply_free(&rep);
+    if (ok) return TDIST_OK;
+    disconnect(s);
+    return tdist__error(TDIST_ERR_AUTH, "%s: the server's proof of the job's secret is wrong (it "
+                                        "is not this job's store)", what);
+}
+
+/* Connect and say HELLO (and prove the secret if the server asks),
+ * retrying refused connections until retry_deadline; nothing runs past
+ * deadline. Caller holds the lock. */
 static tdist_status_t open_connection(tcp_store_t *s, int64_t retry_deadline, int64_t deadline)
 {
     char what[512];
@@ -181,36 +239,41 @@ static tdist_status_t open_connection(tcp_store_t *s, int64_t retry_deadline, in
     int fd = -1;
     TDIST_CHECK(tdist__net_connect(s->host, s->port, retry_deadline, deadline, &fd));
     s->fd = fd;
+    uint8_t cnonce[TDIST_NONCE_LEN];
+    if (tdist__random_bytes(cnonce, sizeof cnonce) != 0) {
+        disconnect(s);
+        return tdist__error_errno(errno, "%s: no random bytes for a nonce", what);
+    }
     tdist__wbuf_t b = {0};
     size_t off = tdist__wbuf_begin_frame(&b, TDIST_WIRE_HELLO, 0);
     tdist__wbuf_put_u32(&b, TDIST_WIRE_MAGIC);
     tdist__wbuf_put_u32(&b, TDIST_WIRE_VERSION);
-    tdist__wbuf_put_bytes(&b, s->token, s->token ? strlen(s->token) : 0);
+    tdist__wbuf_put_bytes(&b, cnonce, sizeof cnonce);
     tdist__wbuf_end_frame(&b, off);
-    if (b.oom) {
-        tdist__wbuf_free(&b);
-        disconnect(s);
-        return tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory", what);
-    }
-    tdist_status_t st = tdist__net_send_all(fd, b.data, b.len, deadline, what);
-    tdist__wbuf_free(&b);
+    tdist__wire_reply_t rep;
+    TDIST_CHECK(handshake_step(s, &b, TDIST_WIRE_HELLO, deadline, what, &rep));
+    bool asks = rep.num == 1;
+    uint8_t sn[TDIST_WIRE_MAX_NONCE];
+    tdist__wire_bytes_t snonce = {sn, rep.value.len}, cn = {cnonce, sizeof cnonce};
+    if (asks) memcpy(sn, rep.value.ptr, rep.value.len);
+    tdist__wire_reply_free(&rep);
+    tdist_status_t st = TDIST_OK;
+    if (asks && !s->token)
+        st = tdist__error(TDIST_ERR_AUTH, "%s: the store requires the job's secret and this "
+                                          "process has none (set TDIST_JOB_SECRET as the "
+                                          "job's launcher did; tdistrun sets it for its workers)",
+                          what);
+    else if (!asks && s->token)
+        st = tdist__error(TDIST_ERR_AUTH, "%s: the server does not ask for the job's secret, which "
+                                          "this process has: it is not this job's store (start "
+                                          "the store with the same TDIST_JOB_SECRET)", what);
+    else if (asks)
+        st = prove_secret(s, &snonce, &cn, deadline, what);
     if (st != TDIST_OK) {
         disconnect(s);
         return st;
     }
-    tdist__wire_reply_t rep;
-    st = read_reply(s, TDIST_WIRE_HELLO, deadline, what, &rep);
-    if (st == TDIST_ERR_CONNECTION)
-        return tdist__error(st, "%s (during the handshake: the server may have too many clients, "
-                                "or is not a tdist store)", tdist_last_error());
-    if (st != TDIST_OK) return st;
-    if (rep.status != TDIST_WIRE_OK) {
-        st = remote_error(&rep, what);
-        tdist__wire_reply_free(&rep);
-        disconnect(s);
-        return st;
-    }
-    tdist__wire_reply_free(&rep);
+    s->was_connected = true;
     return TDIST_OK;
 }
 
@@ -228,9 +291,10 @@ static tdist_status_t roundtrip(tcp_store_t *s, uint8_t op, int64_t deadline, co
                             "%s: request of %zu bytes exceeds the frame cap of %u bytes", what, body,
                             TDIST_WIRE_MAX_FRAME);
     if (s->fd < 0) {
-        int64_t retry = s->connect_timeout_ms < 0 ? deadline
-                                                  : TDIST_MIN(deadline, tdist__deadline_ms(s->connect_timeout_ms));
-        tdist_status_t st = open_connection(s, retry, deadline);
+        /* connected before: one attempt, a refusal means the store is lost */
+        tdist_status_t st = open_connection(s, tdist__now_ms(), deadline);
+        if (st == TDIST_ERR_CONNECTION)
+            return tdist__error(st, "%s: lost the store %s: %s", what, s->addr, tdist_last_error());
         if (st != TDIST_OK) return tdist__error_context(st, "%s", what);
     }
     if ((op == TDIST_WIRE_GET || op == TDIST_WIRE_WAIT || op == TDIST_WIRE_MULTI_GET) &&
@@ -245,13 +309,15 @@ static tdist_status_t roundtrip(tcp_store_t *s, uint8_t op, int64_t deadline, co
     tdist_status_t st = tdist__net_send_all(s->fd, s->req.data, s->req.len, deadline, what);
     if (st != TDIST_OK) {
         disconnect(s);
+        if (st == TDIST_ERR_CONNECTION)
+            return tdist__error(st, "%s (lost the store %s)", tdist_last_error(), s->addr);
         return st;
     }
     st = read_reply(s, op, deadline, what, rep);
     if (st == TDIST_ERR_CONNECTION)
-        return tdist__error(st, "%s (the server is gone, or it closed the connection because the "
-                                "request broke its caps; the next call reconnects)",
-                            tdist_last_error());
+        return tdist__error(st, "%s (lost the store %s: the server is gone, or it closed the "
+                                "connection because the request broke its caps)",
+                            tdist_last_error(), s->addr);
     if (st != TDIST_OK) return st;
     if (rep->status != TDIST_WIRE_OK) {
         st = remote_error(rep, what);
@@ -547,6 +613,7 @@ static void tcp_destroy(tdist_store_t *base)
     tdist__wbuf_free(&s->req);
     free(s->rbuf);
     free(s->host);
+    if (s->token) memset(s->token, 0, strlen(s->token));
     free(s->token);
     free(s);
 }
@@ -577,7 +644,7 @@ tdist_status_t tdist_store_tcp_connect(const char *host, uint16_t port,
     tdist_store_opts_t o;
     tdist_store_opts_init(&o);
     if (opts) o = *opts;
-    const char *token = o.token ? o.token : getenv("TDIST_STORE_TOKEN");
+    const char *token = o.token ? o.token : tdist__env_job_secret();
     if (token && strlen(token) > TDIST_WIRE_MAX_TOKEN)
         return tdist__error(TDIST_ERR_INVALID_ARG, "%s: token longer than %u bytes", fn,
                             TDIST_WIRE_MAX_TOKEN);
@@ -602,6 +669,7 @@ tdist_status_t tdist_store_tcp_connect(const char *host, uint16_t port,
     int64_t retry = tdist__deadline_ms(s->connect_timeout_ms);
     int64_t deadline = call_deadline(s, o.timeout_ms, 0);
     if (deadline < retry) deadline = retry;
+    if (!s->token) tdist__store_warn_no_secret("store client of", s->addr);
     pthread_mutex_lock(&s->mu);
     tdist_status_t st = open_connection(s, retry, deadline);
     pthread_mutex_unlock(&s->mu);

@@ -47,6 +47,7 @@
 #include "store/keytab.h"
 #include "core/net.h"
 #include "store/wire.h"
+#include "core/auth.h"
 
 #define OUT_CAP (4u << 20)       /* unsent reply bytes before a new reply drops the client */
 #define READ_CHUNK (64u << 10)   /* input buffer growth step */
@@ -54,7 +55,7 @@
 #define MAX_EVENTS 256
 #define ACCEPT_BATCH 128
 #define ACCEPT_PAUSE_MS 100      /* after EMFILE and the like */
-#define PRE_HELLO_MAX (TDIST_WIRE_MAX_TOKEN + 64u) /* body cap before a client is authenticated */
+#define PRE_HELLO_MAX 128u       /* body cap of a frame before a client is authenticated */
 
 typedef struct entry entry_t;
 typedef struct conn conn_t;
@@ -83,7 +84,12 @@ struct conn {
     tdist__wbuf_t out;
     size_t out_off;
     bool want_out;      /* EPOLLOUT registered */
-    bool hello_done;
+    bool hello_done;    /* authenticated: serves requests */
+    bool auth_wait;     /* HELLO answered with a challenge; AUTH expected next */
+    uint8_t snonce[TDIST_NONCE_LEN];         /* the challenge sent */
+    uint8_t cnonce[TDIST_WIRE_MAX_NONCE];    /* the client's nonce */
+    uint32_t cnonce_len;
+    conn_t *uprev, *unext; /* unauthenticated connections, oldest first */
     int64_t hello_deadline; /* drop the connection if no HELLO by then */
     bool close_after_flush;
     bool dead;
@@ -109,9 +115,12 @@ struct tdist_store_server {
     pthread_t thread;
     atomic_int num_clients;
     atomic_bool stop;
-    char *token; /* NULL: no secret required */
-    size_t token_len;
-    int max_clients;
+    char *secret; /* NULL: no proof required */
+    int max_clients;        /* authenticated */
+    int max_unauth;
+    uint64_t max_bytes, max_keys; /* caps on what the table holds */
+    uint64_t nbytes;        /* bytes of keys and values present */
+    conn_t *unauth, *unauth_tail; /* connections not yet authenticated, oldest first */
     tdist__wire_limits_t lim;
     tdist__keytab_t keys;
     int64_t npresent; /* keys with a value */
@@ -175,6 +184,7 @@ static int entry_set(tdist_store_server_t *srv, entry_t *e, const uint8_t *val, 
     if (!v) return -1;
     if (len) memcpy(v, val, len);
     free(e->val);
+    srv->nbytes += (uint64_t)len - (e->present ? e->vlen : 0) + (e->present ? 0 : e->node.klen);
     e->val = v;
     e->vlen = len;
     if (!e->present) srv->npresent++;
@@ -287,6 +297,22 @@ static void clear_pending(conn_t *c)
     c->pending = false;
 }
 
+/* Take c (not yet authenticated) off the unauthenticated list. */
+static void unauth_unlink(conn_t *c)
+{
+    tdist_store_server_t *srv = c->srv;
+    srv->pre_hello--;
+    if (c->uprev)
+        c->uprev->unext = c->unext;
+    else
+        srv->unauth = c->unext;
+    if (c->unext)
+        c->unext->uprev = c->uprev;
+    else
+        srv->unauth_tail = c->uprev;
+    c->uprev = c->unext = NULL;
+}
+
 /* Close c now and free it at the end of the loop iteration. why is logged. */
 static void drop(conn_t *c, const char *why)
 {
@@ -307,7 +333,7 @@ static void drop(conn_t *c, const char *why)
         srv->conns = c->next;
     if (c->next) c->next->prev = c->prev;
     atomic_fetch_sub(&srv->num_clients, 1);
-    if (!c->hello_done) srv->pre_hello--;
+    if (!c->hello_done) unauth_unlink(c);
     c->dead_next = srv->dead;
     srv->dead = c;
 }
@@ -632,20 +658,46 @@ static void expire(tdist_store_server_t *srv)
 
 /* ---------------------------------------------------------- operations */
 
-/* Compare two byte strings in time that depends only on their lengths. */
-static bool const_time_equal(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen)
+/* Whether the table may grow by add_keys keys and add_bytes bytes (what a
+ * write would change; negative when it shrinks). If not, replies
+ * ETOOLARGE to op on c and returns false. */
+static bool fits(conn_t *c, uint8_t op, int64_t add_keys, int64_t add_bytes)
 {
-    volatile uint8_t diff = (uint8_t)(alen != blen);
-    size_t n = alen > blen ? alen : blen;
-    for (size_t i = 0; i < n; i++) {
-        uint8_t x = i < alen ? a[i] : 0;
-        uint8_t y = i < blen ? b[i] : 0;
-        diff |= (uint8_t)(x ^ y);
-    }
-    return diff == 0;
+    tdist_store_server_t *srv = c->srv;
+    uint64_t keys = (uint64_t)((int64_t)srv->npresent + add_keys);
+    uint64_t bytes = (uint64_t)((int64_t)srv->nbytes + add_bytes);
+    if ((add_keys <= 0 || keys <= srv->max_keys) && (add_bytes <= 0 || bytes <= srv->max_bytes))
+        return true;
+    reply_error(c, op, TDIST_WIRE_ETOOLARGE,
+                "%s: the store is full: it would hold %llu keys and %llu bytes, over its cap of "
+                "%llu keys or %llu bytes (max_total_keys, max_total_bytes: TDIST_STORE_MAX_NUM_KEYS, "
+                "TDIST_STORE_MAX_BYTES)",
+                tdist__wire_op_name(op), (unsigned long long)keys, (unsigned long long)bytes,
+                (unsigned long long)srv->max_keys, (unsigned long long)srv->max_bytes);
+    return false;
 }
 
-/* HELLO: check the protocol version and the shared secret. */
+/* What setting key k to a value of vlen bytes adds: *keys and *bytes. */
+static void set_growth(tdist_store_server_t *srv, const tdist__wire_bytes_t *k, uint32_t vlen,
+                       int64_t *keys, int64_t *bytes)
+{
+    entry_t *e = table_find(srv, k->ptr, k->len);
+    bool present = e && e->present;
+    *keys += present ? 0 : 1;
+    *bytes += (int64_t)vlen - (present ? (int64_t)e->vlen : -(int64_t)k->len);
+}
+
+/* c has authenticated: it leaves the unauthenticated list and is served. */
+static void authenticated(conn_t *c)
+{
+    c->hello_done = true;
+    c->auth_wait = false;
+    unauth_unlink(c);
+}
+
+/* HELLO: check the protocol version; without a secret the client is
+ * served at once, with one it gets a fresh challenge and must answer it
+ * with AUTH. */
 static void op_hello(conn_t *c, const tdist__wire_request_t *r)
 {
     tdist_store_server_t *srv = c->srv;
@@ -656,18 +708,49 @@ static void op_hello(conn_t *c, const tdist__wire_request_t *r)
         c->close_after_flush = true;
         return;
     }
-    if (srv->token &&
-        !const_time_equal((const uint8_t *)srv->token, srv->token_len, r->token.ptr, r->token.len)) {
-        reply_error(c, r->op, TDIST_WIRE_EAUTH,
-                    "store server %s refused the connection: %s token (the server requires "
-                    "the shared secret set in TDIST_STORE_TOKEN)",
-                    srv->addr, r->token.len ? "wrong" : "missing");
+    if (!srv->secret) {
+        authenticated(c);
+        reply_empty(c, r->op);
+        return;
+    }
+    if (tdist__random_bytes(c->snonce, sizeof c->snonce) != 0) {
+        reply_error(c, r->op, TDIST_WIRE_ENOMEM, "store server %s: no random bytes for a challenge",
+                    srv->addr);
         c->close_after_flush = true;
         return;
     }
-    c->hello_done = true;
-    srv->pre_hello--;
-    reply_empty(c, r->op);
+    memcpy(c->cnonce, r->nonce.ptr, r->nonce.len);
+    c->cnonce_len = r->nonce.len;
+    c->auth_wait = true;
+    if (!reply_room(c)) return;
+    size_t off = tdist__wbuf_begin_frame(&c->out, r->op, TDIST_WIRE_OK);
+    tdist__wbuf_put_u8(&c->out, 1);
+    tdist__wbuf_put_bytes(&c->out, c->snonce, sizeof c->snonce);
+    tdist__wbuf_end_frame(&c->out, off);
+    reply_done(c);
+}
+
+/* AUTH: check the client's proof of the secret over our challenge; answer
+ * with our own proof, or refuse and close. */
+static void op_auth(conn_t *c, const tdist__wire_request_t *r)
+{
+    tdist_store_server_t *srv = c->srv;
+    tdist__wire_bytes_t sn = {c->snonce, sizeof c->snonce}, cn = {c->cnonce, c->cnonce_len};
+    uint8_t want[TDIST_WIRE_PROOF_LEN];
+    tdist__wire_proof(srv->secret, false, &sn, &cn, want);
+    if (r->proof.len != sizeof want || !tdist__const_time_eq(want, r->proof.ptr, sizeof want)) {
+        TDIST_LOGW("store server %s: %s failed to prove the job's secret; closing", srv->addr,
+                   c->peer);
+        reply_error(c, r->op, TDIST_WIRE_EAUTH,
+                    "store server %s refused the connection: wrong secret (the server requires "
+                    "the job's secret, TDIST_JOB_SECRET)", srv->addr);
+        c->close_after_flush = true;
+        return;
+    }
+    uint8_t mine[TDIST_WIRE_PROOF_LEN];
+    tdist__wire_proof(srv->secret, true, &cn, &sn, mine);
+    authenticated(c);
+    reply_bytes(c, r->op, mine, sizeof mine);
 }
 
 /* The server ran out of memory while serving op. */
@@ -679,6 +762,9 @@ static void reply_oom(conn_t *c, uint8_t op)
 /* SET: store the value, reply, wake waiters. */
 static void op_set(conn_t *c, const tdist__wire_request_t *r)
 {
+    int64_t keys = 0, bytes = 0;
+    set_growth(c->srv, &r->keys[0], r->values[0].len, &keys, &bytes);
+    if (!fits(c, r->op, keys, bytes)) return;
     entry_t *e = table_get_or_create(c->srv, r->keys[0].ptr, r->keys[0].len);
     if (!e || entry_set(c->srv, e, r->values[0].ptr, r->values[0].len) != 0) {
         if (e) table_maybe_remove(c->srv, e);
@@ -708,6 +794,9 @@ static void op_add(conn_t *c, const tdist__wire_request_t *r)
     }
     char text[32];
     int len = snprintf(text, sizeof text, "%lld", (long long)next);
+    int64_t keys = 0, bytes = 0;
+    set_growth(srv, &r->keys[0], (uint32_t)len, &keys, &bytes);
+    if (!fits(c, r->op, keys, bytes)) return;
     if (!e) e = table_get_or_create(srv, r->keys[0].ptr, r->keys[0].len);
     if (!e || entry_set(srv, e, (const uint8_t *)text, (uint32_t)len) != 0) {
         if (e) table_maybe_remove(srv, e);
@@ -733,6 +822,9 @@ static void op_cas(conn_t *c, const tdist__wire_request_t *r)
         reply_bytes(c, r->op, e->val, e->vlen);
         return;
     }
+    int64_t keys = 0, bytes = 0;
+    set_growth(srv, &r->keys[0], r->desired.len, &keys, &bytes);
+    if (!fits(c, r->op, keys, bytes)) return;
     if (!e) e = table_get_or_create(srv, r->keys[0].ptr, r->keys[0].len);
     if (!e || entry_set(srv, e, r->desired.ptr, r->desired.len) != 0) {
         if (e) table_maybe_remove(srv, e);
@@ -756,11 +848,13 @@ static void op_delete(conn_t *c, const tdist__wire_request_t *r)
     entry_t *e = table_find(srv, r->keys[0].ptr, r->keys[0].len);
     bool was = e && e->present;
     if (was) {
+        srv->nbytes -= e->vlen;
         free(e->val);
         e->val = NULL;
         e->vlen = 0;
         e->present = false;
         srv->npresent--;
+        srv->nbytes -= e->node.klen;
         table_maybe_remove(srv, e);
     }
     reply_flag(c, r->op, was);
@@ -771,6 +865,9 @@ static void op_append(conn_t *c, const tdist__wire_request_t *r)
 {
     tdist_store_server_t *srv = c->srv;
     const tdist__wire_bytes_t *v = &r->values[0];
+    entry_t *old = table_find(srv, r->keys[0].ptr, r->keys[0].len);
+    bool had = old && old->present;
+    if (!fits(c, r->op, had ? 0 : 1, (int64_t)v->len + (had ? 0 : (int64_t)r->keys[0].len))) return;
     entry_t *e = table_get_or_create(srv, r->keys[0].ptr, r->keys[0].len);
     if (!e) {
         reply_oom(c, r->op);
@@ -796,6 +893,7 @@ static void op_append(conn_t *c, const tdist__wire_request_t *r)
             return;
         }
         if (v->len) memcpy(nv + e->vlen, v->ptr, v->len);
+        srv->nbytes += v->len;
         e->val = nv;
         e->vlen = (uint32_t)total;
     }
@@ -807,6 +905,9 @@ static void op_append(conn_t *c, const tdist__wire_request_t *r)
 static void op_multi_set(conn_t *c, const tdist__wire_request_t *r)
 {
     tdist_store_server_t *srv = c->srv;
+    int64_t keys = 0, bytes = 0; /* a key given twice counts twice: an upper bound */
+    for (uint32_t i = 0; i < r->n; i++) set_growth(srv, &r->keys[i], r->values[i].len, &keys, &bytes);
+    if (!fits(c, r->op, keys, bytes)) return;
     for (uint32_t i = 0; i < r->n; i++) {
         entry_t *e = table_get_or_create(srv, r->keys[i].ptr, r->keys[i].len);
         if (!e || entry_set(srv, e, r->values[i].ptr, r->values[i].len) != 0) {
@@ -834,13 +935,16 @@ static void handle_frame(conn_t *c, uint8_t op, const uint8_t *body, size_t len)
         drop(c, why);
         return;
     }
-    if (!c->hello_done && op != TDIST_WIRE_HELLO) {
+    if (!c->hello_done && !c->auth_wait && op != TDIST_WIRE_HELLO) {
         drop(c, "first frame is not hello");
-    } else if (c->hello_done && op == TDIST_WIRE_HELLO) {
-        drop(c, "second hello");
+    } else if (c->auth_wait && op != TDIST_WIRE_AUTH) {
+        drop(c, "frame after the challenge is not auth");
+    } else if (c->hello_done && (op == TDIST_WIRE_HELLO || op == TDIST_WIRE_AUTH)) {
+        drop(c, "second hello or auth");
     } else {
         switch (op) {
         case TDIST_WIRE_HELLO: op_hello(c, &r); break;
+        case TDIST_WIRE_AUTH: op_auth(c, &r); break;
         case TDIST_WIRE_SET: op_set(c, &r); break;
         case TDIST_WIRE_GET:
         case TDIST_WIRE_WAIT:
@@ -892,19 +996,22 @@ static void process_input(conn_t *c)
     flush(c);
 }
 
-/* The input buffer capacity c needs now: the whole frame whose header is
- * buffered, or one more read chunk. */
+/* The input buffer capacity c needs now: room for one more read chunk,
+ * or, inside a large frame, room to double what has arrived (capped by
+ * the frame's end). A frame's declared length is never reserved before its
+ * bytes arrive, so a client cannot make the server reserve memory it does
+ * not send. */
 static size_t input_want(conn_t *c)
 {
-    size_t want = c->in_len + READ_CHUNK;
+    size_t want = c->in_len + TDIST_MAX((size_t)READ_CHUNK, c->in_len);
     tdist__wire_header_t h;
     const char *why;
     if (!c->pending &&
         tdist__wire_header_decode(c->in, c->in_len, c->srv->lim.max_frame, false, &h, &why) == 1) {
         size_t frame = TDIST_WIRE_HEADER_SIZE + (size_t)h.body_len;
-        if (frame > c->in_len) want = frame;
+        if (frame > c->in_len) want = TDIST_MIN(want, frame);
     }
-    return want;
+    return TDIST_MAX(want, c->in_len + 1);
 }
 
 /* Read what the socket has for c, then parse. May drop c. */
@@ -957,12 +1064,15 @@ static void on_accept(tdist_store_server_t *srv)
             srv->accept_resume_ms = tdist__now_ms() + ACCEPT_PAUSE_MS;
             return;
         }
-        if (atomic_load(&srv->num_clients) >= srv->max_clients) {
+        if (atomic_load(&srv->num_clients) - srv->pre_hello >= srv->max_clients) {
             TDIST_LOGW("store server %s: %d clients connected (the maximum); refusing one",
                        srv->addr, srv->max_clients);
             close(fd);
             continue;
         }
+        if (srv->pre_hello >= srv->max_unauth && srv->unauth)
+            drop(srv->unauth, "too many connections that have not authenticated: closing the "
+                              "oldest");
         conn_t *c = calloc(1, sizeof *c);
         if (!c) {
             close(fd);
@@ -985,26 +1095,29 @@ static void on_accept(tdist_store_server_t *srv)
         srv->conns = c;
         atomic_fetch_add(&srv->num_clients, 1);
         srv->pre_hello++;
+        c->uprev = srv->unauth_tail;
+        if (srv->unauth_tail)
+            srv->unauth_tail->unext = c;
+        else
+            srv->unauth = c;
+        srv->unauth_tail = c;
     }
 }
 
 /* How often the loop looks for connections past their HELLO deadline. */
 #define HELLO_SWEEP_MS 100
 
-/* Close every connection whose HELLO deadline has passed. A linear sweep,
- * at most every HELLO_SWEEP_MS and only while such connections exist. */
+/* Close every connection whose HELLO deadline has passed: the oldest of
+ * the unauthenticated list first. At most every HELLO_SWEEP_MS and only
+ * while such connections exist. */
 static void expire_hellos(tdist_store_server_t *srv)
 {
     if (srv->pre_hello <= 0) return;
     int64_t now = tdist__now_ms();
     if (now < srv->next_hello_sweep) return;
     srv->next_hello_sweep = now + HELLO_SWEEP_MS;
-    conn_t *next;
-    for (conn_t *c = srv->conns; c; c = next) {
-        next = c->next;
-        if (!c->hello_done && !c->dead && c->hello_deadline <= now)
-            drop(c, "no hello before the deadline");
-    }
+    while (srv->unauth && srv->unauth->hello_deadline <= now)
+        drop(srv->unauth, "not authenticated before the hello deadline");
 }
 
 /* epoll_wait's timeout: until the earliest waiter deadline or accept
@@ -1087,7 +1200,8 @@ tdist__keytab_fini(&srv->keys, free_entry);
     if (srv->listen_fd >= 0) close(srv->listen_fd);
     if (srv->epfd >= 0) close(srv->epfd);
     if (srv->evfd >= 0) close(srv->evfd);
-    free(srv->token);
+    if (srv->secret) memset(srv->secret, 0, strlen(srv->secret));
+    free(srv->secret);
     free(srv);
 }
 
@@ -1099,12 +1213,16 @@ static tdist_status_t server_new(const tdist_store_server_opts_t *opts, const ch
     tdist_store_server_opts_t o;
     tdist_store_server_opts_init(&o);
     if (opts) o = *opts;
-    if (o.max_clients <= 0 || o.backlog <= 0 || o.max_key == 0 || o.hello_timeout_ms <= 0)
+    if (o.max_clients <= 0 || o.backlog <= 0 || o.max_key == 0 || o.hello_timeout_ms <= 0 ||
+        o.max_unauthenticated <= 0 || o.max_total_bytes == 0 || o.max_total_keys == 0)
         return tdist__error(TDIST_ERR_INVALID_ARG,
-                            "%s: max_clients (%d), backlog (%d), max_key (%u) and "
-                            "hello_timeout_ms (%d) must be positive",
-                            fn, o.max_clients, o.backlog, o.max_key, o.hello_timeout_ms);
-    const char *token = o.token ? o.token : getenv("TDIST_STORE_TOKEN");
+                            "%s: max_clients (%d), backlog (%d), max_key (%u), "
+                            "hello_timeout_ms (%d), max_unauthenticated (%d), max_total_bytes "
+                            "(%llu) and max_total_keys (%llu) must be positive",
+                            fn, o.max_clients, o.backlog, o.max_key, o.hello_timeout_ms,
+                            o.max_unauthenticated, (unsigned long long)o.max_total_bytes,
+                            (unsigned long long)o.max_total_keys);
+    const char *token = o.token ? o.token : tdist__env_job_secret();
     if (token && strlen(token) > TDIST_WIRE_MAX_TOKEN)
         return tdist__error(TDIST_ERR_INVALID_ARG, "%s: token longer than %u bytes", fn,
                             TDIST_WIRE_MAX_TOKEN);
@@ -1117,15 +1235,17 @@ static tdist_status_t server_new(const tdist_store_server_opts_t *opts, const ch
     srv->accept_resume_ms = INT64_MAX;
     srv->max_clients = o.max_clients;
     srv->hello_timeout_ms = o.hello_timeout_ms;
+    srv->max_unauth = o.max_unauthenticated;
+    srv->max_bytes = o.max_total_bytes;
+    srv->max_keys = o.max_total_keys;
     srv->lim.max_key = TDIST_MIN(o.max_key, TDIST_STORE_MAX_KEY);
     srv->lim.max_value = TDIST_MIN(o.max_value, TDIST_STORE_MAX_VALUE);
     srv->lim.max_keys = TDIST_STORE_MAX_KEYS;
     uint64_t frame = 2ull * srv->lim.max_value + (1u << 20);
     srv->lim.max_frame = (uint32_t)TDIST_MIN(frame, (uint64_t)TDIST_WIRE_MAX_FRAME);
     if (token && *token) {
-        srv->token = tdist__strdup(token);
-        srv->token_len = strlen(token);
-        if (!srv->token) {
+        srv->secret = tdist__strdup(token);
+        if (!srv->secret) {
             server_free(srv);
             return tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory", fn);
         }
@@ -1159,7 +1279,8 @@ static tdist_status_t server_start(tdist_store_server_t *srv, bool keep_listen_f
         goto fail;
     }
     pthread_setname_np(srv->thread, "tdist-store");
-    TDIST_LOGI("store server listening on %s%s", srv->addr, srv->token ? " (token required)" : "");
+    if (!srv->secret) tdist__store_warn_no_secret("store server", srv->addr);
+    TDIST_LOGI("store server listening on %s%s", srv->addr, srv->secret ? " (the job's secret required)" : "");
     return TDIST_OK;
 fail:
     if (keep_listen_fd) srv->listen_fd = -1;

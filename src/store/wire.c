@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "store/wire.h"
+#include "core/auth.h"
 
 /* ------------------------------------------------------------- helpers */
 
@@ -48,6 +49,7 @@ const char *tdist__wire_op_name(uint8_t op)
     case TDIST_WIRE_APPEND: return "append";
     case TDIST_WIRE_MULTI_GET: return "multi_get";
     case TDIST_WIRE_MULTI_SET: return "multi_set";
+    case TDIST_WIRE_AUTH: return "auth";
     default: return "unknown";
     }
 }
@@ -244,12 +246,15 @@ int tdist__wire_request_decode(uint8_t op, const uint8_t *body, size_t len,
     switch (op) {
     case TDIST_WIRE_HELLO:
         if (rd_u32(&c, &magic) || rd_u32(&c, &req->version) ||
-            rd_bytes(&c, TDIST_WIRE_MAX_TOKEN, &req->token))
+            rd_bytes(&c, TDIST_WIRE_MAX_NONCE, &req->nonce))
             goto bad;
         if (magic != TDIST_WIRE_MAGIC) {
             c.why = "bad magic in hello";
             goto bad;
         }
+        break;
+    case TDIST_WIRE_AUTH:
+        if (rd_bytes(&c, TDIST_WIRE_PROOF_LEN, &req->proof)) goto bad;
         break;
     case TDIST_WIRE_SET:
     case TDIST_WIRE_APPEND:
@@ -337,6 +342,17 @@ int tdist__wire_reply_decode(uint8_t op, uint8_t status, const uint8_t *body, si
     } else {
         switch (op) {
         case TDIST_WIRE_HELLO:
+            if (c.left == 0) break; /* no proof wanted */
+            if (rd_u8(&c, &flag) || rd_bytes(&c, TDIST_WIRE_MAX_NONCE, &rep->value)) goto bad;
+            if (flag != 1) {
+                c.why = "hello reply flag is not 1";
+                goto bad;
+            }
+            rep->num = 1;
+            break;
+        case TDIST_WIRE_AUTH:
+            if (rd_bytes(&c, TDIST_WIRE_PROOF_LEN, &rep->value)) goto bad;
+            break;
         case TDIST_WIRE_SET:
         case TDIST_WIRE_WAIT:
         case TDIST_WIRE_APPEND:
@@ -469,4 +485,13 @@ void tdist__wire_put_error(tdist__wbuf_t *b, uint8_t op, uint8_t status, const c
     size_t off = tdist__wbuf_begin_frame(b, op, status);
     tdist__wbuf_put_bytes(b, msg, strlen(msg));
     tdist__wbuf_end_frame(b, off);
+}
+
+void tdist__wire_proof(const char *secret, bool server, const tdist__wire_bytes_t *first,
+                       const tdist__wire_bytes_t *second, uint8_t out[TDIST_WIRE_PROOF_LEN])
+{
+    const char *label = server ? "tdist store server" : "tdist store client";
+    const void *parts[3] = {label, first->ptr, second->ptr};
+    size_t lens[3] = {strlen(label) + 1, first->len, second->len};
+    tdist__hmac_sha256(secret, strlen(secret), parts, lens, 3, out);
 }

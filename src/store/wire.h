@@ -18,7 +18,7 @@
  *
  * Requests (client -> server) and their OK replies:
  *
- *     HELLO     u32 magic 'TDKV' | u32 version | bytes token  -> (empty)
+ *     HELLO     u32 magic 'TDKV' | u32 version | bytes nonce  -> (empty) or u8 1 | bytes nonce
  *     SET       key | bytes value                             -> (empty)
  *     GET       i64 timeout_ms | key                          -> bytes value
  *     ADD       key | i64 delta                               -> i64 new value
@@ -30,10 +30,18 @@
  *     APPEND    key | bytes value                             -> (empty)
  *     MULTI_GET i64 timeout_ms | u32 n | n x key              -> u32 n | n x bytes
  *     MULTI_SET u32 n | n x (key | bytes value)               -> (empty)
+ *     AUTH      bytes proof                                   -> bytes proof
  *
  * A reply with a non-zero status has body "bytes message" (UTF-8 text).
  * timeout_ms < 0 means "no deadline". The first frame on a connection must
- * be HELLO; the server checks the version and the shared secret.
+ * be HELLO (the client's nonce); the server checks the version. A server
+ * without a secret answers with an empty body and serves at once. A server
+ * with one answers "u8 1 | its own nonce", and the next frame must be
+ * AUTH: the client's proof HMAC-SHA256(secret, "tdist store client" |
+ * server nonce | client nonce); the server checks it and answers with its
+ * own proof HMAC-SHA256(secret, "tdist store server" | client nonce |
+ * server nonce), which the client checks. The secret never crosses the
+ * wire; see tdist__wire_proof.
  * Anything malformed (bad header, unknown op, truncated or trailing body,
  * caps exceeded) makes the server close that connection without a reply.
  */
@@ -46,13 +54,15 @@
 
 #include "tdist/store.h"
 
-#define TDIST_WIRE_VERSION 1u
+#define TDIST_WIRE_VERSION 2u
 #define TDIST_WIRE_MAGIC 0x54444B56u /* "TDKV" */
 #define TDIST_WIRE_HEADER_SIZE 8u
 /* Largest body any frame may have: room for compare_set's two full-size
  * values plus keys and field headers. */
 #define TDIST_WIRE_MAX_FRAME (2u * TDIST_STORE_MAX_VALUE + (1u << 20))
-#define TDIST_WIRE_MAX_TOKEN 1024u
+#define TDIST_WIRE_MAX_TOKEN 1024u /* longest secret */
+#define TDIST_WIRE_MAX_NONCE 64u
+#define TDIST_WIRE_PROOF_LEN 32u
 
 typedef enum tdist__wire_op {
     TDIST_WIRE_HELLO = 1,
@@ -67,14 +77,15 @@ typedef enum tdist__wire_op {
     TDIST_WIRE_APPEND = 10,
     TDIST_WIRE_MULTI_GET = 11,
     TDIST_WIRE_MULTI_SET = 12,
-    TDIST_WIRE_OP_MAX = 12
+    TDIST_WIRE_AUTH = 13,
+    TDIST_WIRE_OP_MAX = 13
 } tdist__wire_op_t;
 
 typedef enum tdist__wire_status {
     TDIST_WIRE_OK = 0,
     TDIST_WIRE_ETIMEOUT = 1,   /* a get/wait/multi_get deadline passed */
     TDIST_WIRE_EINVALID = 2,   /* e.g. add on a non-numeric value */
-    TDIST_WIRE_EAUTH = 3,      /* wrong or missing token */
+    TDIST_WIRE_EAUTH = 3,      /* wrong or missing proof of the secret */
     TDIST_WIRE_EVERSION = 4,   /* unsupported protocol version */
     TDIST_WIRE_ETOOLARGE = 5,  /* the reply or result would exceed a cap */
     TDIST_WIRE_ENOMEM = 6,     /* the server ran out of memory */
@@ -111,7 +122,8 @@ typedef struct tdist__wire_bytes {
 typedef struct tdist__wire_request {
     uint8_t op;
     uint32_t version;               /* HELLO */
-    tdist__wire_bytes_t token;      /* HELLO */
+    tdist__wire_bytes_t nonce;      /* HELLO: the client's nonce */
+    tdist__wire_bytes_t proof;      /* AUTH */
     int64_t timeout_ms;             /* GET, WAIT, MULTI_GET */
     int64_t delta;                  /* ADD */
     tdist__wire_bytes_t expected;   /* CAS */
@@ -129,8 +141,9 @@ typedef struct tdist__wire_reply {
     uint8_t op;
     uint8_t status;
     tdist__wire_bytes_t message;    /* status != OK */
-    tdist__wire_bytes_t value;      /* GET, CAS */
-    int64_t num;                    /* ADD result, NUM_KEYS count, CHECK/DELETE flag */
+    tdist__wire_bytes_t value;      /* GET, CAS; HELLO: server nonce; AUTH: server proof */
+    int64_t num;                    /* ADD result, NUM_KEYS count, CHECK/DELETE flag,
+                                       HELLO: 1 if the server wants proof */
     uint32_t n;                     /* MULTI_GET */
     tdist__wire_bytes_t *values;    /* MULTI_GET */
 } tdist__wire_reply_t;
@@ -199,6 +212,14 @@ void tdist__wbuf_free(tdist__wbuf_t *b);
 
 /* Append a complete error reply (op, status, message) to b. */
 void tdist__wire_put_error(tdist__wbuf_t *b, uint8_t op, uint8_t status, const char *msg);
+
+/* The proof of the secret one side of a store connection gives:
+ * HMAC-SHA256(secret, label | first | second) into out (32 bytes). The
+ * client's label is "tdist store client" over (server nonce, client
+ * nonce); the server's "tdist store server" over (client nonce, server
+ * nonce). Pure. */
+void tdist__wire_proof(const char *secret, bool server, const tdist__wire_bytes_t *first,
+                       const tdist__wire_bytes_t *second, uint8_t out[TDIST_WIRE_PROOF_LEN]);
 
 /* Big-endian helpers. */
 uint32_t tdist__wire_get_u32(const uint8_t *p);

@@ -5,10 +5,18 @@
  * is transport.c's; this file sets the mesh up and moves bytes.
  *
  * Set-up: rank i connects to every rank j < i and accepts from every
- * j > i, so each pair gets exactly one connection. The connecting side
- * sends a 32-byte HELLO frame, the accepting side checks it and answers
- * with an ACK frame, which the connecting side checks in turn. Refused
- * connections are retried every RETRY_MS until the deadline.
+ * j > i, so each pair gets exactly one connection. Three 96-byte frames
+ * (header | nonce | mac) prove that both ends know the job's secret
+ * (TDIST_JOB_SECRET; without one the key is empty and anyone can):
+ *   dialler  -> HELLO  its header and a fresh nonce
+ *   acceptor -> ACK    its header, a fresh nonce, HMAC(secret, "ack" | HELLO | ACK)
+ *   dialler  -> PROOF  HMAC(secret, "proof" | HELLO | ACK)
+ * The dialler checks the ACK's mac before its channel is up, the acceptor
+ * the PROOF before its own is: a process without the secret can neither
+ * join a mesh nor pose as a rank's listener, and the secret never crosses
+ * the wire. Several connections may claim a rank while unproven; the
+ * first to prove it wins. Refused connections are retried every RETRY_MS
+ * until the deadline.
  *
  * Data: per peer, one FIFO of sends and one of receives. No framing on
  * the wire: a receive takes exactly its len bytes from the stream, and
@@ -23,16 +31,22 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <unistd.h>
 
+#include "core/auth.h"
 #include "core/net.h"
 #include "transport/ops.h"
 
-#define HS_LEN 32
+#define HS_HDR 32     /* header: magic, version, type, tag, size, from, to */
+#define HS_SIGNED 64  /* header and nonce: what the macs cover */
+#define HS_LEN 96     /* header | nonce (32) | mac (32) */
 #define HS_MAGIC 0x70746474u /* "tdtp" little-endian */
-#define HS_VERSION 1
+#define HS_VERSION 2
 #define HS_HELLO 1
 #define HS_ACK 2
+#define HS_PROOF 3
 #define RETRY_MS 50
 #define MAX_INCOMING 64 /* connections accepted but not yet through the handshake */
 #define ADDR_LEN TDIST__TP_LABEL_LEN /* "[<45 chars>]:65535" fits */
@@ -43,7 +57,6 @@
 typedef struct conn {
     int fd;           /* -1 until the handshake passed */
     bool peer_closed; /* EOF/reset seen while no receive was posted */
-    bool claimed;     /* set-up: a valid HELLO arrived, ACK on its way */
 } conn_t;
 
 typedef struct tcp_tp {
@@ -51,6 +64,8 @@ typedef struct tcp_tp {
     int listen_fd;      /* closed once the mesh is up */
     int wake_fd;        /* eventfd written by tdist__tp_abort */
     conn_t *conn;       /* size entries; conn[rank] unused */
+    char *secret;       /* the job's secret ("" when none); the handshake's key */
+    uint64_t accepted;  /* connections accepted during set-up */
 } tcp_tp_t;
 
 #define TCP(t) ((tcp_tp_t *)(void *)(t))
@@ -92,6 +107,7 @@ static uint64_t get_u64(const uint8_t *p)
 static void hs_encode(uint8_t *f, uint16_t type, uint64_t tag, int size, int from, int to)
 {
     memset(f, 0, HS_LEN);
+    if (type != HS_PROOF) tdist__random_bytes(f + HS_HDR, HS_SIGNED - HS_HDR);
     put_u32(f, HS_MAGIC);
     put_u16(f + 4, HS_VERSION);
     put_u16(f + 6, type);
@@ -137,6 +153,17 @@ static bool hs_check(const tdist__tp_t *tp, const uint8_t *f, uint16_t type, int
     return true;
 }
 
+/* The mac of an ACK (ack) or a PROOF (!ack): HMAC-SHA256(secret, label |
+ * HELLO's header and nonce | ACK's header and nonce). */
+static void hs_mac(const tcp_tp_t *t, bool ack, const uint8_t *hello, const uint8_t *ackf,
+                   uint8_t out[TDIST_SHA256_LEN])
+{
+    const char *label = ack ? "tdist transport ack" : "tdist transport proof";
+    const void *parts[3] = {label, hello, ackf};
+    size_t lens[3] = {strlen(label) + 1, HS_SIGNED, HS_SIGNED};
+    tdist__hmac_sha256(t->secret, strlen(t->secret), parts, lens, 3, out);
+}
+
 static void close_fd(int *fd)
 {
     if (*fd >= 0) close(*fd);
@@ -144,6 +171,16 @@ static void close_fd(int *fd)
 }
 
 /* ------------------------------------------------------------- listen */
+
+/* Whether ss is a loopback address (127.0.0.0/8, ::1, ::ffff:127.x). */
+static bool is_loopback(const struct sockaddr_storage *ss)
+{
+    if (ss->ss_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)ss)->sin_addr.s_addr) >> 24) == 127;
+    const struct in6_addr *a = &((const struct sockaddr_in6 *)ss)->sin6_addr;
+    if (IN6_IS_ADDR_LOOPBACK(a)) return true;
+    return IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127;
+}
 
 /* Open the listening socket on ss and the abort eventfd. */
 static tdist_status_t open_listener(tcp_tp_t *t, struct sockaddr_storage *ss, socklen_t sl)
@@ -187,7 +224,10 @@ tdist_status_t tdist__tcp_listen(tdist__tp_kind_t kind, int rank, int size,
         return tdist__error(TDIST_ERR_NO_MEMORY, "%s: rank %d: out of memory for %d channels", fn,
                             rank, size);
     t->listen_fd = t->wake_fd = -1;
-    tdist_status_t st = tdist__tp_base_init(&t->b, kind, rank, size, opts->tag);
+    const char *secret = tdist__env_job_secret();
+    t->secret = tdist__strdup(secret ? secret : "");
+    tdist_status_t st = t->secret ? tdist__tp_base_init(&t->b, kind, rank, size, opts->tag)
+                                  : tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory", fn);
     if (st == TDIST_OK && !(t->conn = calloc((size_t)size, sizeof *t->conn)))
         st = tdist__error(TDIST_ERR_NO_MEMORY, "%s: rank %d: out of memory for %d channels", fn,
                           rank, size);
@@ -195,6 +235,10 @@ tdist_status_t tdist__tcp_listen(tdist__tp_kind_t kind, int rank, int size,
         for (int p = 0; p < size; p++) t->conn[p].fd = -1;
         st = open_listener(t, &ss, sl);
     }
+    if (st == TDIST_OK && !*t->secret && !is_loopback(&ss))
+        TDIST_LOGW("rank %d: transport listens on %s without the job's secret: any process that "
+                   "can reach it can try to join the mesh; set the same TDIST_JOB_SECRET for "
+                   "every rank", rank, t->b.addr);
     if (st != TDIST_OK) {
         tdist__tcp_destroy(&t->b);
         return st;
@@ -205,7 +249,7 @@ tdist_status_t tdist__tcp_listen(tdist__tp_kind_t kind, int rank, int size,
 
 /* ------------------------------------------------------------ connect */
 
-enum { PH_CONNECTING, PH_SEND, PH_RECV };
+enum { PH_CONNECTING, PH_SEND, PH_RECV, PH_PROOF };
 
 /* A connection going through set-up. Outgoing ones (to peers below this
  * rank) live in out[peer]; accepted ones in in[] until their HELLO names
@@ -216,7 +260,9 @@ typedef struct pending {
     int phase;
     size_t out_done, in_done;
     int64_t retry_at; /* outgoing with fd < 0: when to try again */
+    uint64_t accepted; /* incoming: order of acceptance (oldest first) */
     uint8_t outf[HS_LEN], inf[HS_LEN];
+    uint8_t want[TDIST_SHA256_LEN]; /* incoming: the PROOF's mac it must send */
     char from[ADDR_LEN]; /* incoming: the remote socket address */
 } pending_t;
 
@@ -304,6 +350,28 @@ static int out_exchange(tcp_tp_t *t, pending_t *p, int64_t now)
     return 1;
 }
 
+/* Send the dialler's PROOF over the HELLO in p->outf and the ACK in
+ * p->inf. 96 bytes on a socket that has sent only 96: they fit at once.
+ * false (problem noted) if the socket takes them not. */
+static bool send_proof(tcp_tp_t *t, pending_t *p)
+{
+    uint8_t f[HS_LEN];
+    hs_encode(f, HS_PROOF, t->b.tag, t->b.size, t->b.rank, p->peer);
+    hs_mac(t, false, p->outf, p->inf, f + HS_SIGNED);
+    size_t done = 0;
+    for (int guard = 0; done < HS_LEN && guard < 1000; guard++) {
+        ssize_t n = send(p->fd, f + done, HS_LEN - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            tdist__tp_set_problem(&t->b, p->peer, "sending the handshake's proof: %s",
+                                  n < 0 ? strerror(errno) : "nothing sent");
+            return false;
+        }
+        done += (size_t)n;
+    }
+    return done == HS_LEN;
+}
+
 /* Advance an outgoing set-up. Returns true when the channel is up. */
 static bool out_step(tcp_tp_t *t, pending_t *p, int64_t now)
 {
@@ -321,9 +389,22 @@ static bool out_step(tcp_tp_t *t, pending_t *p, int64_t now)
     if (out_exchange(t, p, now) <= 0) return false;
     char why[200];
     int from = -1;
-    if (!hs_check(&t->b, p->inf, HS_ACK, &from, why, sizeof why) || from != p->peer) {
-        if (from != p->peer && from >= 0)
-            snprintf(why, sizeof why, "the listener answered as rank %d", from);
+    uint8_t mac[TDIST_SHA256_LEN];
+    bool ok = hs_check(&t->b, p->inf, HS_ACK, &from, why, sizeof why) && from == p->peer;
+    if (ok) {
+        hs_mac(t, true, p->outf, p->inf, mac);
+        ok = tdist__const_time_eq(mac, p->inf + HS_SIGNED, sizeof mac);
+        if (!ok)
+            snprintf(why, sizeof why, "its proof of the job's secret is wrong (not a rank of this "
+                                      "job, or another TDIST_JOB_SECRET)");
+    } else if (from != p->peer && from >= 0) {
+        snprintf(why, sizeof why, "the listener answered as rank %d", from);
+    }
+    if (ok && !send_proof(t, p)) {
+        out_retry(p, now);
+        return false;
+    }
+    if (!ok) {
         TDIST_LOGW("rank %d: transport set-up: bad handshake reply from peer rank %d (%s): %s",
                    t->b.rank, p->peer, addr, why);
         tdist__tp_set_problem(&t->b, p->peer, "bad handshake reply: %s", why);
@@ -341,8 +422,25 @@ static void in_reject(tcp_tp_t *t, pending_t *p, const char *why)
 {
     TDIST_LOGW("rank %d: transport set-up: rejected a connection from %s: %s", t->b.rank, p->from,
                why);
-    if (p->peer >= 0) t->conn[p->peer].claimed = false;
     close_fd(&p->fd);
+}
+
+/* Read the rest of an accepted connection's current frame into p->inf.
+ * true once it is whole; false to wait for the socket, or when the
+ * connection closed or failed (rejected, on_eof or the error logged). */
+static bool in_read(tcp_tp_t *t, pending_t *p, const char *on_eof)
+{
+    while (p->in_done < HS_LEN) {
+        ssize_t n = recv(p->fd, p->inf + p->in_done, HS_LEN - p->in_done, MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
+        if (n <= 0) {
+            in_reject(t, p, n == 0 ? on_eof : strerror(errno));
+            return false;
+        }
+        p->in_done += (size_t)n;
+    }
+    return true;
 }
 
 /* Read and check an accepted connection's HELLO and claim its rank.
@@ -350,16 +448,7 @@ static void in_reject(tcp_tp_t *t, pending_t *p, const char *why)
  * or when the connection was rejected (then p->fd < 0). */
 static bool in_hello(tcp_tp_t *t, pending_t *p)
 {
-    while (p->in_done < HS_LEN) {
-        ssize_t n = recv(p->fd, p->inf + p->in_done, HS_LEN - p->in_done, MSG_DONTWAIT);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
-        if (n <= 0) {
-            in_reject(t, p, n == 0 ? "closed before its handshake was complete" : strerror(errno));
-            return false;
-        }
-        p->in_done += (size_t)n;
-    }
+    if (!in_read(t, p, "closed before its handshake was complete")) return false;
     char why[200];
     int from = -1;
     if (!hs_check(&t->b, p->inf, HS_HELLO, &from, why, sizeof why)) {
@@ -372,15 +461,40 @@ static bool in_hello(tcp_tp_t *t, pending_t *p)
         in_reject(t, p, why);
         return false;
     }
-    if (t->conn[from].fd >= 0 || t->conn[from].claimed) {
+    if (t->conn[from].fd >= 0) {
         snprintf(why, sizeof why, "a second connection claiming rank %d", from);
         in_reject(t, p, why);
         return false;
     }
     p->peer = from;
-    t->conn[from].claimed = true;
     hs_encode(p->outf, HS_ACK, t->b.tag, t->b.size, t->b.rank, from);
+    hs_mac(t, true, p->inf, p->outf, p->outf + HS_SIGNED);
+    hs_mac(t, false, p->inf, p->outf, p->want);
     p->phase = PH_SEND;
+    return true;
+}
+
+/* Read and check an accepted connection's PROOF (after its ACK went out).
+ * Returns true once it proved the secret; false to wait for the socket or
+ * when the connection was rejected (then p->fd < 0). */
+static bool in_proof(tcp_tp_t *t, pending_t *p)
+{
+    if (!in_read(t, p, "closed before proving the job's secret")) return false;
+    char why[200];
+    int from = -1;
+    if (!hs_check(&t->b, p->inf, HS_PROOF, &from, why, sizeof why) || from != p->peer) {
+        in_reject(t, p, from != p->peer && from >= 0 ? "a proof from another rank" : why);
+        return false;
+    }
+    if (!tdist__const_time_eq(p->want, p->inf + HS_SIGNED, sizeof p->want)) {
+        in_reject(t, p, "wrong proof of the job's secret (not a rank of this job, or another "
+                        "TDIST_JOB_SECRET)");
+        return false;
+    }
+    if (t->conn[p->peer].fd >= 0) {
+        in_reject(t, p, "its rank is already connected");
+        return false;
+    }
     return true;
 }
 
@@ -389,7 +503,7 @@ static bool in_hello(tcp_tp_t *t, pending_t *p)
 static int in_step(tcp_tp_t *t, pending_t *p)
 {
     if (p->phase == PH_RECV && !in_hello(t, p)) return -1;
-    while (p->out_done < HS_LEN) {
+    while (p->phase == PH_SEND && p->out_done < HS_LEN) {
         ssize_t n = send(p->fd, p->outf + p->out_done, HS_LEN - p->out_done,
                          MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n < 0 && errno == EINTR) continue;
@@ -400,9 +514,13 @@ static int in_step(tcp_tp_t *t, pending_t *p)
         }
         p->out_done += (size_t)n;
     }
+    if (p->phase == PH_SEND) {
+        p->phase = PH_PROOF;
+        p->in_done = 0;
+    }
+    if (!in_proof(t, p)) return -1;
     int peer = p->peer;
     chan_up(t, peer, p->fd);
-    t->conn[peer].claimed = false;
     p->fd = -1;
     tdist__net_nodelay(t->conn[peer].fd);
     TDIST_LOGD("rank %d: transport channel from peer rank %d (%s, socket %s) is up", t->b.rank,
@@ -424,20 +542,23 @@ static void accept_all(tcp_tp_t *t, pending_t *in)
                            strerror(errno));
             return;
         }
-        int slot = -1;
-        for (int i = 0; i < MAX_INCOMING && slot < 0; i++)
+        /* a free slot, else the oldest handshake still pending makes room:
+         * connections that never prove anything cannot keep peers out */
+        int slot = -1, oldest = 0;
+        for (int i = 0; i < MAX_INCOMING && slot < 0; i++) {
             if (in[i].fd < 0) slot = i;
+            else if (in[i].accepted < in[oldest].accepted) oldest = i;
+        }
+        if (slot < 0) {
+            in_reject(t, &in[oldest], "the oldest of the pending handshakes, closed to make "
+                                      "room for a new connection");
+            slot = oldest;
+        }
         char from[ADDR_LEN];
         tdist__net_sockaddr_str(&ss, from, sizeof from);
-        if (slot < 0) {
-            TDIST_LOGW("rank %d: transport set-up: rejected a connection from %s: %d "
-                       "handshakes already pending",
-                       t->b.rank, from, MAX_INCOMING);
-            close(fd);
-            continue;
-        }
         pending_t *p = &in[slot];
         memset(p, 0, sizeof *p);
+        p->accepted = ++t->accepted;
         p->fd = fd;
         p->peer = -1;
         p->phase = PH_RECV;
@@ -529,6 +650,12 @@ static int64_t dial_due(tcp_tp_t *t, setup_t *s, int64_t now, int64_t deadline_m
     return wake_at;
 }
 
+/* What a connection in set-up waits for. */
+static short poll_events(const pending_t *p)
+{
+    return p->phase == PH_RECV || p->phase == PH_PROOF ? POLLIN : POLLOUT;
+}
+
 /* Set-up's poll set: the abort eventfd, the listening socket, then every
  * connection under way. Returns its size. */
 static int setup_pfd(tcp_tp_t *t, setup_t *s)
@@ -541,13 +668,13 @@ static int setup_pfd(tcp_tp_t *t, setup_t *s)
     for (int r = 0; r < s->nout; r++) {
         pending_t *p = &s->out[r];
         if (p->fd < 0) continue;
-        s->pfd[n] = (struct pollfd){.fd = p->fd, .events = p->phase == PH_RECV ? POLLIN : POLLOUT};
+        s->pfd[n] = (struct pollfd){.fd = p->fd, .events = poll_events(p)};
         s->pfd_p[n++] = p;
     }
     for (int i = 0; i < MAX_INCOMING; i++) {
         pending_t *p = &s->in[i];
         if (p->fd < 0) continue;
-        s->pfd[n] = (struct pollfd){.fd = p->fd, .events = p->phase == PH_RECV ? POLLIN : POLLOUT};
+        s->pfd[n] = (struct pollfd){.fd = p->fd, .events = poll_events(p)};
         s->pfd_p[n++] = p;
     }
     return n;
@@ -774,6 +901,8 @@ void tdist__tcp_destroy(tdist__tp_t *tp)
     close_fd(&t->listen_fd);
     close_fd(&t->wake_fd);
     free(t->conn);
+    if (t->secret) memset(t->secret, 0, strlen(t->secret));
+    free(t->secret);
     tdist__tp_base_fini(tp);
     free(t);
 }

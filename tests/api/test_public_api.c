@@ -164,7 +164,7 @@ static void api_setup(void)
         "TDIST_LOG",        "TDIST_TIMEOUT_MS",   "TDIST_STORE_TOKEN", "TDIST_LAUNCHER_STORE",
         "TDIST_STORE_LISTEN_FD", "TDIST_RESTART_COUNT", "TDIST_HOSTNAME", "MASTER_ADDR",
         "MASTER_PORT",      "RANK",               "WORLD_SIZE",        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
+        "LOCAL_WORLD_SIZE", "TDIST_JOB_SECRET",
     };
     for (size_t i = 0; i < NELEM(vars); i++) unsetenv(vars[i]);
     if (tdist_log_level() != TDIST_LOG_OFF) tdist_log_set_level(TDIST_LOG_OFF);

@@ -38,7 +38,10 @@ static void reencode(const tdist__wire_request_t *r, const uint8_t *body, size_t
     case TDIST_WIRE_HELLO:
         tdist__wbuf_put_u32(&b, TDIST_WIRE_MAGIC);
         tdist__wbuf_put_u32(&b, r->version);
-        tdist__wbuf_put_bytes(&b, r->token.ptr, r->token.len);
+        tdist__wbuf_put_bytes(&b, r->nonce.ptr, r->nonce.len);
+        break;
+    case TDIST_WIRE_AUTH:
+        tdist__wbuf_put_bytes(&b, r->proof.ptr, r->proof.len);
         break;
     case TDIST_WIRE_SET:
     case TDIST_WIRE_APPEND:
@@ -103,7 +106,8 @@ static void decode_body(uint8_t op, uint8_t status, const uint8_t *body, size_t 
                 check_view(&r.values[i], body, len);
             }
         }
-        check_view(&r.token, body, len);
+        check_view(&r.nonce, body, len);
+        check_view(&r.proof, body, len);
         check_view(&r.expected, body, len);
         check_view(&r.desired, body, len);
         reencode(&r, body, len);

@@ -25,7 +25,7 @@ static inline void clear_init_env(void)
         "SLURM_LOCALID",        "SLURM_NODEID",          "SLURM_STEP_TASKS_PER_NODE",
         "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_STEP_NODELIST",
         "SLURM_JOB_NODELIST",   "SLURM_JOB_ID",          "OMPI_COMM_WORLD_SIZE",
-        "PMI_SIZE",             "PMIX_RANK"};
+        "PMI_SIZE",             "PMIX_RANK",             "TDIST_JOB_SECRET"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
 

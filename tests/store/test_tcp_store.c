@@ -471,17 +471,18 @@ TEST(store_tcp_token_refused_and_accepted, 30)
     tdist_store_server_t *srv = start_server(&so);
     uint16_t port = tdist_store_server_port(srv);
     unsetenv("TDIST_STORE_TOKEN");
+    unsetenv("TDIST_JOB_SECRET");
 
     tdist_store_opts_t o;
     tdist_store_opts_init(&o);
     o.timeout_ms = default_timeout();
     tdist_store_t *s = NULL;
     ASSERT_STATUS(tdist_store_tcp_connect("127.0.0.1", port, &o, &s), TDIST_ERR_AUTH);
-    ASSERT_CONTAINS(tdist_last_error(), "missing token");
+    ASSERT_CONTAINS(tdist_last_error(), "requires the job's secret and this process has none");
     ASSERT_CONTAINS(tdist_last_error(), "127.0.0.1:");
     o.token = "s3cret-tokeX";
     ASSERT_STATUS(tdist_store_tcp_connect("127.0.0.1", port, &o, &s), TDIST_ERR_AUTH);
-    ASSERT_CONTAINS(tdist_last_error(), "wrong token");
+    ASSERT_CONTAINS(tdist_last_error(), "wrong secret");
     o.token = "s3cret-token-longer";
     ASSERT_STATUS(tdist_store_tcp_connect("127.0.0.1", port, &o, &s), TDIST_ERR_AUTH);
     ASSERT_TRUE(s == NULL);
@@ -508,6 +509,27 @@ TEST(store_tcp_token_refused_and_accepted, 30)
     tdist_store_destroy(s);
     unsetenv("TDIST_STORE_TOKEN");
     ASSERT_STATUS(tdist_store_tcp_connect("127.0.0.1", port, &o, &s), TDIST_ERR_AUTH);
+    tdist_store_server_destroy(srv2);
+
+    /* TDIST_JOB_SECRET wins over TDIST_STORE_TOKEN; a client with a secret
+     * refuses a server that asks for none (it is not this job's store) */
+    setenv("TDIST_JOB_SECRET", "job-secret", 1);
+    setenv("TDIST_STORE_TOKEN", "other", 1);
+    srv2 = start_server(NULL);
+    port = tdist_store_server_port(srv2);
+    o.token = "job-secret";
+    ASSERT_OK(tdist_store_tcp_connect("127.0.0.1", port, &o, &s));
+    tdist_store_destroy(s);
+    o.token = "other";
+    ASSERT_STATUS(tdist_store_tcp_connect("127.0.0.1", port, &o, &s), TDIST_ERR_AUTH);
+    tdist_store_server_destroy(srv2);
+    unsetenv("TDIST_JOB_SECRET");
+    unsetenv("TDIST_STORE_TOKEN");
+    srv2 = start_server(NULL);
+    o.token = "job-secret";
+    ASSERT_STATUS(tdist_store_tcp_connect("127.0.0.1", tdist_store_server_port(srv2), &o, &s),
+                  TDIST_ERR_AUTH);
+    ASSERT_CONTAINS(tdist_last_error(), "does not ask for the job's secret");
     tdist_store_server_destroy(srv2);
 }
 

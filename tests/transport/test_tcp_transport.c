@@ -22,6 +22,7 @@
 #include <arpa/inet.h>
 #include <unistd.h>
 
+#include "core/auth.h"
 #include "mesh.h"
 
 #define TAG 0x7464697374303031ull
@@ -244,13 +245,16 @@ TEST(transport_tcp_small_messages_in_order, 40) { tdist_test_run_ranks(2, small_
 
 /* --------------------------------------------------- handshake rejection */
 
-/* The wire format of a handshake frame (transport/tcp.c): 32 bytes LE. */
+/* The wire format of a handshake frame (transport/tcp.c): 96 bytes LE,
+ * a 32-byte header, a nonce (here 0x5a...), a mac. */
+#define FRAME 96
 static void frame(uint8_t *f, uint32_t magic, uint16_t type, uint64_t tag, uint32_t size,
                   uint32_t from, uint32_t to)
 {
-    memset(f, 0, 32);
+    memset(f, 0, FRAME);
+    if (type != 3) memset(f + 32, 0x5a, 32);
     for (int i = 0; i < 4; i++) f[i] = (uint8_t)(magic >> (8 * i));
-    f[4] = 1; /* version */
+    f[4] = 2; /* version */
     f[6] = (uint8_t)type;
     for (int i = 0; i < 8; i++) f[8 + i] = (uint8_t)(tag >> (8 * i));
     for (int i = 0; i < 4; i++) {
@@ -284,7 +288,18 @@ static uint16_t port_of(const char *addr)
     return c ? (uint16_t)atoi(c + 1) : 0;
 }
 
-/* Send a frame; return what came back: 32 (a full reply, in reply), 0
+/* The mac of an ACK (ack) or PROOF over a HELLO and an ACK, keyed with
+ * secret, as transport/tcp.c computes it. */
+static void hs_mac(const char *secret, bool ack, const uint8_t *hello, const uint8_t *ackf,
+                   uint8_t *out)
+{
+    const char *label = ack ? "tdist transport ack" : "tdist transport proof";
+    const void *parts[3] = {label, hello, ackf};
+    size_t lens[3] = {strlen(label) + 1, 64, 64};
+    tdist__hmac_sha256(secret, strlen(secret), parts, lens, 3, out);
+}
+
+/* Send a frame; return what came back: 96 (a full reply, in reply), 0
  * (closed without reply), -1 (error/timeout). */
 static int raw_try(uint16_t port, const uint8_t *f, size_t flen, uint8_t *reply, int *fd_keep)
 {
@@ -295,8 +310,8 @@ static int raw_try(uint16_t port, const uint8_t *f, size_t flen, uint8_t *reply,
         return -3;
     }
     size_t got = 0;
-    while (got < 32) {
-        ssize_t n = recv(fd, reply + got, 32 - got, 0);
+    while (got < FRAME) {
+        ssize_t n = recv(fd, reply + got, FRAME - got, 0);
         if (n == 0) break;
         if (n < 0) {
             int e = errno;
@@ -305,57 +320,104 @@ static int raw_try(uint16_t port, const uint8_t *f, size_t flen, uint8_t *reply,
         }
         got += (size_t)n;
     }
-    if (fd_keep && got == 32)
+    if (fd_keep && got == FRAME)
         *fd_keep = fd;
     else
         close(fd);
     return (int)got;
 }
 
-/* The child plays a fake rank 1 and strangers against a rank-0 listener of
- * a 3-rank group; rank 2 never comes. */
-static int handshake_child(uint16_t port)
+/* Whether the listener closes fd (EOF or reset) without sending more. */
+static bool closed_by_peer(int fd)
 {
-    uint8_t f[32], reply[32];
+    uint8_t b[FRAME];
+    ssize_t n = recv(fd, b, sizeof b, 0);
+    return n == 0 || (n < 0 && errno == ECONNRESET);
+}
+
+/* Claim rank 1 with a HELLO, check the ACK's header and its mac under
+ * secret, then send a PROOF made with proof_key. Returns the connection
+ * (kept open), or a negative step on failure. */
+static int claim_rank1(uint16_t port, const char *secret, const char *proof_key)
+{
+    uint8_t f[FRAME], reply[FRAME], want[FRAME], mac[32];
     int keep = -1;
+    frame(f, MAGIC, 1, TAG, 3, 1, 0);
+    if (raw_try(port, f, FRAME, reply, &keep) != FRAME) return -1;
+    frame(want, MAGIC, 2, TAG, 3, 0, 1);
+    if (memcmp(reply, want, 32) != 0) return -2;
+    hs_mac(secret, true, f, reply, mac);
+    if (memcmp(reply + 64, mac, 32) != 0) return -3;
+    uint8_t proof[FRAME];
+    frame(proof, MAGIC, 3, TAG, 3, 1, 0);
+    hs_mac(proof_key, false, f, reply, proof + 64);
+    if (send(keep, proof, FRAME, MSG_NOSIGNAL) != FRAME) return -4;
+    return keep;
+}
+
+/* The child plays a fake rank 1 and strangers against a rank-0 listener of
+ * a 3-rank group whose job secret is secret; rank 2 never comes. */
+static int handshake_child(uint16_t port, const char *secret)
+{
+    uint8_t f[FRAME], reply[FRAME];
     /* garbage */
     memset(f, 0xab, sizeof f);
-    if (raw_try(port, f, 32, reply, NULL) != 0) return 10;
+    if (raw_try(port, f, FRAME, reply, NULL) != 0) return 10;
     /* wrong tag */
     frame(f, MAGIC, 1, TAG ^ 1, 3, 1, 0);
-    if (raw_try(port, f, 32, reply, NULL) != 0) return 11;
+    if (raw_try(port, f, FRAME, reply, NULL) != 0) return 11;
     /* wrong size */
     frame(f, MAGIC, 1, TAG, 4, 1, 0);
-    if (raw_try(port, f, 32, reply, NULL) != 0) return 12;
+    if (raw_try(port, f, FRAME, reply, NULL) != 0) return 12;
     /* wrong to-rank */
     frame(f, MAGIC, 1, TAG, 3, 1, 2);
-    if (raw_try(port, f, 32, reply, NULL) != 0) return 13;
+    if (raw_try(port, f, FRAME, reply, NULL) != 0) return 13;
     /* wrong direction (rank 0 claims to connect to itself) */
     frame(f, MAGIC, 1, TAG, 3, 0, 0);
-    if (raw_try(port, f, 32, reply, NULL) != 0) return 14;
+    if (raw_try(port, f, FRAME, reply, NULL) != 0) return 14;
     /* out-of-range from-rank */
     frame(f, MAGIC, 1, TAG, 3, 7, 0);
-    if (raw_try(port, f, 32, reply, NULL) != 0) return 15;
+    if (raw_try(port, f, FRAME, reply, NULL) != 0) return 15;
     /* an ACK where a HELLO belongs */
     frame(f, MAGIC, 2, TAG, 3, 1, 0);
-    if (raw_try(port, f, 32, reply, NULL) != 0) return 16;
+    if (raw_try(port, f, FRAME, reply, NULL) != 0) return 16;
     /* a short frame, then close */
     int fd = raw_connect(port);
     if (fd < 0) return 17;
     if (send(fd, f, 5, MSG_NOSIGNAL) != 5) return 18;
     close(fd);
-    /* a silent connection, kept open */
+    /* a silent connection, kept open, and 100 more: more than the 64
+     * handshakes a listener keeps pending, so the oldest make room */
     int silent = raw_connect(port);
     if (silent < 0) return 19;
-    /* the right HELLO from rank 1: an ACK from rank 0 comes back */
+    int flood[100];
+    for (int i = 0; i < 100; i++)
+        if ((flood[i] = raw_connect(port)) < 0) return 24;
+    /* a stranger without the secret: gets a challenge, its proof is refused */
+    int stranger = claim_rank1(port, secret, "not the secret");
+    if (stranger < 0) return 30 - stranger;
+    if (!closed_by_peer(stranger)) return 20;
+    close(stranger);
+    /* rank 1 with the secret: its channel comes up (the listener keeps it) */
+    int keep = claim_rank1(port, secret, secret);
+    if (keep < 0) return 40 - keep;
+    /* a second rank 1, even with the secret: closed, at its HELLO or at
+     * its proof (whichever rank 0 reads after the first one's proof) */
     frame(f, MAGIC, 1, TAG, 3, 1, 0);
-    if (raw_try(port, f, 32, reply, &keep) != 32) return 20;
-    uint8_t want[32];
-    frame(want, MAGIC, 2, TAG, 3, 0, 1);
-    if (memcmp(reply, want, 32) != 0) return 21;
-    /* a second rank 1: refused */
-    if (raw_try(port, f, 32, reply, NULL) != 0) return 22;
+    int second = -1;
+    int got = raw_try(port, f, FRAME, reply, &second);
+    if (got == FRAME) {
+        uint8_t proof[FRAME];
+        frame(proof, MAGIC, 3, TAG, 3, 1, 0);
+        hs_mac(secret, false, f, reply, proof + 64);
+        if (send(second, proof, FRAME, MSG_NOSIGNAL) != FRAME) return 21;
+        if (!closed_by_peer(second)) return 22;
+        close(second);
+    } else if (got != 0) {
+        return 23;
+    }
     close(silent);
+    for (int i = 0; i < 100; i++) close(flood[i]);
     close(keep);
     return 0;
 }
@@ -363,6 +425,8 @@ static int handshake_child(uint16_t port)
 TEST(transport_tcp_handshake_rejects_bad_frames, 30)
 {
     int fds_before = count_fds();
+    const char *secret = "transport-test-secret";
+    setenv("TDIST_JOB_SECRET", secret, 1);
     tdist__tp_opts_t o = {.bind_addr = "127.0.0.1", .tag = TAG};
     tdist__tp_t *tp = NULL;
     ASSERT_OK(tdist__tp_listen(TDIST__TP_TCP, 0, 3, &o, &tp));
@@ -374,7 +438,7 @@ TEST(transport_tcp_handshake_rejects_bad_frames, 30)
     ASSERT_TRUE(pid >= 0);
     if (pid == 0) {
         tdist__tp_destroy(tp); /* the child's copy of the fds */
-        exit(handshake_child(port));
+        exit(handshake_child(port, secret));
     }
     /* Rank 0 only accepts, so these addresses are never dialled. */
     const char *addrs[3] = {NULL, "127.0.0.1:9", "127.0.0.1:9"};
@@ -407,11 +471,11 @@ static void stray_body(int rank, int n, void *arg)
     int silent = -1;
     if (rank == 1) {
         uint16_t port = port_of(t.addrs[0]);
-        uint8_t f[32], reply[32];
+        uint8_t f[FRAME], reply[FRAME];
         memset(f, 0x11, sizeof f);
-        ASSERT_EQ(raw_try(port, f, 32, reply, NULL), 0);
+        ASSERT_EQ(raw_try(port, f, FRAME, reply, NULL), 0);
         frame(f, MAGIC, 1, TAG + 1, 2, 1, 0); /* a stale job's tag */
-        ASSERT_EQ(raw_try(port, f, 32, reply, NULL), 0);
+        ASSERT_EQ(raw_try(port, f, FRAME, reply, NULL), 0);
         silent = raw_connect(port);
         ASSERT_TRUE(silent >= 0);
     }

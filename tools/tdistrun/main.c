@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/auth.h"
 #include "core/internal.h"
 #include "tdist/store.h"
 #include "tdistrun.h"
@@ -230,6 +231,40 @@ static int check_environment(const tdr_opts_t *o)
     return 0;
 }
 
+/* The job's secret: kept from the environment (TDIST_JOB_SECRET, or the
+ * older TDIST_STORE_TOKEN) when set; else, on a single-node job, 32 random
+ * bytes in hex, put into this process's environment so the store hosted
+ * here and every worker (which inherits it, never on a command line) share
+ * it. A multi-node job cannot make one (the other nodes would not know
+ * it): it runs without one, with a warning. 0, or TDR_EXIT_SETUP. */
+static int ensure_secret(const tdr_opts_t *o)
+{
+    if (tdist__env_job_secret()) return 0;
+    if (o->nnodes > 1) {
+        if (!o->quiet)
+            tdr_eprintf("tdistrun: warning: no TDIST_JOB_SECRET for a %d-node job: any process "
+                        "that can reach the store or a rank can join or read the job; set the "
+                        "same TDIST_JOB_SECRET in every node's environment (docs/tdistrun.md)\n",
+                        o->nnodes);
+        return 0;
+    }
+    uint8_t raw[32];
+    char hex[2 * sizeof raw + 1];
+    if (tdist__random_bytes(raw, sizeof raw) != 0) {
+        tdr_eprintf("tdistrun: cannot make the job's secret: getrandom: %s\n", strerror(errno));
+        return TDR_EXIT_SETUP;
+    }
+    for (size_t i = 0; i < sizeof raw; i++) snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+    memset(raw, 0, sizeof raw);
+    int rc = setenv("TDIST_JOB_SECRET", hex, 1);
+    memset(hex, 0, sizeof hex);
+    if (rc != 0) {
+        tdr_eprintf("tdistrun: cannot set TDIST_JOB_SECRET: %s\n", strerror(errno));
+        return TDR_EXIT_SETUP;
+    }
+    return 0;
+}
+
 /* Everything after the command line: returns the exit code. */
 static int launch(tdr_opts_t *o)
 {
@@ -248,7 +283,8 @@ static int launch(tdr_opts_t *o)
     }
     tdist_store_server_t *srv = NULL;
     int port = o->master_port;
-    int rc = o->node_rank == 0 ? start_store(o, &srv, &port) : 0;
+    int rc = ensure_secret(o);
+    if (rc == 0 && o->node_rank == 0) rc = start_store(o, &srv, &port);
     tdr_coord_t *coord = NULL;
     if (rc == 0) {
         print_start(o, srv != NULL, port, prog);
