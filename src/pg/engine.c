@@ -260,11 +260,12 @@ char *tdist__pg_fail(tdist_pg_t *pg, tdist_status_t st, const char *prefix, cons
                      const char *cause, int64_t deadline_ms)
 {
     char *root = NULL;
-    if (st != TDIST_ERR_MISMATCH && pg->store && pg->size > 1) {
+    if (st != TDIST_ERR_MISMATCH && pg->store && pg->size > 1 && !pg->chk.store_silent) {
         /* First failure of the group wins; everyone reads the winner. A
          * stopped or unreachable store host must not hold the failure up:
-         * the failure path ends 1 s past the collective's deadline at the
-         * latest (the wait chain's grace included). */
+         * the failure path ends 0.8 s past the collective's deadline at
+         * the latest (the wait chain's grace included), and once the store
+         * has not answered the wait chain it is not asked again. */
         char key[300];
         snprintf(key, sizeof key, "pg/%s/failure", pg->uid);
         char *mine = tdist__asprintf("rank %d (world rank %d) %s: %s", pg->rank,
@@ -272,7 +273,7 @@ char *tdist__pg_fail(tdist_pg_t *pg, tdist_status_t st, const char *prefix, cons
         void *cur = NULL;
         size_t cur_len = 0;
         int64_t now = tdist__now_ms();
-        tdist_store_bound_thread(TDIST_MAX(deadline_ms + 950, now + 100) - now);
+        tdist_store_bound_thread(TDIST_MAX(deadline_ms + 800, now + 50) - now);
         tdist_status_t cst = mine ? tdist_store_compare_set(pg->store, key, NULL, 0, mine,
                                                             strlen(mine), &cur, &cur_len)
                                   : TDIST_ERR_NO_MEMORY;
@@ -551,6 +552,8 @@ static tdist_status_t work_failed(tdist_pg_t *pg, const struct tdist_work *w, td
         cause = tdist__asprintf("the group was aborted (tdist_pg_abort or destroy) on rank %d",
                                 pg->rank);
     }
+    /* the failure path ends 0.8 s past the call's deadline at the latest */
+    int64_t deadline = w->deadline_ms > 0 ? w->deadline_ms : tdist__now_ms();
     /* a timeout: the peer waited on may be waiting on another (waits.c) */
     int waited_on = st == TDIST_ERR_TIMEOUT ? tdist__tp_owed_peer() : -1;
     tdist__tp_set_owed_peer(-1);
@@ -566,7 +569,6 @@ static tdist_status_t work_failed(tdist_pg_t *pg, const struct tdist_work *w, td
     char where[300], d[200];
     tdist__work_describe(w, d, sizeof d);
     snprintf(where, sizeof where, "group %s seq %llu %s", pg->name, (unsigned long long)w->seq, d);
-    int64_t deadline = w->deadline_ms > 0 ? w->deadline_ms : tdist__now_ms();
     *msg = tdist__pg_fail(pg, st, prefix, where, cause ? cause : "unknown cause", deadline);
     TDIST_LOGD("%s", *msg ? *msg : prefix);
     if (!*msg) *msg = tdist__strdup(prefix);

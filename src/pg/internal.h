@@ -167,6 +167,7 @@ struct tdist_pg {
          * seq's term */
         tdist__fp_shape_t last;
         uint64_t h0;
+        bool store_silent;          /* the store did not answer the wait chain (waits.c) */
         int have;                   /* TCP: the rank whose fingerprint for the next exchange
                                        is already in theirs (Join's shadowing; -1: none) */
     } chk;
@@ -287,13 +288,14 @@ void tdist__pg_stop_engine(tdist_pg_t *pg);
 /* The sticky error, copied (or TDIST_OK). Caller frees *msg. */
 tdist_status_t tdist__pg_sticky(tdist_pg_t *pg, char **msg);
 /* waits.c: on a timeout that waited on peer, record it in the store and
- * follow the others' records (0.5 s of grace at most) to the rank that
+ * follow the others' records (0.4 s of grace at most) to the rank that
  * reports no wait of its own; "; who waits on whom: ..." naming it, or
- * NULL (nothing more to say than that peer). Engine side; blocks up to the
- * grace. */
+ * NULL (nothing more to say than that peer). A store that does not answer
+ * sets pg->chk.store_silent (the failure's own post is then skipped).
+ * Engine side; blocks up to the grace. */
 char *tdist__pg_wait_chain(tdist_pg_t *pg, int peer);
 /* Record a failure: post the root cause ("rank R (world rank W) <where>:
- * <cause>") to the store, bounded to end 1 s past deadline_ms (absolute;
+ * <cause>") to the store, bounded to end 0.8 s past deadline_ms (absolute;
  * the failed call's) at the latest, make it sticky, destroy the collective mesh (peers
  * blocked on it fail fast) and abort the p2p mesh. Returns the full
  * message, "<prefix>: <cause>" with the group's first failure (malloc'd). */

@@ -20,7 +20,7 @@
 #include "pg/internal.h"
 #include "tdist/store.h"
 
-#define WAITS_GRACE_MS 500 /* how long the records of the others are awaited */
+#define WAITS_GRACE_MS 400 /* how long the records of the others are awaited */
 #define WAITS_POLL_MS 20
 #define WAITS_MAX 32       /* ranks named in one chain */
 
@@ -77,9 +77,11 @@ char *tdist__pg_wait_chain(tdist_pg_t *pg, int peer)
     char key[300], val[16];
     snprintf(key, sizeof key, "pg/%s/waits/%d", pg->uid, pg->rank);
     snprintf(val, sizeof val, "%d", peer);
-    if (tdist_store_set(pg->store, key, val, strlen(val)) != TDIST_OK) {
+    tdist_status_t st = tdist_store_set(pg->store, key, val, strlen(val));
+    if (st != TDIST_OK) {
         tdist_store_bound_thread(-1);
         tdist_clear_error();
+        pg->chk.store_silent = st == TDIST_ERR_TIMEOUT || st == TDIST_ERR_CONNECTION;
         return NULL;
     }
     int path[WAITS_MAX] = {pg->rank, peer};
