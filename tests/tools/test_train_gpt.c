@@ -59,6 +59,15 @@ static void hash_of(const char *out, char hash[17])
     hash[16] = '\0';
 }
 
+/* Fails unless runs a and b end with the same parameter hash. */
+static void same_hash(const run_t *a, const run_t *b, const char *what)
+{
+    char ha[17], hb[17];
+    hash_of(a->out, ha);
+    hash_of(b->out, hb);
+    if (strcmp(ha, hb) != 0) FAIL("%s: final parameters differ: %s vs %s", what, hb, ha);
+}
+
 #define SMALL "--layers", "1", "--embd", "32", "--heads", "2", "--seq", "32", "--batch", "4"
 
 static void run_gpt(const char *nproc, const char *extra1, const char *extra2, const char *extra3,
@@ -193,10 +202,7 @@ TEST(tdistrun_train_gpt_exact_resume_1_rank, 150)
     loss_lines(rest.out, 6, b, sizeof b);
     if (strlen(a) < 100) FAIL("too few loss lines:\n%s", full.out);
     if (strcmp(a, b) != 0) FAIL("losses differ after resume:\n%s\nvs\n%s", a, b);
-    char h1[17], h2[17];
-    hash_of(full.out, h1);
-    hash_of(rest.out, h2);
-    if (strcmp(h1, h2) != 0) FAIL("final parameters differ after resume: %s vs %s", h1, h2);
+    same_hash(&full, &rest, "after resume");
     run_free(&full);
     run_free(&part);
     run_free(&rest);
@@ -251,10 +257,7 @@ TEST(tdistrun_train_gpt_zero, 150)
     ASSERT_CONTAINS(z.out, "[rank 0] zero: AdamW state sharded over 2 ranks");
     double ratio = check_learns(&z, "--zero");
     if (!(ratio > 1.5)) FAIL("--zero: %.3f of DDP's bytes, want 2 (gradients + parameters)", ratio);
-    char hd[17], hz[17];
-    hash_of(d.out, hd);
-    hash_of(z.out, hz);
-    if (strcmp(hd, hz) != 0) FAIL("--zero ends elsewhere than DDP: %s vs %s", hz, hd);
+    same_hash(&d, &z, "--zero against DDP");
     run_free(&d);
     run_free(&z);
 }
@@ -269,10 +272,7 @@ TEST(tdistrun_train_gpt_zero_resume_under_join, 150)
     stop_and_resume_mode("2", "7", "--zero", &full, &part, &rest);
     ASSERT_CONTAINS(part.out, "[rank 0] checkpoint: iteration 7 written to ");
     ASSERT_CONTAINS(part.out, "(ZeRO: the 2 ranks' shards gathered)");
-    char h1[17], h2[17];
-    hash_of(full.out, h1);
-    hash_of(rest.out, h2);
-    if (strcmp(h1, h2) != 0) FAIL("--zero: resumed run ends elsewhere: %s vs %s", h2, h1);
+    same_hash(&full, &rest, "--zero, resumed");
     ASSERT_CONTAINS(strstr(rest.out, "final val_loss="), "params_identical=yes\n");
     const char *argv[] = {TDISTRUN, "--nproc-per-node", "2", GPT, corpus(), SMALL, "--steps", "24",
                           "--round", "8", "--resume", "--ckpt", tmp_path("gpt.ckpt"), NULL};
