@@ -248,7 +248,8 @@ static double check_learns(const run_t *r, const char *what)
  * end bitwise where the default run's do (under Join a joined rank steps
  * its shard from the active ranks' clipped gradients at the iteration's
  * learning rate), with twice DDP's bytes (the parameters come back from
- * their owners after every step). */
+ * their owners after every step); also when checkpoints split the rounds'
+ * Joins. */
 TEST(tdistrun_train_gpt_zero, 150)
 {
     run_t d, z;
@@ -258,8 +259,21 @@ TEST(tdistrun_train_gpt_zero, 150)
     double ratio = check_learns(&z, "--zero");
     if (!(ratio > 1.5)) FAIL("--zero: %.3f of DDP's bytes, want 2 (gradients + parameters)", ratio);
     same_hash(&d, &z, "--zero against DDP");
+    /* checkpoints every 5 iterations end the rounds' Joins there: the
+     * numbers stay the same */
+    run_t c;
+    char ckpt[512];
+    snprintf(ckpt, sizeof ckpt, "%s", tmp_path("zero_every.ckpt"));
+    const char *argv[] = {TDISTRUN, "--nproc-per-node", "2", GPT, corpus(), SMALL, "--steps", "24",
+                          "--round", "8", "--sample", "40", "--zero", "--ckpt", ckpt,
+                          "--ckpt-every", "5", NULL};
+    run(argv, 100, "gpt_zero_ckpt", &c);
+    if (!c.exited || c.code != 0) FAIL("--zero --ckpt-every 5: exit %d\n%s", c.code, c.err);
+    ASSERT_CONTAINS(c.out, "[rank 0] checkpoint: iteration 15 written to ");
+    same_hash(&d, &c, "--zero --ckpt-every 5 against DDP");
     run_free(&d);
     run_free(&z);
+    run_free(&c);
 }
 
 /* --zero's checkpoint (every rank's shard, gathered) after iteration 7,
