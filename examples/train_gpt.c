@@ -51,8 +51,25 @@
  *
  * Other options: --hook (DDP comm hook, as train_digits), --checkpoint-
  * activations (recompute each block's activations in backward),
- * --offload (keep them in bf16). --zero, --local-sgd and --diloco are
- * named and refused: not available yet.
+ * --offload (keep them in bf16), and instead of plain DDP + AdamW
+ * (tdist/algorithms.h), each with one object per AdamW group:
+ *   --zero: each group's AdamW is a ZeRO object (whole parameters per
+ *     rank, synchronised by broadcast from their owners; under Join by
+ *     all_gather, a joined rank stepping its shard from the lowest active
+ *     rank's clipped gradients at the iteration's learning rate). Not the
+ *     overlap hook: clipping by global norm needs every averaged gradient
+ *     before any step, and the hook steps each bucket as it arrives.
+ *     Checkpoints hold every rank's shard (gathered; rank 0 writes); a
+ *     checkpoint due inside a round ends that round's Join there.
+ *   --local-sgd K: post-local SGD: DDP averages the gradients in the first
+ *     round, then each rank steps alone and the parameters are averaged
+ *     every K steps (a post-local-SGD optimizer per group, joinables after
+ *     DDP's); DDP's post hook ends each round with the last joiner's.
+ *   --diloco H[:bf16|:int8]: DiLoCo without DDP: H inner AdamW steps, then
+ *     an outer Nesterov step on the averaged pseudo-gradient; a last
+ *     synchronisation ends every round.
+ * With --local-sgd and --diloco every rank keeps its own AdamW state (as
+ * PyTorch's post-local-SGD optimizer), and checkpoints are refused.
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, fileno, fsync */
 
@@ -73,7 +90,8 @@
 
 #define VOCAB 256
 #define VAL_ROWS 64 /* validation windows */
-#define CKPT_MAGIC 0x54445347504b4331ull /* "TDSGPKC1" */
+#define CKPT_MAGIC 0x54445347504b4331ull      /* "TDSGPKC1" */
+#define CKPT_MAGIC_ZERO 0x54445347504b5a31ull /* "TDSGPKZ1": written with --zero */
 
 /* splitmix64's output for state z: a hash of z (the counter-based
  * generator of the batches' windows, and the sampler). */
@@ -81,12 +99,23 @@ static uint64_t mix(uint64_t z) { return rng_next(&z); }
 
 /* ------------------------------------------------------- the command line */
 
+/* What is communicated, and when. */
+typedef enum mode {
+    MODE_DDP,       /* averaged gradients every step (with --hook's hook) */
+    MODE_ZERO,      /* the same, with the optimizer state sharded (ZeRO) */
+    MODE_LOCAL_SGD, /* post-local SGD: parameters every K steps */
+    MODE_DILOCO     /* DiLoCo: pseudo-gradients every H steps */
+} train_mode_t;
+
 typedef struct args {
     const char *corpus;
     long steps, round, log_every, ckpt_every, stop_after, batch, seq, layers, embd, heads, sample;
     const char *hook, *ckpt;
     bool resume, recompute, offload;
     double lr;
+    train_mode_t mode;
+    long period;        /* --local-sgd K, --diloco H */
+    tdist_dtype_t wire; /* DiLoCo's pseudo-gradient: f32, bf16 or i8 */
 } args_t;
 
 static void usage(FILE *f, const char *prog)
@@ -107,7 +136,11 @@ static void usage(FILE *f, const char *prog)
             "  --stop-after N   stop after iteration N (its checkpoint written)\n"
             "  --log-every N    a progress line every N iterations (default 10)\n"
             "  --sample N       bytes of generated text at the end (default 300)\n"
-            "  --zero, --local-sgd K, --diloco H   not available yet\n",
+            "  --zero           shard the AdamW state over the ranks (ZeRO)\n"
+            "  --local-sgd K    post-local SGD: gradients averaged in the first round,\n"
+            "                   then the parameters every K = 1..10000 steps\n"
+            "  --diloco H[:bf16|:int8]   DiLoCo: an outer Nesterov step every H = 1..10000\n"
+            "                   inner AdamW steps (pseudo-gradient as f32, bf16 or int8)\n",
             prog);
 }
 
@@ -120,6 +153,27 @@ static long num_arg(const char *opt, const char *v, long lo, long hi)
         exit(2);
     }
     return x;
+}
+
+/* --zero, --local-sgd K or --diloco H[:bf16|:int8] (v: K or H; "" for
+ * --zero); only one of them. */
+static void parse_mode(args_t *a, const char *opt, const char *v)
+{
+    char *end = NULL;
+    long p = v && *v ? strtol(v, &end, 10) : 0;
+    a->wire = TDIST_F32;
+    if (opt[2] == 'd' && end && strcmp(end, ":bf16") == 0) a->wire = TDIST_BF16;
+    if (opt[2] == 'd' && end && strcmp(end, ":int8") == 0) a->wire = TDIST_I8;
+    if (a->wire != TDIST_F32) end += strlen(end);
+    if (a->mode != MODE_DDP || !v || (opt[2] != 'z' && (*v == '\0' || *end != '\0' || p < 1 ||
+                                                        p > 10000))) {
+        fprintf(stderr, "train_gpt: %s: %s\n", opt,
+                a->mode != MODE_DDP ? "--zero, --local-sgd and --diloco exclude each other"
+                                    : "needs a period in 1..10000 (--diloco: H, H:bf16 or H:int8)");
+        exit(2);
+    }
+    a->mode = opt[2] == 'z' ? MODE_ZERO : opt[2] == 'l' ? MODE_LOCAL_SGD : MODE_DILOCO;
+    a->period = p;
 }
 
 static void parse_args(int argc, char **argv, args_t *a)
@@ -182,9 +236,7 @@ static void parse_args(int argc, char **argv, args_t *a)
             a->offload = true;
         } else if (strcmp(s, "--zero") == 0 || strcmp(s, "--local-sgd") == 0 ||
                    strcmp(s, "--diloco") == 0) {
-            fprintf(stderr, "train_gpt: %s is not available yet (ZeRO, local SGD and DiLoCo "
-                    "are not in tdist yet)\n", s);
-            exit(2);
+            parse_mode(a, s, s[2] == 'z' ? "" : i + 1 < argc ? argv[++i] : NULL);
         } else if (s[0] == '-' || a->corpus) {
             fprintf(stderr, "train_gpt: unknown option or extra argument '%s'\n", s);
             usage(stderr, prog);
@@ -207,6 +259,17 @@ static void parse_args(int argc, char **argv, args_t *a)
     if (!hook_ok) {
         fprintf(stderr, "train_gpt: bad --hook '%s'\n", a->hook);
         usage(stderr, prog);
+        exit(2);
+    }
+    if (a->mode >= MODE_LOCAL_SGD && strcmp(a->hook, "allreduce") != 0) {
+        fprintf(stderr, "train_gpt: --hook is for gradient averaging, not with --local-sgd or "
+                "--diloco\n");
+        exit(2);
+    }
+    if (a->mode >= MODE_LOCAL_SGD && (a->ckpt_every || a->stop_after > 0 || a->resume)) {
+        fprintf(stderr, "train_gpt: --ckpt-every, --stop-after and --resume are not available "
+                "with --local-sgd or --diloco (the replicas differ between synchronisations; "
+                "a checkpoint holds one)\n");
         exit(2);
     }
     if (a->recompute && a->offload) {
@@ -283,7 +346,16 @@ typedef struct job {
     nn_param_t *params;
     size_t np;
     tdist_ddp_t *ddp;
-    tdist_optim_t *opt[2]; /* decayed (matrices, embeddings), not decayed */
+    tdist_optim_t *opt[2]; /* decayed (matrices, embeddings), not decayed (not with --zero) */
+    tdist_optim_param_t *op[2]; /* the two groups' buffers */
+    size_t nop[2];
+    /* --zero, --local-sgd, --diloco: one object per AdamW group */
+    tdist_zero_t *zero[2];
+    tdist_joinable_t zero_jn[2];
+    tdist_post_local_t *plh;         /* local SGD: DDP's post-local-SGD hook */
+    tdist_averager_t *avg[2];        /* local SGD: the periodic averagers */
+    tdist_post_local_optim_t *plo[2];
+    tdist_diloco_t *dl[2];
     text_t text;
     size_t shard_lo, shard_n;
     int *tok, *tgt;
@@ -367,29 +439,122 @@ static void hook_setup(job_t *j)
 /* ------------------------------------------------------------ optimizers */
 
 /* AdamW over the matrices and embeddings (decayed) and over the biases and
- * LayerNorm parameters (not decayed), as nanoGPT's two groups. */
+ * LayerNorm parameters (not decayed), as nanoGPT's two groups. With
+ * --zero each group is a ZeRO object (its AdamW state sharded over the
+ * ranks) instead of an optimizer. */
 static void make_optimizers(job_t *j)
 {
-    tdist_optim_param_t *op[2];
-    size_t n[2] = {0, 0};
-    op[0] = calloc(j->np, sizeof *op[0]);
-    op[1] = calloc(j->np, sizeof *op[1]);
-    if (!op[0] || !op[1]) DIE("out of memory");
+    for (int k = 0; k < 2; k++)
+        if (!(j->op[k] = calloc(j->np, sizeof *j->op[k]))) DIE("out of memory");
     for (size_t i = 0; i < j->np; i++) {
         const nn_param_t *p = &j->params[i];
         int k = strstr(p->name, "bias") || strstr(p->name, "ln_") ? 1 : 0;
-        op[k][n[k]++] = (tdist_optim_param_t){.param = p->data, .grad = p->grad,
-                                              .count = p->count, .name = p->name};
+        j->op[k][j->nop[k]++] = (tdist_optim_param_t){.param = p->data, .grad = p->grad,
+                                                      .count = p->count, .name = p->name};
     }
     for (int k = 0; k < 2; k++) {
         tdist_optim_adam_opts_t o;
         tdist_optim_adamw_opts_init(&o);
         o.beta2 = 0.95;
         o.weight_decay = k == 0 ? 0.1 : 0.0;
-        CHECK(tdist_optim_create_adamw(op[k], n[k], &o, &j->opt[k]));
-        free(op[k]);
+        if (j->a.mode != MODE_ZERO) {
+            CHECK(tdist_optim_create_adamw(j->op[k], j->nop[k], &o, &j->opt[k]));
+            continue;
+        }
+        tdist_zero_opts_t zo; /* whole parameters per rank, synchronised by broadcast */
+        tdist_zero_opts_init(&zo);
+        zo.kind = TDIST_OPTIM_ADAMW;
+        zo.adam = o;
+        CHECK(tdist_zero_create(j->pg, j->op[k], j->nop[k], &zo, &j->zero[k]));
+        CHECK(tdist_zero_joinable(j->zero[k], &j->zero_jn[k]));
     }
 }
+
+/* The learning rate of iteration it: warm-up, then cosine to a tenth. */
+static double lr_at(const job_t *j, long it)
+{
+    long warm = j->a.steps / 20 + 1;
+    return nn_lr_warmup_cosine((size_t)it, (size_t)warm, (size_t)j->a.steps, j->a.lr,
+                               j->a.lr / 10);
+}
+
+static void set_lr(job_t *j, double lr)
+{
+    for (int k = 0; k < 2; k++)
+        CHECK(j->zero[k] ? tdist_zero_set_lr(j->zero[k], lr) : tdist_optim_set_lr(j->opt[k], lr));
+}
+
+/* The step of both groups, by mode. */
+static void optim_step(job_t *j)
+{
+    for (int k = 0; k < 2; k++) {
+        switch (j->a.mode) {
+        case MODE_DDP: CHECK(tdist_optim_step(j->opt[k])); break;
+        case MODE_ZERO: CHECK(tdist_zero_step(j->zero[k])); break;
+        case MODE_LOCAL_SGD: CHECK(tdist_post_local_optim_step(j->plo[k])); break;
+        case MODE_DILOCO: CHECK(tdist_diloco_step(j->dl[k])); break;
+        }
+    }
+}
+
+/* ZeRO under Join: both ZeRO objects' joinables in one, which first sets
+ * the learning rate of the iteration the active ranks are running (a
+ * joined rank still steps its shard, from the lowest active rank's
+ * clipped gradients; its scheduler must follow). j->it counts the
+ * iterations on. */
+static void zero_join_attach(void *ctx, tdist_join_t *join)
+{
+    job_t *j = ctx;
+    for (int k = 0; k < 2; k++) j->zero_jn[k].attach(j->zero_jn[k].ctx, join);
+}
+
+static tdist_status_t zero_main_hook(void *ctx, const tdist_join_state_t *st)
+{
+    job_t *j = ctx;
+    tdist_status_t s = TDIST_OK;
+    for (int k = 0; k < 2 && s == TDIST_OK; k++) s = tdist_zero_set_lr(j->zero[k], lr_at(j, j->it));
+    for (int k = 0; k < 2 && s == TDIST_OK; k++) s = j->zero_jn[k].main_hook(j->zero_jn[k].ctx, st);
+    j->it++;
+    return s;
+}
+
+/* Local SGD: DDP averages the gradients in the first round (the
+ * post-local-SGD hook), then no more; from then on each group's periodic
+ * averager averages its parameters every K steps (a post-local-SGD
+ * optimizer per AdamW group). DiLoCo: a DiLoCo state per group, whose
+ * inner optimizer is the group's AdamW; both synchronise on the same
+ * steps. */
+static void averaging_setup(job_t *j)
+{
+    int64_t start = j->a.round;
+    if (j->a.mode == MODE_LOCAL_SGD) {
+        tdist_post_local_opts_t po;
+        tdist_post_local_opts_init(&po);
+        po.start_localSGD_iter = start;
+        po.post_local_gradient_allreduce = false;
+        CHECK(tdist_post_local_create(&po, &j->plh));
+        CHECK(tdist_post_local_register(j->ddp, j->plh));
+    }
+    for (int k = 0; k < 2 && j->a.mode >= MODE_LOCAL_SGD; k++) {
+        if (j->a.mode == MODE_LOCAL_SGD) {
+            tdist_averager_opts_t ao;
+            tdist_averager_opts_init(&ao);
+            ao.period = j->a.period;
+            ao.warmup_steps = start;
+            CHECK(tdist_periodic_averager_create(j->pg, &ao, &j->avg[k]));
+            CHECK(tdist_post_local_optim_create(j->opt[k], j->op[k], j->nop[k], j->avg[k], NULL,
+                                                &j->plo[k]));
+        } else {
+            tdist_diloco_opts_t o; /* outer: Nesterov, lr 0.7, momentum 0.9 (the defaults) */
+            tdist_diloco_opts_init(&o);
+            o.inner_steps = j->a.period;
+            o.wire = j->a.wire;
+            o.int8_error_feedback = true;
+            CHECK(tdist_diloco_create(j->pg, j->op[k], j->nop[k], j->opt[k], &o, &j->dl[k]));
+        }
+    }
+}
+
 
 /* The optimizers as a joinable: no collectives while others train (they
  * issue none), and once the round is over every rank loads the state of
@@ -413,6 +578,27 @@ static tdist_status_t optim_post_hook(void *ctx, bool is_last_joiner, const tdis
     return TDIST_OK;
 }
 
+/* The Join's participants, by mode; returns how many. */
+static size_t joinables(job_t *j, tdist_joinable_t *jn)
+{
+    size_t n = 0;
+    if (j->ddp) CHECK(tdist_ddp_joinable(j->ddp, &jn[n++]));
+    switch (j->a.mode) {
+    case MODE_DDP: jn[n++] = (tdist_joinable_t){.ctx = j, .pg = j->pg, .post_hook = optim_post_hook}; break;
+    case MODE_ZERO:
+        jn[n++] = (tdist_joinable_t){.ctx = j, .pg = j->pg, .attach = zero_join_attach,
+                                     .main_hook = zero_main_hook};
+        break;
+    case MODE_LOCAL_SGD:
+        for (int k = 0; k < 2; k++) CHECK(tdist_post_local_optim_joinable(j->plo[k], &jn[n++]));
+        break;
+    case MODE_DILOCO:
+        for (int k = 0; k < 2; k++) CHECK(tdist_diloco_joinable(j->dl[k], &jn[n++]));
+        break;
+    }
+    return n;
+}
+
 /* ------------------------------------------------------------ checkpoint */
 
 typedef struct ckpt_head {
@@ -428,12 +614,75 @@ static void ckpt_shape(const job_t *j, int64_t *s)
     memcpy(s, v, sizeof v);
 }
 
+/* Group k's optimizer state as it goes into the file: the optimizer's
+ * saved state; with --zero, every rank's ZeRO shard, gathered here
+ * (collective: every rank calls it), as the rank count, the W blob sizes
+ * (uint64) and the W blobs. The caller frees it. */
+static unsigned char *opt_blob(job_t *j, int k, size_t *len)
+{
+    size_t n;
+    unsigned char *b;
+    if (!j->zero[k]) {
+        CHECK(tdist_optim_state_size(j->opt[k], &n));
+        if (!(b = malloc(n ? n : 1))) DIE("out of memory");
+        CHECK(tdist_optim_save(j->opt[k], b, n));
+        *len = n;
+        return b;
+    }
+    size_t W = (size_t)j->size, mx = 0, at = (1 + W) * sizeof(uint64_t);
+    CHECK(tdist_zero_shard_size(j->zero[k], &n));
+    uint64_t mine = n, *sz = calloc(W, sizeof *sz);
+    if (!sz) DIE("out of memory");
+    CHECK(tdist_all_gather(j->pg, &mine, sz, 1, TDIST_I64, NULL, NULL));
+    for (size_t r = 0; r < W; r++) mx = sz[r] > mx ? sz[r] : mx, at += sz[r];
+    unsigned char *pad = calloc(mx, 1), *all = malloc(mx * W);
+    if (!pad || !all || !(b = malloc(at))) DIE("out of memory");
+    CHECK(tdist_zero_save_shard(j->zero[k], pad, n));
+    CHECK(tdist_all_gather(j->pg, pad, all, mx, TDIST_U8, NULL, NULL));
+    uint64_t w = W;
+    memcpy(b, &w, sizeof w);
+    memcpy(b + sizeof w, sz, W * sizeof *sz);
+    at = (1 + W) * sizeof(uint64_t);
+    for (size_t r = 0; r < W; at += sz[r], r++) memcpy(b + at, all + r * mx, sz[r]);
+    *len = at;
+    free(sz), free(pad), free(all);
+    return b;
+}
+
+/* Load group k's state from what opt_blob wrote (len bytes of b). */
+static void opt_unblob(job_t *j, int k, const unsigned char *b, size_t len)
+{
+    if (!j->zero[k]) {
+        CHECK(tdist_optim_load(j->opt[k], b, len));
+        return;
+    }
+    uint64_t W;
+    if (len < sizeof W) DIE("%s: ZeRO state truncated", j->a.ckpt);
+    memcpy(&W, b, sizeof W);
+    size_t at = (1 + W) * sizeof(uint64_t);
+    if (W < 1 || W > 1u << 20 || len < at) DIE("%s: ZeRO state damaged", j->a.ckpt);
+    size_t *sz = calloc(W, sizeof *sz);
+    const void **blobs = calloc(W, sizeof *blobs);
+    if (!sz || !blobs) DIE("out of memory");
+    for (size_t r = 0; r < W; at += sz[r], r++) {
+        uint64_t v;
+        memcpy(&v, b + (1 + r) * sizeof v, sizeof v);
+        if (v > len - at) DIE("%s: ZeRO state damaged", j->a.ckpt);
+        sz[r] = v;
+        blobs[r] = b + at;
+    }
+    CHECK(tdist_zero_load_shards(j->zero[k], blobs, sz, W));
+    free(sz);
+    free(blobs);
+}
+
 /* One file: header, parameters, the two optimizer blobs; written to
- * FILE.tmp, flushed to disk, renamed over FILE (never half a file). */
+ * FILE.tmp, flushed to disk, renamed over FILE (never half a file). With
+ * --zero every rank calls it (the shards are gathered) and rank 0 writes. */
 static void ckpt_save(job_t *j)
 {
-    ckpt_head_t h = {.magic = CKPT_MAGIC, .it = (uint64_t)j->it, .seed = j->seed,
-                     .sampler = j->sampler};
+    ckpt_head_t h = {.magic = j->zero[0] ? CKPT_MAGIC_ZERO : CKPT_MAGIC, .it = (uint64_t)j->it,
+                     .seed = j->seed, .sampler = j->sampler};
     ckpt_shape(j, h.shape);
     size_t pc;
     const float *p = nn_gpt_flat_params(j->g, &pc);
@@ -441,10 +690,13 @@ static void ckpt_save(job_t *j)
     unsigned char *blob[2];
     for (int k = 0; k < 2; k++) {
         size_t n;
-        CHECK(tdist_optim_state_size(j->opt[k], &n));
+        blob[k] = opt_blob(j, k, &n);
         h.opt_bytes[k] = n;
-        if (!(blob[k] = malloc(n))) DIE("out of memory");
-        CHECK(tdist_optim_save(j->opt[k], blob[k], n));
+    }
+    if (j->zero[0] && j->rank != 0) {
+        free(blob[0]);
+        free(blob[1]);
+        return;
     }
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", j->a.ckpt);
@@ -468,8 +720,12 @@ static void ckpt_load(job_t *j)
     ckpt_shape(j, want);
     size_t pc;
     float *p = nn_gpt_flat_params(j->g, &pc);
-    if (fread(&h, sizeof h, 1, f) != 1 || h.magic != CKPT_MAGIC)
+    if (fread(&h, sizeof h, 1, f) != 1 || (h.magic != CKPT_MAGIC && h.magic != CKPT_MAGIC_ZERO))
         DIE("%s is not a train_gpt checkpoint", j->a.ckpt);
+    if ((h.magic == CKPT_MAGIC_ZERO) != (j->zero[0] != NULL))
+        DIE("%s was written %s --zero: resume %s it", j->a.ckpt,
+            h.magic == CKPT_MAGIC_ZERO ? "with" : "without",
+            h.magic == CKPT_MAGIC_ZERO ? "with" : "without");
     if (memcmp(h.shape, want, sizeof want) != 0 || h.nparams != pc)
         DIE("%s was written by another configuration (batch seq layers embd heads world steps "
             "round: %lld %lld %lld %lld %lld %lld %lld %lld)", j->a.ckpt, (long long)h.shape[0],
@@ -481,7 +737,7 @@ static void ckpt_load(job_t *j)
         unsigned char *b = malloc(h.opt_bytes[k] ? h.opt_bytes[k] : 1);
         if (!b) DIE("out of memory");
         if (fread(b, 1, h.opt_bytes[k], f) != h.opt_bytes[k]) DIE("%s is truncated", j->a.ckpt);
-        CHECK(tdist_optim_load(j->opt[k], b, h.opt_bytes[k]));
+        opt_unblob(j, k, b, h.opt_bytes[k]);
         free(b);
     }
     fclose(f);
@@ -555,8 +811,8 @@ static void show(job_t *j, progress_t *pr, long it, double loss, double lr)
     if (!pr->bar && it % j->a.log_every != 0 && !last) return;
     if (pr->bar && t - pr->last_t < 0.2 && !last) return;
     pr->last_t = t;
-    tdist_ddp_stats_t ds;
-    CHECK(tdist_ddp_get_stats(j->ddp, &ds));
+    tdist_ddp_stats_t ds = {0};
+    if (j->ddp) CHECK(tdist_ddp_get_stats(j->ddp, &ds));
     double eta = done > 0 ? el / (double)done * (double)left : 0, tps = el > 0 ? pr->tokens / el : 0;
     if (pr->bar) {
         int w = 24, fill = (int)(w * it / j->a.steps);
@@ -576,46 +832,55 @@ static void show(job_t *j, progress_t *pr, long it, double loss, double lr)
 /* ------------------------------------------------------------ training */
 
 /* One iteration on this rank (its batch for iteration `it`); returns the
- * job's mean loss over the ranks active in it, and how many were. */
+ * job's mean loss over the ranks active in it, and how many were. DiLoCo
+ * communicates only when it synchronises (no DDP, and Join is notified
+ * only then): there the loss is this rank's own, and the number of ranks
+ * active comes from the shards' schedule. */
 static double train_step(job_t *j, long it, double lr, double *active)
 {
     size_t B = (size_t)j->a.batch, T = (size_t)j->a.seq;
-    for (int k = 0; k < 2; k++) CHECK(tdist_optim_set_lr(j->opt[k], lr));
+    set_lr(j, lr);
     make_batch(j, it);
-    CHECK(tdist_ddp_forward_begin(j->ddp));
+    if (j->ddp) CHECK(tdist_ddp_forward_begin(j->ddp));
     nn_gpt_zero_grad(j->g);
     float loss;
     if (!nn_gpt_forward(j->g, j->tok, j->tgt, B, T, &loss)) DIE("forward: %s", nn_last_error());
     /* ranks that have run out add zeros (Join's rule for any collective) */
     double st[2] = {loss, 1};
-    CHECK(tdist_all_reduce(j->pg, st, st, 2, TDIST_F64, TDIST_SUM, NULL, NULL));
+    if (j->ddp) {
+        CHECK(tdist_all_reduce(j->pg, st, st, 2, TDIST_F64, TDIST_SUM, NULL, NULL));
+    } else {
+        long R = j->a.round, k = it / R, len = R < j->a.steps - k * R ? R : j->a.steps - k * R;
+        st[1] = 0;
+        for (int r = 0; r < j->size; r++) st[1] += batches_in_round(len, r, j->size) > it - k * R;
+        st[0] = loss * st[1];
+    }
     if (nn_gpt_backward(j->g) != 0) DIE("backward: %s", nn_last_error());
     CHECK(j->hook_st);
-    CHECK(tdist_ddp_backward_end(j->ddp));
+    if (j->ddp) CHECK(tdist_ddp_backward_end(j->ddp));
     nn_clip_grad_norm(j->params, j->np, 1.0);
-    for (int k = 0; k < 2; k++) CHECK(tdist_optim_step(j->opt[k]));
+    optim_step(j);
     *active = st[1];
     return st[0] / st[1];
 }
 
-/* Round k: this rank's batches, then shadowing until the round ends.
- * Returns false when --stop-after ended the run inside it. */
-static bool run_round(job_t *j, long k, tdist_joinable_t *jn, progress_t *pr)
+/* One Join over iterations [j->it, end) of round k: this rank's batches
+ * (those of the round it takes that fall before end), then shadowing until
+ * every rank is at end. */
+static void run_span(job_t *j, long k, long end, tdist_joinable_t *jn, size_t njn, progress_t *pr)
 {
     long R = j->a.round, len = R < j->a.steps - k * R ? R : j->a.steps - k * R;
-    long mine = batches_in_round(len, j->rank, j->size), warm = j->a.steps / 20 + 1;
-    bool stopped = false;
+    long mine = batches_in_round(len, j->rank, j->size);
+    bool ckpt_here = j->a.mode != MODE_ZERO; /* ZeRO's is written after the Join */
     tdist_join_t *join;
-    CHECK(tdist_join_begin(jn, 2, NULL, &join));
-    for (long s = j->it - k * R; s < mine && !stopped; s++) {
+    CHECK(tdist_join_begin(jn, njn, NULL, &join));
+    for (long s = j->it - k * R; s < mine && k * R + s < end; s++) {
         long it = k * R + s;
-        double lr = nn_lr_warmup_cosine((size_t)it, (size_t)warm, (size_t)j->a.steps, j->a.lr,
-                                        j->a.lr / 10);
-        double active, loss = train_step(j, it, lr, &active);
+        double lr = lr_at(j, it), active, loss = train_step(j, it, lr, &active);
         j->it = it + 1;
         pr->tokens += active * (double)(j->a.batch * j->a.seq);
-        stopped = j->it == j->a.stop_after;
-        if ((j->a.ckpt_every && j->it % j->a.ckpt_every == 0) || stopped) {
+        if (ckpt_here && ((j->a.ckpt_every && j->it % j->a.ckpt_every == 0) ||
+                          j->it == j->a.stop_after)) {
             tdist_join_state_t st;
             CHECK(tdist_join_get_state(join, &st));
             if (st.lowest_active == j->rank) { /* it stepped in every iteration */
@@ -626,10 +891,32 @@ static bool run_round(job_t *j, long k, tdist_joinable_t *jn, progress_t *pr)
         }
         if (j->rank == j->size - 1) show(j, pr, j->it, loss, lr);
     }
-    CHECK(tdist_join_end(join)); /* the last joiner's parameters and optimizer state */
-    bool stop_here = j->a.stop_after > k * R && j->a.stop_after <= k * R + len;
-    j->it = stop_here ? j->a.stop_after : k * R + len;
-    return !stop_here;
+    CHECK(tdist_join_end(join)); /* the last joiner's parameters (and optimizer state) */
+    j->it = end;
+}
+
+/* Round k: one Join (run_span) up to the round's end, or up to
+ * --stop-after inside it. With --zero a checkpoint due inside the round
+ * also ends a Join there: writing it gathers every rank's shard, which
+ * needs every rank out of the Join. Returns false when --stop-after ended
+ * the run. */
+static bool run_round(job_t *j, long k, tdist_joinable_t *jn, size_t njn, progress_t *pr)
+{
+    long R = j->a.round, len = R < j->a.steps - k * R ? R : j->a.steps - k * R;
+    while (j->it < k * R + len) {
+        long end = k * R + len, ce = j->a.ckpt_every;
+        if (j->a.stop_after > j->it && j->a.stop_after < end) end = j->a.stop_after;
+        if (j->a.mode == MODE_ZERO && ce && (j->it / ce + 1) * ce < end) end = (j->it / ce + 1) * ce;
+        run_span(j, k, end, jn, njn, pr);
+        if (j->a.mode == MODE_ZERO && ((ce && j->it % ce == 0) || j->it == j->a.stop_after)) {
+            ckpt_save(j);
+            if (j->rank == 0)
+                printf("checkpoint: iteration %ld written to %s by rank 0 (ZeRO: the %d ranks' "
+                       "shards gathered)\n", j->it, j->a.ckpt, j->size);
+        }
+        if (j->it == j->a.stop_after) return false;
+    }
+    return true;
 }
 
 /* Build the model, DDP, the hook and the optimizers; resume if asked. */
@@ -654,12 +941,19 @@ static void setup(job_t *j)
     for (size_t i = 0; i < j->np; i++)
         dp[i] = (tdist_ddp_param_t){j->params[i].data, j->params[i].grad, j->params[i].count,
                                     TDIST_F32, j->params[i].name};
-    tdist_ddp_opts_t o;
-    tdist_ddp_opts_init(&o);
-    CHECK(tdist_ddp_create(j->pg, dp, j->np, NULL, 0, &o, &j->ddp));
+    if (a->mode == MODE_DILOCO) { /* no DDP: start from rank 0's parameters */
+        size_t pc;
+        float *flat = nn_gpt_flat_params(j->g, &pc);
+        CHECK(tdist_broadcast(j->pg, flat, pc, TDIST_F32, 0, NULL, NULL));
+    } else {
+        tdist_ddp_opts_t o;
+        tdist_ddp_opts_init(&o);
+        CHECK(tdist_ddp_create(j->pg, dp, j->np, NULL, 0, &o, &j->ddp));
+        hook_setup(j);
+        nn_gpt_set_grad_ready_hook(j->g, on_grad_ready, j);
+    }
     free(dp);
-    hook_setup(j);
-    nn_gpt_set_grad_ready_hook(j->g, on_grad_ready, j);
+    averaging_setup(j);
 }
 
 /* The uneven shards: rank r's share of the training text grows with r + 2. */
@@ -686,12 +980,50 @@ static void report_start(job_t *j, double unigram)
            "in rounds of %ld (one Join each); hook %s\n",
            j->size, j->text.ntrain, j->text.nval, j->a.layers, j->a.heads, j->a.embd, j->a.seq,
            pc, j->a.batch, j->a.seq, j->a.steps, j->a.round, j->a.hook);
+    if (j->a.mode == MODE_ZERO)
+        printf("zero: AdamW state sharded over %d ranks (whole parameters per rank, two ZeRO "
+               "objects: decayed, not decayed): %zu of %zu parameters' state on rank 0\n",
+               j->size, tdist_zero_rank_elems(j->zero[0], 0) + tdist_zero_rank_elems(j->zero[1], 0),
+               pc);
+    if (j->a.mode == MODE_LOCAL_SGD)
+        printf("local-sgd: gradients averaged for the first %ld iterations, then the parameters "
+               "every %ld steps\n", j->a.round, j->a.period);
+    if (j->a.mode == MODE_DILOCO)
+        printf("diloco: %ld inner AdamW steps per outer Nesterov step (lr 0.7, momentum 0.9), "
+               "pseudo-gradient as %s\n", j->a.period, tdist_dtype_name(j->a.wire));
     printf("activations: %.1f MB held (%s; keeping all in f32: %.1f MB)\n",
            (double)nn_gpt_activation_bytes(j->g) / 1e6,
            j->a.recompute ? "--checkpoint-activations" : j->a.offload ? "--offload bf16" : "all kept",
            (double)nn_gpt_activation_bytes_keep(j->g) / 1e6);
     printf("unigram baseline: val_loss=%.4f nats/byte\n", unigram);
     if (j->it) printf("resumed from %s at iteration %ld\n", j->a.ckpt, j->it);
+}
+
+/* Bytes of gradient, parameters or pseudo-gradient this rank (0) put
+ * into the collectives per iteration of its own: DDP's measured bucket
+ * bytes (after the hook); with --zero plus the parameters synchronised
+ * from their owners after every step (the whole model, f32, by
+ * broadcast); local SGD: the f32 gradients while DDP averaged them and the
+ * f32 parameters at every averaging step; DiLoCo: the measured
+ * pseudo-gradient bytes. The per-step loss (16 bytes) is left out. */
+static double comm_bytes_per_iter(const job_t *j, const tdist_ddp_stats_t *ds, double f32)
+{
+    double ddp = ds->iterations ? (double)ds->bytes_reduced / (double)ds->iterations : 0;
+    if (j->a.mode == MODE_DDP) return ddp;
+    if (j->a.mode == MODE_ZERO) return ddp + f32;
+    if (j->a.mode == MODE_LOCAL_SGD) {
+        int64_t grad_iters = 0, steps = tdist_averager_step(j->avg[0]), averages = 0;
+        CHECK(tdist_post_local_iter(j->plh, &grad_iters));
+        for (int64_t s = 0; s < steps; s++) averages += tdist_averager_group_size_at(j->avg[0], s) > 0;
+        return steps ? f32 * (double)(grad_iters + averages) / (double)steps : 0;
+    }
+    double wire = 0;
+    for (int k = 0; k < 2; k++) {
+        tdist_diloco_stats_t s;
+        CHECK(tdist_diloco_get_stats(j->dl[k], &s));
+        wire += (double)s.wire_bytes;
+    }
+    return wire / (double)j->a.steps;
 }
 
 static bool finish(job_t *j, double unigram, double vl)
@@ -706,14 +1038,26 @@ static bool finish(job_t *j, double unigram, double vl)
     for (int r = 0; r < j->size; r++) same = same && all[r] == all[0];
     free(all);
     if (j->rank != 0) return same;
-    tdist_ddp_stats_t ds;
-    CHECK(tdist_ddp_get_stats(j->ddp, &ds));
+    tdist_ddp_stats_t ds = {0};
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    printf("ddp (rank 0): %llu iterations of its own, %llu buckets, %.1f MB reduced, %.0f%% of "
-           "communication hidden behind backward; peak RSS: %.1f MB\n",
-           (unsigned long long)ds.iterations, (unsigned long long)ds.num_buckets,
-           (double)ds.bytes_reduced / 1e6, 100.0 * ds.overlap_fraction, (double)ru.ru_maxrss / 1e3);
+    if (j->ddp) {
+        CHECK(tdist_ddp_get_stats(j->ddp, &ds));
+        printf("ddp (rank 0): %llu iterations of its own, %llu buckets, %.1f MB reduced, %.0f%% "
+               "of communication hidden behind backward; peak RSS: %.1f MB\n",
+               (unsigned long long)ds.iterations, (unsigned long long)ds.num_buckets,
+               (double)ds.bytes_reduced / 1e6, 100.0 * ds.overlap_fraction,
+               (double)ru.ru_maxrss / 1e3);
+    }
+    double f32 = 4.0 * (double)pc;
+    printf("comm (rank 0): %.0f bytes into the collectives per iteration (%.3f of DDP's f32 "
+           "gradients, %.0f): %s\n", comm_bytes_per_iter(j, &ds, f32),
+           comm_bytes_per_iter(j, &ds, f32) / f32, f32,
+           j->a.mode == MODE_DDP       ? "DDP's buckets"
+           : j->a.mode == MODE_ZERO     ? "DDP's buckets, then every parameter from its owner"
+           : j->a.mode == MODE_LOCAL_SGD ? "gradients in the first round, then the averaged "
+                                           "parameters"
+                                         : "the pseudo-gradients at the synchronisations");
     if (j->a.sample > 0) sample(j, j->a.sample);
     printf("final val_loss=%.4f unigram=%.4f params_hash=%016llx params_identical=%s\n", vl,
            unigram, (unsigned long long)mine, same ? "yes" : "no");
@@ -739,16 +1083,15 @@ int main(int argc, char **argv)
     double unigram = unigram_baseline(&j.text);
     report_start(&j, unigram);
 
-    tdist_joinable_t jn[2];
-    CHECK(tdist_ddp_joinable(j.ddp, &jn[0]));
-    jn[1] = (tdist_joinable_t){.ctx = &j, .pg = j.pg, .post_hook = optim_post_hook};
+    tdist_joinable_t jn[3];
+    size_t njn = joinables(&j, jn);
     const char *pe = getenv("TDIST_PROGRESS");
     progress_t pr = {.bar = (pe && strcmp(pe, "bar") == 0) || (!pe && isatty(1)), .t0 = now_s(),
                      .first_it = j.it};
     double vl = val_loss(&j);
     if (j.rank == 0) printf("val_loss at iteration %ld: %.4f\n", j.it, vl);
     for (long k = j.it / j.a.round; j.it < j.a.steps; k++) {
-        if (!run_round(&j, k, jn, &pr)) {
+        if (!run_round(&j, k, jn, njn, &pr)) {
             if (j.rank == 0) printf("stopped after iteration %ld (checkpoint %s)\n", j.it, j.a.ckpt);
             return 0;
         }
@@ -763,7 +1106,15 @@ int main(int argc, char **argv)
     tdist_compress_destroy(j.comp);
     tdist_powersgd_destroy(j.psgd);
     tdist_int8_destroy(j.q);
-    for (int k = 0; k < 2; k++) tdist_optim_destroy(j.opt[k]);
+    for (int k = 0; k < 2; k++) {
+        tdist_post_local_optim_destroy(j.plo[k]);
+        tdist_averager_destroy(j.avg[k]);
+        tdist_diloco_destroy(j.dl[k]);
+        tdist_zero_destroy(j.zero[k]);
+        tdist_optim_destroy(j.opt[k]);
+        free(j.op[k]);
+    }
+    tdist_post_local_destroy(j.plh);
     nn_gpt_destroy(j.g);
     free(j.rows), free(j.tok), free(j.tgt), free(j.text.train), free(j.text.val);
     tdist_pg_destroy(j.pg);

@@ -15,7 +15,8 @@
 #
 # On a terminal the last rank draws a progress bar; otherwise it prints a
 # line every 25 iterations. A checkpoint goes to build/release/gpt.ckpt
-# every 100 iterations (TDIST_GPT_ARGS="--resume" continues from it).
+# every 100 iterations (TDIST_GPT_ARGS="--resume" continues from it),
+# except with --local-sgd or --diloco, which train_gpt cannot checkpoint.
 # The digits example keeps its own command: see docs/getting-started.md.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -35,7 +36,11 @@ if [ -t 1 ]; then
     export TDIST_PROGRESS=bar
     launcher=(--no-prefix)
 fi
+ckpt=(--ckpt "$build/gpt.ckpt" --ckpt-every 100)
+case " ${TDIST_GPT_ARGS:-} " in
+    *" --local-sgd "* | *" --diloco "*) ckpt=() ;;
+esac
 # shellcheck disable=SC2086 # TDIST_GPT_ARGS is a list of options
 exec "$build/tools/tdistrun/tdistrun" --nproc-per-node "${TDIST_NPROC:-4}" "${launcher[@]}" \
      "$build/examples/train_gpt" "$build/fortunes.txt" --steps "${TDIST_STEPS:-400}" \
-     --log-every 25 --ckpt "$build/gpt.ckpt" --ckpt-every 100 ${TDIST_GPT_ARGS:-}
+     --log-every 25 "${ckpt[@]}" ${TDIST_GPT_ARGS:-}

@@ -13,7 +13,11 @@
  *     writes the checkpoint, and the resumed run ends at the same
  *     validation loss;
  *   - --hook bf16, powersgd:2 and int8 learn and keep the replicas identical;
- *   - the options of other parts of tdist that do not exist yet are refused. */
+ *   - --zero ends with bitwise the parameters of the default run, and a
+ *     --zero run stopped where rank 0 has joined and resumed ends with them
+ *     too; --local-sgd K and --diloco H (f32 and int8) learn, send fewer
+ *     bytes than DDP and end with identical replicas;
+ *   - bad or conflicting options are refused. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +57,15 @@ static void hash_of(const char *out, char hash[17])
     if (!h) FAIL("no params_hash in:\n%s", out);
     memcpy(hash, h + strlen("params_hash="), 16);
     hash[16] = '\0';
+}
+
+/* Fails unless runs a and b end with the same parameter hash. */
+static void same_hash(const run_t *a, const run_t *b, const char *what)
+{
+    char ha[17], hb[17];
+    hash_of(a->out, ha);
+    hash_of(b->out, hb);
+    if (strcmp(ha, hb) != 0) FAIL("%s: final parameters differ: %s vs %s", what, hb, ha);
 }
 
 #define SMALL "--layers", "1", "--embd", "32", "--heads", "2", "--seq", "32", "--batch", "4"
@@ -135,19 +148,19 @@ static void loss_lines(const char *out, int from, char *buf, size_t cap)
     }
 }
 
-/* On nproc ranks: an uninterrupted run (*full), a run stopped after
- * iteration `stop` with its checkpoint (*part), and a run resumed from it
- * (*rest), all of run_gpt's size. */
-static void stop_and_resume(const char *nproc, const char *stop, run_t *full, run_t *part,
-                            run_t *rest)
+/* On nproc ranks, with option `mode` (may be NULL): an uninterrupted run
+ * (*full), a run stopped after iteration `stop` with its checkpoint
+ * (*part), and a run resumed from it (*rest), all of run_gpt's size. */
+static void stop_and_resume_mode(const char *nproc, const char *stop, const char *mode,
+                                 run_t *full, run_t *part, run_t *rest)
 {
     char ckpt[512], tag[32];
     snprintf(ckpt, sizeof ckpt, "%s", tmp_path("gpt.ckpt"));
     snprintf(tag, sizeof tag, "uninterrupted%s", nproc);
-    run_gpt(nproc, NULL, NULL, NULL, tag, full);
+    run_gpt(nproc, mode, NULL, NULL, tag, full);
     const char *argv[] = {TDISTRUN, "--nproc-per-node", nproc, GPT, corpus(), SMALL,
                           "--steps", "24", "--round", "8", "--log-every", "1", "--ckpt", ckpt,
-                          "--stop-after", stop, NULL};
+                          "--stop-after", stop, mode, NULL};
     run(argv, 100, "stopped", part);
     if (!part->exited || part->code != 0) FAIL("stopped run: exit %d\n%s", part->code, part->err);
     char want[600];
@@ -159,8 +172,22 @@ static void stop_and_resume(const char *nproc, const char *stop, run_t *full, ru
     ASSERT_TRUE(f != NULL);
     ASSERT_TRUE(t == NULL);
     fclose(f);
-    run_gpt(nproc, "--resume", "--ckpt", ckpt, "resumed", rest);
+    if (mode) {
+        const char *again[] = {TDISTRUN, "--nproc-per-node", nproc, GPT, corpus(), SMALL,
+                               "--steps", "24", "--round", "8", "--log-every", "1", "--resume",
+                               "--ckpt", ckpt, mode, NULL};
+        run(again, 100, "resumed", rest);
+        if (!rest->exited || rest->code != 0) FAIL("resumed run: exit %d\n%s", rest->code, rest->err);
+    } else {
+        run_gpt(nproc, "--resume", "--ckpt", ckpt, "resumed", rest);
+    }
     ASSERT_CONTAINS(rest->out, "resumed from ");
+}
+
+static void stop_and_resume(const char *nproc, const char *stop, run_t *full, run_t *part,
+                            run_t *rest)
+{
+    stop_and_resume_mode(nproc, stop, NULL, full, part, rest);
 }
 
 TEST(tdistrun_train_gpt_exact_resume_1_rank, 150)
@@ -175,10 +202,7 @@ TEST(tdistrun_train_gpt_exact_resume_1_rank, 150)
     loss_lines(rest.out, 6, b, sizeof b);
     if (strlen(a) < 100) FAIL("too few loss lines:\n%s", full.out);
     if (strcmp(a, b) != 0) FAIL("losses differ after resume:\n%s\nvs\n%s", a, b);
-    char h1[17], h2[17];
-    hash_of(full.out, h1);
-    hash_of(rest.out, h2);
-    if (strcmp(h1, h2) != 0) FAIL("final parameters differ after resume: %s vs %s", h1, h2);
+    same_hash(&full, &rest, "after resume");
     run_free(&full);
     run_free(&part);
     run_free(&rest);
@@ -203,16 +227,116 @@ TEST(tdistrun_train_gpt_resume_2_ranks_under_join, 150)
     run_free(&rest);
 }
 
-TEST(train_gpt_refuses_what_does_not_exist_yet, 20)
+/* The first and the final validation loss of a run; it must learn and end
+ * with identical replicas. Returns the ratio of its bytes per iteration to
+ * DDP's f32 gradients. */
+static double check_learns(const run_t *r, const char *what)
 {
-    static const char *const opts[] = {"--zero", "--local-sgd", "--diloco", "--hook"};
-    static const char *const want[] = {"not available yet", "not available yet",
-                                       "not available yet", "bad --hook"};
-    for (int i = 0; i < 4; i++) {
-        const char *argv[] = {GPT, corpus(), opts[i], i == 3 ? "fp32" : NULL, NULL};
+    const char *v0 = strstr(r->out, "[rank 0] val_loss at iteration 0: ");
+    if (!v0) FAIL("%s: no initial validation loss:\n%s", what, r->out);
+    double first = atof(v0 + strlen("[rank 0] val_loss at iteration 0: "));
+    double last = final_value(r->out, "final val_loss=");
+    if (!(last < first - 0.5)) FAIL("%s: validation loss %.4f -> %.4f", what, first, last);
+    ASSERT_CONTAINS(strstr(r->out, "final val_loss="), "params_identical=yes\n");
+    const char *c = strstr(r->out, "[rank 0] comm (rank 0): ");
+    const char *o = c ? strstr(c, " per iteration (") : NULL;
+    if (!o) FAIL("%s: no comm line:\n%s", what, r->out);
+    return atof(o + strlen(" per iteration ("));
+}
+
+/* ZeRO shards AdamW's state, and the arithmetic is the same: the replicas
+ * end bitwise where the default run's do (under Join a joined rank steps
+ * its shard from the active ranks' clipped gradients at the iteration's
+ * learning rate), with twice DDP's bytes (the parameters come back from
+ * their owners after every step); also when checkpoints split the rounds'
+ * Joins. */
+TEST(tdistrun_train_gpt_zero, 150)
+{
+    run_t d, z;
+    run_gpt("2", NULL, NULL, NULL, "gpt_ddp", &d);
+    run_gpt("2", "--zero", NULL, NULL, "gpt_zero", &z);
+    ASSERT_CONTAINS(z.out, "[rank 0] zero: AdamW state sharded over 2 ranks");
+    double ratio = check_learns(&z, "--zero");
+    if (!(ratio > 1.5)) FAIL("--zero: %.3f of DDP's bytes, want 2 (gradients + parameters)", ratio);
+    same_hash(&d, &z, "--zero against DDP");
+    /* checkpoints every 5 iterations end the rounds' Joins there: the
+     * numbers stay the same */
+    run_t c;
+    char ckpt[512];
+    snprintf(ckpt, sizeof ckpt, "%s", tmp_path("zero_every.ckpt"));
+    const char *argv[] = {TDISTRUN, "--nproc-per-node", "2", GPT, corpus(), SMALL, "--steps", "24",
+                          "--round", "8", "--sample", "40", "--zero", "--ckpt", ckpt,
+                          "--ckpt-every", "5", NULL};
+    run(argv, 100, "gpt_zero_ckpt", &c);
+    if (!c.exited || c.code != 0) FAIL("--zero --ckpt-every 5: exit %d\n%s", c.code, c.err);
+    ASSERT_CONTAINS(c.out, "[rank 0] checkpoint: iteration 15 written to ");
+    same_hash(&d, &c, "--zero --ckpt-every 5 against DDP");
+    run_free(&d);
+    run_free(&z);
+    run_free(&c);
+}
+
+/* --zero's checkpoint (every rank's shard, gathered) after iteration 7,
+ * where rank 0 has joined: the resumed run ends with bitwise the
+ * uninterrupted one's parameters. A --zero checkpoint is refused without
+ * --zero. */
+TEST(tdistrun_train_gpt_zero_resume_under_join, 150)
+{
+    run_t full, part, rest, bad;
+    stop_and_resume_mode("2", "7", "--zero", &full, &part, &rest);
+    ASSERT_CONTAINS(part.out, "[rank 0] checkpoint: iteration 7 written to ");
+    ASSERT_CONTAINS(part.out, "(ZeRO: the 2 ranks' shards gathered)");
+    same_hash(&full, &rest, "--zero, resumed");
+    ASSERT_CONTAINS(strstr(rest.out, "final val_loss="), "params_identical=yes\n");
+    const char *argv[] = {TDISTRUN, "--nproc-per-node", "2", GPT, corpus(), SMALL, "--steps", "24",
+                          "--round", "8", "--resume", "--ckpt", tmp_path("gpt.ckpt"), NULL};
+    run(argv, 100, "resumed_without_zero", &bad);
+    if (!bad.exited || bad.code == 0) FAIL("resumed without --zero: exit %d, want a failure", bad.code);
+    ASSERT_CONTAINS(bad.err, "was written with --zero");
+    run_free(&full);
+    run_free(&part);
+    run_free(&rest);
+    run_free(&bad);
+}
+
+/* Post-local SGD (gradients averaged in the first round, then parameters
+ * every 4 steps) and DiLoCo (an outer step every 4 inner steps, f32 and
+ * int8): each learns, sends fewer bytes than DDP, and the replicas are
+ * identical after the last synchronisation. */
+TEST(tdistrun_train_gpt_local_sgd_and_diloco, 150)
+{
+    static const char *const opt[] = {"--local-sgd", "--diloco", "--diloco"};
+    static const char *const val[] = {"4", "4", "4:int8"};
+    static const double most[] = {0.75, 0.5, 0.2};
+    for (int i = 0; i < 3; i++) {
+        run_t r;
+        char tag[32];
+        snprintf(tag, sizeof tag, "gpt_avg%d", i);
+        run_gpt("2", opt[i], val[i], NULL, tag, &r);
+        ASSERT_CONTAINS(r.out, i == 0 ? "[rank 0] local-sgd: gradients averaged for the first 8"
+                                      : "[rank 0] diloco: 4 inner AdamW steps per outer");
+        double ratio = check_learns(&r, opt[i]);
+        if (!(ratio > 0 && ratio < most[i]))
+            FAIL("%s %s: %.3f of DDP's bytes, want below %.2f", opt[i], val[i], ratio, most[i]);
+        run_free(&r);
+    }
+}
+
+TEST(train_gpt_refuses_bad_options, 20)
+{
+    static const char *const opts[][3] = {
+        {"--zero", "--diloco", "4"},   {"--diloco", "0", NULL},
+        {"--diloco", "4:fp8", NULL},   {"--local-sgd", "2", "--ckpt-every"},
+        {"--local-sgd", "2", "--hook"}, {"--hook", "fp32", NULL}};
+    static const char *const want[] = {"exclude each other", "needs a period",
+                                       "needs a period", "not available with --local-sgd",
+                                       "not with --local-sgd", "bad --hook"};
+    for (int i = 0; i < 6; i++) {
+        const char *tail = i == 3 ? "4" : i == 4 ? "bf16" : NULL;
+        const char *argv[] = {GPT, corpus(), opts[i][0], opts[i][1], opts[i][2], tail, NULL};
         run_t r;
         run(argv, 10, "refused", &r);
-        if (!r.exited || r.code != 2) FAIL("%s: exit %d, want 2\n%s", opts[i], r.code, r.err);
+        if (!r.exited || r.code != 2) FAIL("%s: exit %d, want 2\n%s", opts[i][0], r.code, r.err);
         ASSERT_CONTAINS(r.err, want[i]);
         run_free(&r);
     }
