@@ -428,12 +428,52 @@ static slot_t *slot_of(tdist_powersgd_t *s, const tdist_ddp_bucket_t *b)
     return &s->slots[b->index];
 }
 
+/* The bucket's parameters lie in increasing, disjoint ranges (the
+ * reducer's layout): the fused error-feedback passes walk them in order. */
+static bool params_in_order(const tdist_ddp_bucket_t *b)
+{
+    size_t done = 0;
+    for (size_t j = 0; j < b->num_params; j++) {
+        if (b->offsets[j] < done || b->counts[j] > b->count - b->offsets[j]) return false;
+        done = b->offsets[j] + b->counts[j];
+    }
+    return true;
+}
+
+/* feedback_in of the unbatched hook in one pass: the input (gradient +
+ * error) written to the bucket and to its copy together. */
+static void feedback_in_fused(tdist_powersgd_t *s, slot_t *sl, const tdist_ddp_bucket_t *b)
+{
+    float *g = b->buffer, *cp = sl->cp;
+    size_t done = 0;
+    for (size_t j = 0; j < b->num_params; j++) {
+        const pstore_t *p = &s->ps[b->param_indices[j]];
+        size_t o = b->offsets[j], c = b->counts[j];
+        memcpy(cp + done, g + done, (o - done) * sizeof *cp);
+        if (p->has_err && p->count == c) {
+            for (size_t i = 0; i < c; i++) {
+                float v = g[o + i] + p->err[i];
+                g[o + i] = v;
+                cp[o + i] = v;
+            }
+        } else {
+            memcpy(cp + o, g + o, c * sizeof *cp);
+        }
+        done = o + c;
+    }
+    memcpy(cp + done, g + done, (b->count - done) * sizeof *cp);
+}
+
 /* Error feedback on the way in: add each parameter's error to its
  * gradient (PyTorch: only once an error exists), then keep a copy of the
  * input for the new error. Batched: into the padded square matrix. */
 static void feedback_in(tdist_powersgd_t *s, slot_t *sl, const tdist_ddp_bucket_t *b, float *x)
 {
     const float *g = b->buffer;
+    if (x == g && s->o.use_error_feedback && params_in_order(b)) {
+        feedback_in_fused(s, sl, b);
+        return;
+    }
     if (x != g) {
         memcpy(x, g, b->count * sizeof *x);
         size_t len = sl->side * sl->side;
@@ -452,12 +492,61 @@ static void feedback_in(tdist_powersgd_t *s, slot_t *sl, const tdist_ddp_bucket_
     memcpy(sl->cp, x, (s->o.batched ? sl->side * sl->side : b->count) * sizeof *x);
 }
 
+/* Parameter p's error array, with room for count values. */
+static tdist_status_t err_array(pstore_t *p, size_t count, const tdist_ddp_bucket_t *b)
+{
+    if (p->count == count && p->err) return TDIST_OK;
+    free(p->err);
+    p->err = alloc_floats(count);
+    p->count = count;
+    p->has_err = false;
+    if (!p->err) return tdist__hook_error(b, TDIST_ERR_NO_MEMORY, WHO, "out of memory");
+    return TDIST_OK;
+}
+
+/* feedback_out of the unbatched hook in one pass: each parameter's error
+ * (input - output, 0 for an uncompressed one without
+ * error_feedback_uncompressed) straight into its error array; the
+ * bucket-wide copy only when an observer wants to see it. */
+static tdist_status_t feedback_out_fused(tdist_powersgd_t *s, slot_t *sl,
+                                         const tdist_ddp_bucket_t *b, const float *out)
+{
+    const bool keep = s->o.observe != NULL;
+    float *cp = sl->cp;
+    size_t done = 0, u = 0;
+    for (size_t j = 0; j < b->num_params; j++) {
+        pstore_t *p = &s->ps[b->param_indices[j]];
+        size_t o = b->offsets[j], c = b->counts[j];
+        if (keep)
+            for (size_t i = done; i < o; i++) cp[i] = cp[i] - out[i];
+        TDIST_CHECK(err_array(p, c, b));
+        bool unc = c > 0 && u < sl->nu && sl->uoff[u] == o;
+        u += unc;
+        float *e = p->err;
+        if (unc && !s->o.error_feedback_uncompressed) {
+            memset(e, 0, c * sizeof *e);
+            if (keep) memset(cp + o, 0, c * sizeof *cp);
+        } else if (keep) {
+            for (size_t i = 0; i < c; i++) e[i] = cp[o + i] = cp[o + i] - out[o + i];
+        } else {
+            for (size_t i = 0; i < c; i++) e[i] = cp[o + i] - out[o + i];
+        }
+        p->has_err = true;
+        done = o + c;
+    }
+    if (keep)
+        for (size_t i = done; i < b->count; i++) cp[i] = cp[i] - out[i];
+    observe(s, b, TDIST_POWERSGD_ERROR, cp, b->count);
+    return TDIST_OK;
+}
+
 /* Error feedback on the way out: err = input - output (in cp), kept per
  * parameter (and per bucket for the batched padding). */
 static tdist_status_t feedback_out(tdist_powersgd_t *s, slot_t *sl, const tdist_ddp_bucket_t *b,
                                    const float *outv)
 {
     if (!s->o.use_error_feedback) return TDIST_OK;
+    if (!s->o.batched && params_in_order(b)) return feedback_out_fused(s, sl, b, outv);
     size_t len = s->o.batched ? sl->side * sl->side : b->count;
     for (size_t i = 0; i < len; i++) sl->cp[i] = sl->cp[i] - outv[i];
     if (!s->o.batched && !s->o.error_feedback_uncompressed)
@@ -466,13 +555,7 @@ static tdist_status_t feedback_out(tdist_powersgd_t *s, slot_t *sl, const tdist_
     observe(s, b, TDIST_POWERSGD_ERROR, sl->cp, len);
     for (size_t j = 0; j < b->num_params; j++) {
         pstore_t *p = &s->ps[b->param_indices[j]];
-        if (p->count != b->counts[j] || !p->err) {
-            free(p->err);
-            p->err = alloc_floats(b->counts[j]);
-            p->count = b->counts[j];
-            p->has_err = false;
-            if (!p->err) return tdist__hook_error(b, TDIST_ERR_NO_MEMORY, WHO, "out of memory");
-        }
+        TDIST_CHECK(err_array(p, b->counts[j], b));
         memcpy(p->err, sl->cp + b->offsets[j], p->count * sizeof(float));
         p->has_err = true;
     }
