@@ -230,7 +230,8 @@ ATTR_AVX512 static size_t qblock_avx512(int8_t *codes, float *s_out, const float
     }
     const float s = m0 / QMAX;
     *s_out = s;
-    if (s == 0.0f) return qblock_generic(codes, s_out, src, resid, m); /* all zero: rare */
+    /* s == 0 (no finite value above 2^-149 * 127): every finite code is 0 */
+    const __mmask16 nz = s == 0.0f ? 0 : 0xffff;
     const __m512 sv = _mm512_set1_ps(s), half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
     const __m512 lo = _mm512_set1_ps(-QMAX), hi = _mm512_set1_ps(QMAX);
     const __m512 signbit = _mm512_castsi512_ps(_mm512_set1_epi32((int)0x80000000u));
@@ -245,7 +246,7 @@ ATTR_AVX512 static size_t qblock_avx512(int8_t *codes, float *s_out, const float
         __m512 r = _mm512_mask_add_ps(t, up, t, or512(one, and512(q, signbit)));
         r = _mm512_min_ps(_mm512_max_ps(r, lo), hi);
         __m512i c = _mm512_mask_blend_epi32(fin, _mm512_set1_epi32(NONFINITE_CODE),
-                                            _mm512_cvttps_epi32(r));
+                                            _mm512_maskz_cvttps_epi32(nz, r));
         _mm_storeu_si128((__m128i *)(void *)(codes + i), _mm512_cvtepi32_epi8(c));
         bad += (size_t)(16 - __builtin_popcount((unsigned)fin));
         if (resid) {
@@ -256,7 +257,7 @@ ATTR_AVX512 static size_t qblock_avx512(int8_t *codes, float *s_out, const float
     for (; i < m; i++) {
         float x = src[i];
         int fin = finite_f(x);
-        int c = !fin ? NONFINITE_CODE : code_finite(x, s);
+        int c = !fin ? NONFINITE_CODE : s == 0.0f ? 0 : code_finite(x, s);
         codes[i] = (int8_t)c;
         bad += (size_t)!fin;
         if (resid) resid[i] = fin ? x - (float)c * s : 0.0f;
