@@ -139,6 +139,14 @@ TEST(mpi_monitored_barrier_names_missing, 40)
 TEST(mpi_send_recv, 40) { expect_ok("mpi_send_recv", 3, "p2p", 30, NULL); }
 TEST(mpi_ddp_matches_native_2, 60) { expect_ok("mpi_ddp_matches_native_2", 2, "ddp", 45, NULL); }
 TEST(mpi_ddp_matches_native_3, 60) { expect_ok("mpi_ddp_matches_native_3", 3, "ddp", 45, NULL); }
+TEST(mpi_ddp_bf16_hook_matches_native_2, 60)
+{
+    expect_ok("mpi_ddp_bf16_hook_matches_native_2", 2, "ddpbf16", 45, NULL);
+}
+TEST(mpi_ddp_bf16_hook_matches_native_3, 60)
+{
+    expect_ok("mpi_ddp_bf16_hook_matches_native_3", 3, "ddpbf16", 45, NULL);
+}
 TEST(mpi_ddp_join_matches_native_3, 60)
 {
     expect_ok("mpi_ddp_join_matches_native_3", 3, "ddpjoin", 45, NULL);
