@@ -44,6 +44,7 @@
 #include "algorithms/internal.h"
 
 #define WHO "tdist_powersgd_hook"
+#define DECOMPRESS_BLOCK 16384 /* floats of output decompressed, then differenced, at a time */
 
 typedef struct pstore {
     float *err; /* count floats when has_err */
@@ -509,7 +510,8 @@ static tdist_status_t err_array(pstore_t *p, size_t count, const tdist_ddp_bucke
  * error_feedback_uncompressed) straight into its error array; the
  * bucket-wide copy only when an observer wants to see it. */
 static tdist_status_t feedback_out_fused(tdist_powersgd_t *s, slot_t *sl,
-                                         const tdist_ddp_bucket_t *b, const float *out)
+                                         const tdist_ddp_bucket_t *b, const float *out,
+                                         bool compressed_done)
 {
     const bool keep = s->o.observe != NULL;
     float *cp = sl->cp;
@@ -519,9 +521,11 @@ static tdist_status_t feedback_out_fused(tdist_powersgd_t *s, slot_t *sl,
         size_t o = b->offsets[j], c = b->counts[j];
         if (keep)
             for (size_t i = done; i < o; i++) cp[i] = cp[i] - out[i];
-        TDIST_CHECK(err_array(p, c, b));
         bool unc = c > 0 && u < sl->nu && sl->uoff[u] == o;
         u += unc;
+        done = o + c;
+        if (compressed_done && !unc && c > 0) continue; /* decompress_with_error did it */
+        TDIST_CHECK(err_array(p, c, b));
         float *e = p->err;
         if (unc && !s->o.error_feedback_uncompressed) {
             memset(e, 0, c * sizeof *e);
@@ -532,7 +536,6 @@ static tdist_status_t feedback_out_fused(tdist_powersgd_t *s, slot_t *sl,
             for (size_t i = 0; i < c; i++) e[i] = cp[o + i] - out[o + i];
         }
         p->has_err = true;
-        done = o + c;
     }
     if (keep)
         for (size_t i = done; i < b->count; i++) cp[i] = cp[i] - out[i];
@@ -546,7 +549,7 @@ static tdist_status_t feedback_out(tdist_powersgd_t *s, slot_t *sl, const tdist_
                                    const float *outv)
 {
     if (!s->o.use_error_feedback) return TDIST_OK;
-    if (!s->o.batched && params_in_order(b)) return feedback_out_fused(s, sl, b, outv);
+    if (!s->o.batched && params_in_order(b)) return feedback_out_fused(s, sl, b, outv, false);
     size_t len = s->o.batched ? sl->side * sl->side : b->count;
     for (size_t i = 0; i < len; i++) sl->cp[i] = sl->cp[i] - outv[i];
     if (!s->o.batched && !s->o.error_feedback_uncompressed)
@@ -643,6 +646,33 @@ static tdist_status_t after_p(void *state, const tdist_ddp_bucket_t *b,
     return TDIST_OK;
 }
 
+/* Compressed tensor t's P Q^T into the bucket, a block of rows at a time,
+ * each followed by its error (input - output) into the parameter's error
+ * array while the block is in cache (and into the bucket-wide copy when an
+ * observer wants it). The blocks take the product's large-product kernel,
+ * the one the whole tensor takes (the caller checks it is not the naive
+ * one), so every element is the same chain. */
+static tdist_status_t decompress_with_error(tdist_powersgd_t *s, slot_t *sl,
+                                            const tdist_ddp_bucket_t *b, const tens_t *t,
+                                            const float *p, const float *q)
+{
+    pstore_t *ps = &s->ps[t->param];
+    TDIST_CHECK(err_array(ps, t->n * t->m, b));
+    float *g = (float *)b->buffer + t->off, *cp = sl->cp + t->off, *e = ps->err;
+    const bool keep = s->o.observe != NULL;
+    const size_t rb = TDIST_MAX((size_t)1, DECOMPRESS_BLOCK / t->m);
+    for (size_t i0 = 0; i0 < t->n; i0 += rb) {
+        size_t rows = TDIST_MIN(rb, t->n - i0), at = i0 * t->m, len = rows * t->m;
+        tdist__psgd_gemm(g + at, p + i0 * t->r, q, rows, t->r, t->m, 0, 1, true);
+        if (keep)
+            for (size_t i = at; i < at + len; i++) e[i] = cp[i] = cp[i] - g[i];
+        else
+            for (size_t i = at; i < at + len; i++) e[i] = cp[i] - g[i];
+    }
+    ps->has_err = true;
+    return TDIST_OK;
+}
+
 /* Q is summed: divide, keep it, decompress P Q^T into the bucket, and
  * the new error. */
 static tdist_status_t after_q(void *state, const tdist_ddp_bucket_t *b,
@@ -656,6 +686,12 @@ static tdist_status_t after_q(void *state, const tdist_ddp_bucket_t *b,
     for (size_t i = 0; i < sl->qlen; i++) sl->q[i] = sl->q[i] / dv;
     observe(s, b, TDIST_POWERSGD_Q_REDUCED, sl->q, sl->qlen);
     const float *p = sl->pu + sl->ulen;
+    /* the error with each tensor's decompression, in the same pass, when
+     * every tensor takes the large-product kernel (PyTorch's bmm rounds
+     * the small ones differently) */
+    bool fuse = s->o.use_error_feedback && params_in_order(b);
+    for (size_t i = 0; i < sl->nt && fuse; i++)
+        fuse = (double)sl->t[i].n * (double)sl->t[i].r * (double)sl->t[i].m >= 400.0;
     for (size_t i = 0; i < sl->nt; i++) {
         const tens_t *t = &sl->t[i];
         pstore_t *ps = &s->ps[t->param];
@@ -669,9 +705,13 @@ static tdist_status_t after_q(void *state, const tdist_ddp_bucket_t *b,
         }
         memcpy(ps->q, sl->q + t->qoff, len * sizeof(float));
         ps->has_q = true;
-        tdist__psgd_gemm(g + t->off, p + t->poff, sl->q + t->qoff, t->n, t->r, t->m, 0, 1, false);
+        if (fuse)
+            TDIST_CHECK(decompress_with_error(s, sl, b, t, p + t->poff, sl->q + t->qoff));
+        else
+            tdist__psgd_gemm(g + t->off, p + t->poff, sl->q + t->qoff, t->n, t->r, t->m, 0, 1, false);
     }
     observe(s, b, TDIST_POWERSGD_OUTPUT, g, b->count);
+    if (fuse) return feedback_out_fused(s, sl, b, g, true);
     return feedback_out(s, sl, b, g);
 }
 
