@@ -650,6 +650,17 @@ static void train(tdist_pg_t *pg, model_t *m, int steps, bool join, bool bf16)
     tdist_compress_destroy(hook);
 }
 
+static const size_t model_count[4] = {HID * DIN, HID, DOUT * HID, DOUT};
+
+/* The model's four parameter arrays, in create() order. */
+static void model_params(const model_t *m, const float *p[4])
+{
+    p[0] = m->w1;
+    p[1] = m->b1;
+    p[2] = m->w2;
+    p[3] = m->b2;
+}
+
 static void run_ddp(tdist_world_t *w, bool join)
 {
     static model_t a, b;
@@ -659,8 +670,10 @@ static void run_ddp(tdist_world_t *w, bool join)
     tdist_pg_t *mpi = make_pg(w, "mpi", 60000);
     train(mpi, &b, 5, join, false);
     tdist_pg_destroy(mpi);
-    const float *pa[4] = {a.w1, a.b1, a.w2, a.b2}, *pb[4] = {b.w1, b.b1, b.w2, b.b2};
-    const size_t cnt[4] = {HID * DIN, HID, DOUT * HID, DOUT};
+    const float *pa[4], *pb[4];
+    model_params(&a, pa);
+    model_params(&b, pb);
+    const size_t *cnt = model_count;
     double worst = 0;
     size_t differ = 0;
     for (int i = 0; i < 4; i++) {
@@ -701,9 +714,11 @@ static void run_ddp_bf16(tdist_world_t *w)
     tdist_pg_t *mpi = make_pg(w, "mpi", 60000);
     train(mpi, &b, 5, false, true);
     tdist_pg_destroy(mpi);
-    const float *pa[4] = {a.w1, a.b1, a.w2, a.b2}, *pb[4] = {b.w1, b.b1, b.w2, b.b2};
-    const float *pf[4] = {f32.w1, f32.b1, f32.w2, f32.b2};
-    const size_t cnt[4] = {HID * DIN, HID, DOUT * HID, DOUT};
+    const float *pa[4], *pb[4], *pf[4];
+    model_params(&a, pa);
+    model_params(&b, pb);
+    model_params(&f32, pf);
+    const size_t *cnt = model_count;
     size_t differ = 0, from_f32 = 0;
     for (int i = 0; i < 4; i++) {
         double mx = 0;
