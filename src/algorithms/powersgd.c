@@ -44,7 +44,7 @@
 #include "algorithms/internal.h"
 
 #define WHO "tdist_powersgd_hook"
-#define DECOMPRESS_BLOCK 16384 /* floats of output decompressed, then differenced, at a time */
+#define DECOMPRESS_BLOCK 4096 /* floats of a tensor formed or decompressed at a time (on the stack) */
 
 typedef struct pstore {
     float *err; /* count floats when has_err */
@@ -441,28 +441,73 @@ static bool params_in_order(const tdist_ddp_bucket_t *b)
     return true;
 }
 
-/* feedback_in of the unbatched hook in one pass: the input (gradient +
- * error) written to the bucket and to its copy together. */
+/* The unbatched hook with error feedback runs its passes fused (the
+ * input formed with P = M Q, the output with the error) when the
+ * parameters are in order and every compressed tensor takes the
+ * large-product kernel (PyTorch's bmm rounds the small ones differently;
+ * row blocks of a product must take the kernel the whole takes). */
+static bool fused_plan(const tdist_powersgd_t *s, const slot_t *sl, const tdist_ddp_bucket_t *b)
+{
+    if (s->o.batched || !s->o.use_error_feedback || !params_in_order(b)) return false;
+    for (size_t i = 0; i < sl->nt; i++)
+        if ((double)sl->t[i].n * (double)sl->t[i].r * (double)sl->t[i].m < 400.0) return false;
+    return true;
+}
+
+/* The compressed tensor of the bucket at offset off, or NULL. */
+static const tens_t *tensor_at(const slot_t *sl, size_t off)
+{
+    for (size_t i = 0; i < sl->nt; i++)
+        if (sl->t[i].off == off) return &sl->t[i];
+    return NULL;
+}
+
+/* x[0..c) = x + e (e NULL: no error yet, x stays), also into copy (NULL:
+ * not). */
+static void add_error(float *x, const float *e, size_t c, float *copy)
+{
+    if (!e) {
+        if (copy) memcpy(copy, x, c * sizeof *x);
+        return;
+    }
+    if (copy) {
+        for (size_t i = 0; i < c; i++) x[i] = copy[i] = x[i] + e[i];
+    } else {
+        for (size_t i = 0; i < c; i++) x[i] = x[i] + e[i];
+    }
+}
+
+/* feedback_in of the unbatched hook in one pass with P = M Q: each
+ * parameter's input (gradient + error) into the bucket, a block of rows
+ * at a time, and a compressed tensor's P rows from the block while it is
+ * in cache. The copy of the input is kept for the uncompressed values
+ * (their error needs it: the bucket gets their average first), and for
+ * everything when an observer wants the bucket-wide error. Q is ready. */
 static void feedback_in_fused(tdist_powersgd_t *s, slot_t *sl, const tdist_ddp_bucket_t *b)
 {
-    float *g = b->buffer, *cp = sl->cp;
+    float *g = b->buffer, *cp = sl->cp, *pp = sl->pu + sl->ulen;
+    const bool keep = s->o.observe != NULL;
     size_t done = 0;
     for (size_t j = 0; j < b->num_params; j++) {
         const pstore_t *p = &s->ps[b->param_indices[j]];
         size_t o = b->offsets[j], c = b->counts[j];
-        memcpy(cp + done, g + done, (o - done) * sizeof *cp);
-        if (p->has_err && p->count == c) {
-            for (size_t i = 0; i < c; i++) {
-                float v = g[o + i] + p->err[i];
-                g[o + i] = v;
-                cp[o + i] = v;
-            }
-        } else {
-            memcpy(cp + o, g + o, c * sizeof *cp);
-        }
+        if (keep) memcpy(cp + done, g + done, (o - done) * sizeof *cp);
         done = o + c;
+        const float *e = p->has_err && p->count == c ? p->err : NULL; /* PyTorch: once one exists */
+        const tens_t *t = c > 0 ? tensor_at(sl, o) : NULL;
+        if (!t) {
+            add_error(g + o, e, c, cp + o);
+            continue;
+        }
+        const size_t rb = TDIST_MAX((size_t)1, DECOMPRESS_BLOCK / t->m);
+        for (size_t i0 = 0; i0 < t->n; i0 += rb) {
+            size_t rows = TDIST_MIN(rb, t->n - i0), at = i0 * t->m;
+            add_error(g + o + at, e ? e + at : NULL, rows * t->m, keep ? cp + o + at : NULL);
+            tdist__psgd_gemm(pp + t->poff + i0 * t->r, g + o + at, sl->q + t->qoff, rows, t->m,
+                             t->r, 0, 0, true);
+        }
     }
-    memcpy(cp + done, g + done, (b->count - done) * sizeof *cp);
+    if (keep) memcpy(cp + done, g + done, (b->count - done) * sizeof *cp);
 }
 
 /* Error feedback on the way in: add each parameter's error to its
@@ -471,10 +516,6 @@ static void feedback_in_fused(tdist_powersgd_t *s, slot_t *sl, const tdist_ddp_b
 static void feedback_in(tdist_powersgd_t *s, slot_t *sl, const tdist_ddp_bucket_t *b, float *x)
 {
     const float *g = b->buffer;
-    if (x == g && s->o.use_error_feedback && params_in_order(b)) {
-        feedback_in_fused(s, sl, b);
-        return;
-    }
     if (x != g) {
         memcpy(x, g, b->count * sizeof *x);
         size_t len = sl->side * sl->side;
@@ -660,14 +701,22 @@ static tdist_status_t decompress_with_error(tdist_powersgd_t *s, slot_t *sl,
     TDIST_CHECK(err_array(ps, t->n * t->m, b));
     float *g = (float *)b->buffer + t->off, *cp = sl->cp + t->off, *e = ps->err;
     const bool keep = s->o.observe != NULL;
+    float out[DECOMPRESS_BLOCK];
+    /* blocks of whole rows, or pieces of one row when a row is longer */
     const size_t rb = TDIST_MAX((size_t)1, DECOMPRESS_BLOCK / t->m);
+    const size_t cw = TDIST_MIN(t->m, (size_t)DECOMPRESS_BLOCK);
     for (size_t i0 = 0; i0 < t->n; i0 += rb) {
-        size_t rows = TDIST_MIN(rb, t->n - i0), at = i0 * t->m, len = rows * t->m;
-        tdist__psgd_gemm(g + at, p + i0 * t->r, q, rows, t->r, t->m, 0, 1, true);
-        if (keep)
-            for (size_t i = at; i < at + len; i++) e[i] = cp[i] = cp[i] - g[i];
-        else
-            for (size_t i = at; i < at + len; i++) e[i] = cp[i] - g[i];
+        size_t rows = TDIST_MIN(rb, t->n - i0);
+        for (size_t c0 = 0; c0 < t->m; c0 += cw) {
+            size_t w = TDIST_MIN(cw, t->m - c0), at = i0 * t->m + c0, len = rows * w;
+            tdist__psgd_gemm(out, p + i0 * t->r, q + c0 * t->r, rows, t->r, w, 0, 1, true);
+            /* g still holds the input M here: error = M - output */
+            if (keep)
+                for (size_t i = 0; i < len; i++) e[at + i] = cp[at + i] = g[at + i] - out[i];
+            else
+                for (size_t i = 0; i < len; i++) e[at + i] = g[at + i] - out[i];
+            memcpy(g + at, out, len * sizeof *out);
+        }
     }
     ps->has_err = true;
     return TDIST_OK;
@@ -689,9 +738,7 @@ static tdist_status_t after_q(void *state, const tdist_ddp_bucket_t *b,
     /* the error with each tensor's decompression, in the same pass, when
      * every tensor takes the large-product kernel (PyTorch's bmm rounds
      * the small ones differently) */
-    bool fuse = s->o.use_error_feedback && params_in_order(b);
-    for (size_t i = 0; i < sl->nt && fuse; i++)
-        fuse = (double)sl->t[i].n * (double)sl->t[i].r * (double)sl->t[i].m >= 400.0;
+    const bool fuse = fused_plan(s, sl, b);
     for (size_t i = 0; i < sl->nt; i++) {
         const tens_t *t = &sl->t[i];
         pstore_t *ps = &s->ps[t->param];
@@ -720,15 +767,24 @@ static tdist_status_t begin(tdist_powersgd_t *s, slot_t *sl, const tdist_ddp_buc
                             tdist_ddp_hook_result_t *res)
 {
     float *g = b->buffer;
-    feedback_in(s, sl, b, g);
+    const bool fuse = fused_plan(s, sl, b);
+    if (fuse) {
+        prepare_q(s, sl, b); /* Q does not depend on the input */
+        feedback_in_fused(s, sl, b);
+    } else {
+        feedback_in(s, sl, b, g);
+    }
     float *u = sl->pu;
     for (size_t k = 0; k < sl->nu; u += sl->ucnt[k], k++)
         memcpy(u, g + sl->uoff[k], sl->ucnt[k] * sizeof *u);
-    prepare_q(s, sl, b);
-    float *p = sl->pu + sl->ulen;
-    for (size_t i = 0; i < sl->nt; i++) {
-        const tens_t *t = &sl->t[i];
-        tdist__psgd_gemm(p + t->poff, g + t->off, sl->q + t->qoff, t->n, t->m, t->r, 0, 0, false);
+    if (!fuse) {
+        prepare_q(s, sl, b);
+        float *p = sl->pu + sl->ulen;
+        for (size_t i = 0; i < sl->nt; i++) {
+            const tens_t *t = &sl->t[i];
+            tdist__psgd_gemm(p + t->poff, g + t->off, sl->q + t->qoff, t->n, t->m, t->r, 0, 0,
+                             false);
+        }
     }
     observe(s, b, TDIST_POWERSGD_P_LOCAL, sl->pu, sl->ulen + sl->plen);
     TDIST_CHECK(post(b, sl->pu, sl->ulen + sl->plen, "the uncompressed values and P", &res->work));
