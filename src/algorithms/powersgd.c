@@ -44,7 +44,7 @@
 #include "algorithms/internal.h"
 
 #define WHO "tdist_powersgd_hook"
-#define DECOMPRESS_BLOCK 4096 /* floats of a tensor formed or decompressed at a time (on the stack) */
+#define BLOCK_FLOATS 32768 /* values of a tensor formed or decompressed at a time (in cache) */
 
 typedef struct pstore {
     float *err; /* count floats when has_err */
@@ -454,6 +454,11 @@ static bool fused_plan(const tdist_powersgd_t *s, const slot_t *sl, const tdist_
     return true;
 }
 
+/* Rows of an n x m tensor handled at a time by the fused passes: about
+ * BLOCK_FLOATS values (cache-sized), a multiple of 16 (the products'
+ * vector kernels take 16 rows at once). */
+static size_t block_rows(size_t m) { return 16 * TDIST_MAX((size_t)1, BLOCK_FLOATS / (16 * m)); }
+
 /* The compressed tensor of the bucket at offset off, or NULL. */
 static const tens_t *tensor_at(const slot_t *sl, size_t off)
 {
@@ -499,7 +504,7 @@ static void feedback_in_fused(tdist_powersgd_t *s, slot_t *sl, const tdist_ddp_b
             add_error(g + o, e, c, cp + o);
             continue;
         }
-        const size_t rb = TDIST_MAX((size_t)1, DECOMPRESS_BLOCK / t->m);
+        const size_t rb = block_rows(t->m);
         for (size_t i0 = 0; i0 < t->n; i0 += rb) {
             size_t rows = TDIST_MIN(rb, t->n - i0), at = i0 * t->m;
             add_error(g + o + at, e ? e + at : NULL, rows * t->m, keep ? cp + o + at : NULL);
@@ -701,22 +706,18 @@ static tdist_status_t decompress_with_error(tdist_powersgd_t *s, slot_t *sl,
     TDIST_CHECK(err_array(ps, t->n * t->m, b));
     float *g = (float *)b->buffer + t->off, *cp = sl->cp + t->off, *e = ps->err;
     const bool keep = s->o.observe != NULL;
-    float out[DECOMPRESS_BLOCK];
-    /* blocks of whole rows, or pieces of one row when a row is longer */
-    const size_t rb = TDIST_MAX((size_t)1, DECOMPRESS_BLOCK / t->m);
-    const size_t cw = TDIST_MIN(t->m, (size_t)DECOMPRESS_BLOCK);
+    const size_t rb = block_rows(t->m);
     for (size_t i0 = 0; i0 < t->n; i0 += rb) {
-        size_t rows = TDIST_MIN(rb, t->n - i0);
-        for (size_t c0 = 0; c0 < t->m; c0 += cw) {
-            size_t w = TDIST_MIN(cw, t->m - c0), at = i0 * t->m + c0, len = rows * w;
-            tdist__psgd_gemm(out, p + i0 * t->r, q + c0 * t->r, rows, t->r, w, 0, 1, true);
-            /* g still holds the input M here: error = M - output */
-            if (keep)
-                for (size_t i = 0; i < len; i++) e[at + i] = cp[at + i] = g[at + i] - out[i];
-            else
-                for (size_t i = 0; i < len; i++) e[at + i] = g[at + i] - out[i];
-            memcpy(g + at, out, len * sizeof *out);
+        size_t rows = TDIST_MIN(rb, t->n - i0), at = i0 * t->m, len = rows * t->m;
+        /* the output lands in the error array first; g still holds the
+         * input M: then error = M - output and the output into g */
+        tdist__psgd_gemm(e + at, p + i0 * t->r, q, rows, t->r, t->m, 0, 1, true);
+        for (size_t i = at; i < at + len; i++) {
+            float out = e[i];
+            e[i] = g[i] - out;
+            g[i] = out;
         }
+        if (keep) memcpy(cp + at, e + at, len * sizeof *e);
     }
     ps->has_err = true;
     return TDIST_OK;

@@ -1,7 +1,7 @@
 /* tests/algorithms/test_powersgd_fused.c — PowerSGD's fused passes on
  * matrices large enough for the large-product kernels (the input and P,
  * and the output and its error, are then formed a block of rows at a
- * time; several blocks, and rows longer than a block), 2
+ * time: several blocks, a short last one, rows longer than a block), 2
  * real ranks, rank 2, error feedback on, 6 steps (4 compressed). Each
  * compressed step is checked from what the observer shows, against
  * plain scalar arithmetic written here:
@@ -22,12 +22,13 @@
 #include "harness.h"
 #include "tdist/algorithms.h"
 
-/* w1 takes several blocks of rows, w3's rows are longer than a block */
+/* w1 takes several blocks of rows and a last one shorter than the 16 rows
+ * the vector kernels take at once; w3's rows are longer than a block */
 #define FP_NP 4
-#define FP_N (200 * 48 + 64 + 40 * 64 + 8 * 5000)
+#define FP_N (100 * 1000 + 64 + 40 * 64 + 8 * 5000)
 #define FP_R 2
-static const size_t fp_count[FP_NP] = {200 * 48, 64, 40 * 64, 8 * 5000};
-static const size_t fp_rows[FP_NP] = {200, 0, 40, 8};
+static const size_t fp_count[FP_NP] = {100 * 1000, 64, 40 * 64, 8 * 5000};
+static const size_t fp_rows[FP_NP] = {100, 0, 40, 8};
 static const char *const fp_name[FP_NP] = {"w1", "b1", "w2", "w3"};
 
 typedef struct fmodel {
