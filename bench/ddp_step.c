@@ -270,6 +270,14 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
+/* CPU time of this process (every thread: training and engine), ms. */
+static double cpu_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
 static int cmp_double(const void *x, const void *y)
 {
     double a = *(const double *)x, b = *(const double *)y;
@@ -638,7 +646,7 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
     tdist_optim_t *opt = NULL;
     float *x = NULL, *dlogits = NULL;
     int *labels = NULL;
-    double *times = NULL; /* 5 arrays of steps: total, fwd, bwd, bwd_end, optim */
+    double *times = NULL; /* 6 arrays of steps: total, fwd, bwd, bwd_end, optim, cpu */
     trace_t *tr = NULL;
     tdist_join_t *join = NULL;
     tdist_compress_t *hk_c = NULL; /* --hook fp16 / bf16 */
@@ -665,7 +673,7 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
     x = malloc(NBATCHES * B * din * sizeof *x);
     labels = malloc(NBATCHES * B * sizeof *labels);
     dlogits = malloc(B * CLASSES * sizeof *dlogits);
-    times = calloc(5 * (size_t)steps, sizeof *times);
+    times = calloc(6 * (size_t)steps, sizeof *times);
     dp = calloc(np, sizeof *dp);
     op = calloc(np, sizeof *op);
     if (!x || !labels || !dlogits || !times || !dp || !op) {
@@ -802,7 +810,7 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
         }
         const float *xb = x + (size_t)(it % NBATCHES) * B * din;
         const int *lb = labels + (size_t)(it % NBATCHES) * B;
-        double t0 = now_ms();
+        double c0 = cpu_ms(), t0 = now_ms();
         if (ddp && (st = tdist_ddp_forward_begin(ddp)) != TDIST_OK) {
             rc = fail_tdist("tdist_ddp_forward_begin", st);
             goto out;
@@ -832,7 +840,7 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
             rc = fail_tdist("tdist_optim_step", st);
             goto out;
         }
-        double t4 = now_ms();
+        double t4 = now_ms(), c4 = cpu_ms();
         if (it == 0) first_loss = loss;
         if (!isfinite(loss)) {
             fprintf(stderr, "bench_ddp_step: rank %d: loss is %g at step %d\n", g_rank, (double)loss,
@@ -856,6 +864,7 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
             times[2 * steps + k] = t2 - t1;
             times[3 * steps + k] = t3 - t2;
             times[4 * steps + k] = t4 - t3;
+            times[5 * steps + k] = c4 - c0;
         }
     }
     if (join) {
@@ -877,14 +886,14 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
         rc = fail_tdist("tdist_int8_get_stats", st);
         goto out;
     }
-    if (max_over_ranks(pg, times, 5 * (size_t)steps) != 0) goto out;
+    if (max_over_ranks(pg, times, 6 * (size_t)steps) != 0) goto out;
     double med = median(times, steps), mn = times[0], mx = times[0];
     for (int k = 1; k < steps; k++) {
         if (times[k] < mn) mn = times[k];
         if (times[k] > mx) mx = times[k];
     }
-    double ph[4];
-    for (int j = 0; j < 4; j++) ph[j] = median(times + (size_t)(j + 1) * steps, steps);
+    double ph[5]; /* the phases, then the CPU time */
+    for (int j = 0; j < 5; j++) ph[j] = median(times + (size_t)(j + 1) * steps, steps);
 
     /* DDP statistics per timed step, mean over the (active) ranks. */
     double dst[7] = {0}; /* compute, comm, wait, backward_end, bytes, buckets, active */
@@ -954,6 +963,8 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
         printf("# phases (median over steps of the slowest rank): forward+loss+zero_grad %.3f ms,"
                " backward %.3f ms, backward_end %.3f ms, sgd step %.3f ms\n",
                ph[0], ph[1], ph[2], ph[3]);
+        printf("# cpu time per step (the process's threads, training and engine; median over"
+               " steps of the max over ranks): %.3f ms\n", ph[4]);
         if (ddp) {
             size_t nb = tdist_ddp_num_buckets(ddp);
             printf("# ddp statistics per timed step (mean over %s ranks): compute %.3f ms, comm"

@@ -38,7 +38,7 @@
 #include "algorithms/internal.h"
 
 #define WHO "tdist_compress_hook"
-#define CHUNK 1024 /* elements converted per pass, on the stack as f32 */
+#define CHUNK 4096 /* elements converted per pass (on the stack as f32 unless f32) */
 
 typedef struct slot {
     uint16_t *wire;              /* cap 16-bit values */
@@ -116,20 +116,16 @@ static void compress(const tdist_compress_t *c, uint16_t *wire, const tdist_ddp_
     for (size_t i = 0; i < b->count; i += CHUNK) {
         size_t n = TDIST_MIN((size_t)CHUNK, b->count - i);
         uint16_t *h = wire + i;
-        to_wire(h, as_f32(b->buffer, b->dtype, i, n, tmp), n, wt);
-        if (c->inner) {
-            /* Tensor.to(bfloat16): 0xFFFF from f32 (vectorised), 0x7FC0 otherwise */
-            if (wt == TDIST_BF16)
-                for (size_t k = 0; k < n; k++)
-                    if (is_nan16(h[k], wt)) h[k] = b->dtype == TDIST_F32 ? 0xffffu : 0x7fc0u;
+        const float *g = as_f32(b->buffer, b->dtype, i, n, tmp);
+        if (!c->inner) {
+            tdist__hook16_cast(h, g, n, dv, wt); /* one fused pass */
             continue;
         }
-        from_wire(tmp, h, n, wt);
-        for (size_t k = 0; k < n; k++) tmp[k] = tmp[k] / dv;
-        to_wire(h, tmp, n, wt);
-        /* the division's result through c10's scalar conversion */
-        for (size_t k = 0; k < n; k++)
-            if (is_nan16(h[k], wt)) h[k] = wt == TDIST_F16 ? (uint16_t)((h[k] & 0x8000u) | 0x7e00u) : 0x7fc0u;
+        to_wire(h, g, n, wt);
+        /* Tensor.to(bfloat16): 0xFFFF from f32 (vectorised), 0x7FC0 otherwise */
+        if (wt == TDIST_BF16)
+            for (size_t k = 0; k < n; k++)
+                if (is_nan16(h[k], wt)) h[k] = b->dtype == TDIST_F32 ? 0xffffu : 0x7fc0u;
     }
 }
 

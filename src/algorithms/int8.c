@@ -40,7 +40,7 @@
 
 #define WHO "tdist_int8_hook"
 #define NONFINITE_CODE (-128)
-#define QMAX 127.0f
+#define SUM_CHUNK 4096 /* elements of the shard's sum handled at a time (L1) */
 
 /* Where a bucket's elements go on a group. */
 typedef struct layout {
@@ -92,65 +92,24 @@ void tdist_int8_opts_init(tdist_int8_opts_t *opts)
 
 static size_t nblocks(size_t len, size_t block) { return len / block + (len % block != 0); }
 
-/* max |x| over the finite values, / 127 (0 when there are none). */
-static float block_scale(const float *x, size_t n)
-{
-    float m = 0.0f;
-    for (size_t i = 0; i < n; i++) {
-        float a = fabsf(x[i]);
-        if (a > m && a <= FLT_MAX) m = a;
-    }
-    return m / QMAX;
-}
-
-/* Round half away from zero, clamped to [-127, 127]; -128 for a value
- * that is not finite. */
-static int8_t code_of(float x, float s)
-{
-    if (!isfinite(x)) return NONFINITE_CODE;
-    if (s == 0.0f) return 0;
-    float q = roundf(x / s);
-    if (q > QMAX) q = QMAX;
-    if (q < -QMAX) q = -QMAX;
-    return (int8_t)q;
-}
-
 static float value_of(int8_t q, float s) { return q == NONFINITE_CODE ? NAN : (float)q * s; }
 
 /* Quantise n values of src in blocks: codes, and the scales as bytes
  * (unaligned). resid (NULL, or src itself): src - dequantised, 0 where src
- * is not finite. Returns how many values were not finite. */
+ * is not finite. Returns how many values were not finite. The rules (the
+ * scale, rounding half away from zero, -128 for a value that is not
+ * finite) are written out in hook_kernels.c. */
 static size_t quantise(int8_t *codes, unsigned char *scales, const float *src, float *resid,
                        size_t n, size_t block)
 {
-    size_t bad = 0;
-    for (size_t b0 = 0, k = 0; b0 < n; b0 += block, k++) {
-        size_t m = TDIST_MIN(block, n - b0);
-        float s = block_scale(src + b0, m);
-        memcpy(scales + k * sizeof s, &s, sizeof s);
-        for (size_t i = b0; i < b0 + m; i++) {
-            float v = src[i];
-            codes[i] = code_of(v, s);
-            bad += codes[i] == NONFINITE_CODE;
-            if (resid) resid[i] = codes[i] == NONFINITE_CODE ? 0.0f : v - value_of(codes[i], s);
-        }
-    }
-    return bad;
+    return tdist__int8_quantise(codes, scales, src, resid, n, block);
 }
 
 /* dst[i] = dequantised value i (add: dst[i] += it), n values in blocks. */
 static void dequantise(float *dst, const int8_t *codes, const unsigned char *scales, size_t n,
                        size_t block, bool add)
 {
-    for (size_t b0 = 0, k = 0; b0 < n; b0 += block, k++) {
-        size_t m = TDIST_MIN(block, n - b0);
-        float s;
-        memcpy(&s, scales + k * sizeof s, sizeof s);
-        if (add)
-            for (size_t i = b0; i < b0 + m; i++) dst[i] = dst[i] + value_of(codes[i], s);
-        else
-            for (size_t i = b0; i < b0 + m; i++) dst[i] = value_of(codes[i], s);
-    }
+    tdist__int8_dequantise(dst, codes, scales, n, block, add);
 }
 
 tdist_status_t tdist_int8_quantize(int8_t *codes, float *scales, const float *src, size_t n,
@@ -378,26 +337,41 @@ static void move_resid(tdist_int8_t *st, const tdist_ddp_bucket_t *b, int which,
 
 /* -------------------------------------------------------------- the hook */
 
-/* x = the bucket as f32 (f64 rounded once), plus the input residual. */
-static void load_input(tdist_int8_t *st, slot_t *s, const tdist_ddp_bucket_t *b)
+/* The f32 input to quantise: the bucket itself when it is f32 and there
+ * is no input residual to add (no copy); else x = the bucket as f32 (f64
+ * rounded once), plus the input residual. */
+static const float *load_input(tdist_int8_t *st, slot_t *s, const tdist_ddp_bucket_t *b)
 {
+    if (b->dtype == TDIST_F32 && !st->ef_in) return b->buffer;
     if (b->dtype == TDIST_F32)
         memcpy(s->x, b->buffer, b->count * sizeof(float));
     else
         for (size_t i = 0; i < b->count; i++) s->x[i] = (float)((const double *)b->buffer)[i];
     if (st->ef_in) move_resid(st, b, RESID_IN, false, s->x, 0, b->count);
+    return s->x;
 }
 
-/* Shard p of x into message p of send; x becomes the input's residual. */
-static void quantise_shards(tdist_int8_t *st, slot_t *s)
+/* Zero what a message of a shard of len elements does not fill: the
+ * scales of blocks it lacks and the codes past len (the padding goes on
+ * the wire too). */
+static void zero_unused(const layout_t *l, unsigned char *m, size_t len)
+{
+    size_t used = nblocks(len, l->block) * sizeof(float);
+    memset(m + used, 0, l->codes_at - used);
+    memset(m + l->codes_at + len, 0, l->msg - l->codes_at - len);
+}
+
+/* Shard p of x into message p of send; with the input residual, x (then
+ * this slot's own copy) becomes the input's residual. */
+static void quantise_shards(tdist_int8_t *st, slot_t *s, const float *x)
 {
     const layout_t *l = &s->lay;
-    memset(s->send, 0, l->msg * (size_t)l->size); /* the padding goes on the wire too */
     for (int p = 0; p < l->size; p++) {
         size_t off, len;
         shard_of(l, p, &off, &len);
         unsigned char *m = s->send + (size_t)p * l->msg;
-        st->stats.nonfinite_in += quantise((int8_t *)(m + l->codes_at), m, s->x + off,
+        zero_unused(l, m, len);
+        st->stats.nonfinite_in += quantise((int8_t *)(m + l->codes_at), m, x + off,
                                            st->ef_in ? s->x + off : NULL, len, l->block);
     }
 }
@@ -433,6 +407,21 @@ static tdist_status_t finish(void *state, const tdist_ddp_bucket_t *b, tdist_ddp
     return TDIST_OK;
 }
 
+/* Elements [c0, c0 + cn) of this rank's shard of the sum, into acc: the
+ * ranks' dequantised values added in rank order from 0, then divided by
+ * the divisor. c0 is a multiple of the block size. */
+static void sum_chunk(const layout_t *l, const unsigned char *recv, float *acc, size_t c0,
+                      size_t cn, float divisor)
+{
+    for (size_t i = 0; i < cn; i++) acc[i] = 0.0f;
+    for (int r = 0; r < l->size; r++) {
+        const unsigned char *m = recv + (size_t)r * l->msg;
+        dequantise(acc, (const int8_t *)(m + l->codes_at) + c0,
+                   m + c0 / l->block * sizeof(float), cn, l->block, true);
+    }
+    for (size_t i = 0; i < cn; i++) acc[i] = acc[i] / divisor;
+}
+
 /* This rank's shard: the ranks' contributions dequantised and summed in
  * rank order, divided by the divisor, (+ the sum residual), quantised into
  * mine; the all_gather of every rank's shard posted. */
@@ -446,18 +435,23 @@ static tdist_status_t reduce_shard(void *state, const tdist_ddp_bucket_t *b,
     size_t off, len;
     shard_of(l, l->rank, &off, &len);
     float *acc = s->acc;
-    for (size_t i = 0; i < len; i++) acc[i] = 0.0f;
-    for (int r = 0; r < l->size; r++) {
-        const unsigned char *m = s->recv + (size_t)r * l->msg;
-        dequantise(acc, (const int8_t *)(m + l->codes_at), m, len, l->block, true);
+    int8_t *mine = (int8_t *)(s->mine + l->codes_at);
+    zero_unused(l, s->mine, len);
+    /* chunks of whole blocks, each summed, divided and (without the sum
+     * residual) quantised while it is in cache */
+    const size_t chunk = l->block * TDIST_MAX((size_t)1, SUM_CHUNK / l->block);
+    for (size_t c0 = 0; c0 < len; c0 += chunk) {
+        size_t cn = TDIST_MIN(chunk, len - c0);
+        sum_chunk(l, s->recv, acc + c0, c0, cn, (float)b->divisor);
+        if (!st->ef_sum)
+            st->stats.nonfinite_out += quantise(mine + c0, s->mine + c0 / l->block * sizeof(float),
+                                                acc + c0, NULL, cn, l->block);
     }
-    const float d = (float)b->divisor;
-    for (size_t i = 0; i < len; i++) acc[i] = acc[i] / d;
-    if (st->ef_sum) move_resid(st, b, RESID_SUM, false, acc, off, off + len);
-    memset(s->mine, 0, l->msg);
-    st->stats.nonfinite_out += quantise((int8_t *)(s->mine + l->codes_at), s->mine, acc,
-                                        st->ef_sum ? acc : NULL, len, l->block);
-    if (st->ef_sum) move_resid(st, b, RESID_SUM, true, acc, off, off + len);
+    if (st->ef_sum) {
+        move_resid(st, b, RESID_SUM, false, acc, off, off + len);
+        st->stats.nonfinite_out += quantise(mine, s->mine, acc, acc, len, l->block);
+        move_resid(st, b, RESID_SUM, true, acc, off, off + len);
+    }
     tdist_status_t rc = tdist_all_gather(b->pg, s->mine, s->send, l->msg, TDIST_U8, NULL, &next->work);
     if (rc != TDIST_OK)
         return tdist__error_context(rc, "%s: %s bucket %zu: all_gather of the reduced shards "
@@ -499,8 +493,7 @@ tdist_status_t tdist_int8_hook(void *state, const tdist_ddp_bucket_t *bucket,
     TDIST_CHECK(tdist__agree(&st->agree, bucket, WHO, "int8", st->desc, st->config));
     slot_t *s = NULL;
     TDIST_CHECK(slot_for(st, bucket, &s));
-    load_input(st, s, bucket);
-    quantise_shards(st, s);
+    quantise_shards(st, s, load_input(st, s, bucket));
     const layout_t *l = &s->lay;
     tdist_status_t rc = tdist_all_to_all(bucket->pg, s->send, s->recv, l->msg, TDIST_U8, NULL,
                                          &result->work);

@@ -119,6 +119,28 @@ tdist_status_t tdist__average_flat(tdist_pg_t *pg, float *flat, size_t count, co
 tdist_status_t tdist__averager_run(tdist_averager_t *a, const tdist_optim_param_t *params, size_t n,
                                    tdist_pg_t **used);
 
+/* ------------------------------------------- the hooks' element passes
+ * (hook_kernels.c: one fused, vectorised pass each; the definitions are
+ * written out there). Pure, thread-safe, no allocation. */
+
+/* The 16-bit compression hook's cast of n f32 values: dst[i] =
+ * wire(fl(float(wire(src[i])) / divisor)), a NaN made c10's scalar NaN
+ * (f16 sign|0x7E00, bf16 0x7FC0). wire: TDIST_F16 or TDIST_BF16. */
+void tdist__hook16_cast(uint16_t *dst, const float *src, size_t n, float divisor,
+                        tdist_dtype_t wire);
+
+/* int8 quantisation of n f32 values in blocks of `block`: codes[i], and
+ * one f32 scale per block stored as bytes at scales (unaligned). resid
+ * (NULL, or src itself): src - dequantised, 0 where src is not finite.
+ * Returns how many values were not finite (code -128). */
+size_t tdist__int8_quantise(int8_t *codes, unsigned char *scales, const float *src, float *resid,
+                            size_t n, size_t block);
+
+/* dst[i] = code[i] * its block's scale (NaN for -128); add: dst[i] +=
+ * that, one rounding. */
+void tdist__int8_dequantise(float *dst, const int8_t *codes, const unsigned char *scales,
+                            size_t n, size_t block, bool add);
+
 /* ------------------------------------------- PowerSGD's kernels
  * (powersgd_kernels.c; the orders of operations are described there).
  * All pure, thread-safe, no allocation. */

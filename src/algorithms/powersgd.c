@@ -44,6 +44,7 @@
 #include "algorithms/internal.h"
 
 #define WHO "tdist_powersgd_hook"
+#define BLOCK_FLOATS 32768 /* values of a tensor formed or decompressed at a time (in cache) */
 
 typedef struct pstore {
     float *err; /* count floats when has_err */
@@ -428,6 +429,92 @@ static slot_t *slot_of(tdist_powersgd_t *s, const tdist_ddp_bucket_t *b)
     return &s->slots[b->index];
 }
 
+/* The bucket's parameters lie in increasing, disjoint ranges (the
+ * reducer's layout): the fused error-feedback passes walk them in order. */
+static bool params_in_order(const tdist_ddp_bucket_t *b)
+{
+    size_t done = 0;
+    for (size_t j = 0; j < b->num_params; j++) {
+        if (b->offsets[j] < done || b->counts[j] > b->count - b->offsets[j]) return false;
+        done = b->offsets[j] + b->counts[j];
+    }
+    return true;
+}
+
+/* The unbatched hook with error feedback runs its passes fused (the
+ * input formed with P = M Q, the output with the error) when the
+ * parameters are in order and every compressed tensor takes the
+ * large-product kernel (PyTorch's bmm rounds the small ones differently;
+ * row blocks of a product must take the kernel the whole takes). */
+static bool fused_plan(const tdist_powersgd_t *s, const slot_t *sl, const tdist_ddp_bucket_t *b)
+{
+    if (s->o.batched || !s->o.use_error_feedback || !params_in_order(b)) return false;
+    for (size_t i = 0; i < sl->nt; i++)
+        if ((double)sl->t[i].n * (double)sl->t[i].r * (double)sl->t[i].m < 400.0) return false;
+    return true;
+}
+
+/* Rows of an n x m tensor handled at a time by the fused passes: about
+ * BLOCK_FLOATS values (cache-sized), a multiple of 16 (the products'
+ * vector kernels take 16 rows at once). */
+static size_t block_rows(size_t m) { return 16 * TDIST_MAX((size_t)1, BLOCK_FLOATS / (16 * m)); }
+
+/* The compressed tensor of the bucket at offset off, or NULL. */
+static const tens_t *tensor_at(const slot_t *sl, size_t off)
+{
+    for (size_t i = 0; i < sl->nt; i++)
+        if (sl->t[i].off == off) return &sl->t[i];
+    return NULL;
+}
+
+/* x[0..c) = x + e (e NULL: no error yet, x stays), also into copy (NULL:
+ * not). */
+static void add_error(float *x, const float *e, size_t c, float *copy)
+{
+    if (!e) {
+        if (copy) memcpy(copy, x, c * sizeof *x);
+        return;
+    }
+    if (copy) {
+        for (size_t i = 0; i < c; i++) x[i] = copy[i] = x[i] + e[i];
+    } else {
+        for (size_t i = 0; i < c; i++) x[i] = x[i] + e[i];
+    }
+}
+
+/* feedback_in of the unbatched hook in one pass with P = M Q: each
+ * parameter's input (gradient + error) into the bucket, a block of rows
+ * at a time, and a compressed tensor's P rows from the block while it is
+ * in cache. The copy of the input is kept for the uncompressed values
+ * (their error needs it: the bucket gets their average first), and for
+ * everything when an observer wants the bucket-wide error. Q is ready. */
+static void feedback_in_fused(tdist_powersgd_t *s, slot_t *sl, const tdist_ddp_bucket_t *b)
+{
+    float *g = b->buffer, *cp = sl->cp, *pp = sl->pu + sl->ulen;
+    const bool keep = s->o.observe != NULL;
+    size_t done = 0;
+    for (size_t j = 0; j < b->num_params; j++) {
+        const pstore_t *p = &s->ps[b->param_indices[j]];
+        size_t o = b->offsets[j], c = b->counts[j];
+        if (keep) memcpy(cp + done, g + done, (o - done) * sizeof *cp);
+        done = o + c;
+        const float *e = p->has_err && p->count == c ? p->err : NULL; /* PyTorch: once one exists */
+        const tens_t *t = c > 0 ? tensor_at(sl, o) : NULL;
+        if (!t) {
+            add_error(g + o, e, c, cp + o);
+            continue;
+        }
+        const size_t rb = block_rows(t->m);
+        for (size_t i0 = 0; i0 < t->n; i0 += rb) {
+            size_t rows = TDIST_MIN(rb, t->n - i0), at = i0 * t->m;
+            add_error(g + o + at, e ? e + at : NULL, rows * t->m, keep ? cp + o + at : NULL);
+            tdist__psgd_gemm(pp + t->poff + i0 * t->r, g + o + at, sl->q + t->qoff, rows, t->m,
+                             t->r, 0, 0, true);
+        }
+    }
+    if (keep) memcpy(cp + done, g + done, (b->count - done) * sizeof *cp);
+}
+
 /* Error feedback on the way in: add each parameter's error to its
  * gradient (PyTorch: only once an error exists), then keep a copy of the
  * input for the new error. Batched: into the padded square matrix. */
@@ -452,12 +539,63 @@ static void feedback_in(tdist_powersgd_t *s, slot_t *sl, const tdist_ddp_bucket_
     memcpy(sl->cp, x, (s->o.batched ? sl->side * sl->side : b->count) * sizeof *x);
 }
 
+/* Parameter p's error array, with room for count values. */
+static tdist_status_t err_array(pstore_t *p, size_t count, const tdist_ddp_bucket_t *b)
+{
+    if (p->count == count && p->err) return TDIST_OK;
+    free(p->err);
+    p->err = alloc_floats(count);
+    p->count = count;
+    p->has_err = false;
+    if (!p->err) return tdist__hook_error(b, TDIST_ERR_NO_MEMORY, WHO, "out of memory");
+    return TDIST_OK;
+}
+
+/* feedback_out of the unbatched hook in one pass: each parameter's error
+ * (input - output, 0 for an uncompressed one without
+ * error_feedback_uncompressed) straight into its error array; the
+ * bucket-wide copy only when an observer wants to see it. */
+static tdist_status_t feedback_out_fused(tdist_powersgd_t *s, slot_t *sl,
+                                         const tdist_ddp_bucket_t *b, const float *out,
+                                         bool compressed_done)
+{
+    const bool keep = s->o.observe != NULL;
+    float *cp = sl->cp;
+    size_t done = 0, u = 0;
+    for (size_t j = 0; j < b->num_params; j++) {
+        pstore_t *p = &s->ps[b->param_indices[j]];
+        size_t o = b->offsets[j], c = b->counts[j];
+        if (keep)
+            for (size_t i = done; i < o; i++) cp[i] = cp[i] - out[i];
+        bool unc = c > 0 && u < sl->nu && sl->uoff[u] == o;
+        u += unc;
+        done = o + c;
+        if (compressed_done && !unc && c > 0) continue; /* decompress_with_error did it */
+        TDIST_CHECK(err_array(p, c, b));
+        float *e = p->err;
+        if (unc && !s->o.error_feedback_uncompressed) {
+            memset(e, 0, c * sizeof *e);
+            if (keep) memset(cp + o, 0, c * sizeof *cp);
+        } else if (keep) {
+            for (size_t i = 0; i < c; i++) e[i] = cp[o + i] = cp[o + i] - out[o + i];
+        } else {
+            for (size_t i = 0; i < c; i++) e[i] = cp[o + i] - out[o + i];
+        }
+        p->has_err = true;
+    }
+    if (keep)
+        for (size_t i = done; i < b->count; i++) cp[i] = cp[i] - out[i];
+    observe(s, b, TDIST_POWERSGD_ERROR, cp, b->count);
+    return TDIST_OK;
+}
+
 /* Error feedback on the way out: err = input - output (in cp), kept per
  * parameter (and per bucket for the batched padding). */
 static tdist_status_t feedback_out(tdist_powersgd_t *s, slot_t *sl, const tdist_ddp_bucket_t *b,
                                    const float *outv)
 {
     if (!s->o.use_error_feedback) return TDIST_OK;
+    if (!s->o.batched && params_in_order(b)) return feedback_out_fused(s, sl, b, outv, false);
     size_t len = s->o.batched ? sl->side * sl->side : b->count;
     for (size_t i = 0; i < len; i++) sl->cp[i] = sl->cp[i] - outv[i];
     if (!s->o.batched && !s->o.error_feedback_uncompressed)
@@ -466,13 +604,7 @@ static tdist_status_t feedback_out(tdist_powersgd_t *s, slot_t *sl, const tdist_
     observe(s, b, TDIST_POWERSGD_ERROR, sl->cp, len);
     for (size_t j = 0; j < b->num_params; j++) {
         pstore_t *p = &s->ps[b->param_indices[j]];
-        if (p->count != b->counts[j] || !p->err) {
-            free(p->err);
-            p->err = alloc_floats(b->counts[j]);
-            p->count = b->counts[j];
-            p->has_err = false;
-            if (!p->err) return tdist__hook_error(b, TDIST_ERR_NO_MEMORY, WHO, "out of memory");
-        }
+        TDIST_CHECK(err_array(p, b->counts[j], b));
         memcpy(p->err, sl->cp + b->offsets[j], p->count * sizeof(float));
         p->has_err = true;
     }
@@ -560,6 +692,37 @@ static tdist_status_t after_p(void *state, const tdist_ddp_bucket_t *b,
     return TDIST_OK;
 }
 
+/* Compressed tensor t's P Q^T into the bucket, a block of rows at a time,
+ * each followed by its error (input - output) into the parameter's error
+ * array while the block is in cache (and into the bucket-wide copy when an
+ * observer wants it). The blocks take the product's large-product kernel,
+ * the one the whole tensor takes (the caller checks it is not the naive
+ * one), so every element is the same chain. */
+static tdist_status_t decompress_with_error(tdist_powersgd_t *s, slot_t *sl,
+                                            const tdist_ddp_bucket_t *b, const tens_t *t,
+                                            const float *p, const float *q)
+{
+    pstore_t *ps = &s->ps[t->param];
+    TDIST_CHECK(err_array(ps, t->n * t->m, b));
+    float *g = (float *)b->buffer + t->off, *cp = sl->cp + t->off, *e = ps->err;
+    const bool keep = s->o.observe != NULL;
+    const size_t rb = block_rows(t->m);
+    for (size_t i0 = 0; i0 < t->n; i0 += rb) {
+        size_t rows = TDIST_MIN(rb, t->n - i0), at = i0 * t->m, len = rows * t->m;
+        /* the output lands in the error array first; g still holds the
+         * input M: then error = M - output and the output into g */
+        tdist__psgd_gemm(e + at, p + i0 * t->r, q, rows, t->r, t->m, 0, 1, true);
+        for (size_t i = at; i < at + len; i++) {
+            float out = e[i];
+            e[i] = g[i] - out;
+            g[i] = out;
+        }
+        if (keep) memcpy(cp + at, e + at, len * sizeof *e);
+    }
+    ps->has_err = true;
+    return TDIST_OK;
+}
+
 /* Q is summed: divide, keep it, decompress P Q^T into the bucket, and
  * the new error. */
 static tdist_status_t after_q(void *state, const tdist_ddp_bucket_t *b,
@@ -573,6 +736,10 @@ static tdist_status_t after_q(void *state, const tdist_ddp_bucket_t *b,
     for (size_t i = 0; i < sl->qlen; i++) sl->q[i] = sl->q[i] / dv;
     observe(s, b, TDIST_POWERSGD_Q_REDUCED, sl->q, sl->qlen);
     const float *p = sl->pu + sl->ulen;
+    /* the error with each tensor's decompression, in the same pass, when
+     * every tensor takes the large-product kernel (PyTorch's bmm rounds
+     * the small ones differently) */
+    const bool fuse = fused_plan(s, sl, b);
     for (size_t i = 0; i < sl->nt; i++) {
         const tens_t *t = &sl->t[i];
         pstore_t *ps = &s->ps[t->param];
@@ -586,9 +753,13 @@ static tdist_status_t after_q(void *state, const tdist_ddp_bucket_t *b,
         }
         memcpy(ps->q, sl->q + t->qoff, len * sizeof(float));
         ps->has_q = true;
-        tdist__psgd_gemm(g + t->off, p + t->poff, sl->q + t->qoff, t->n, t->r, t->m, 0, 1, false);
+        if (fuse)
+            TDIST_CHECK(decompress_with_error(s, sl, b, t, p + t->poff, sl->q + t->qoff));
+        else
+            tdist__psgd_gemm(g + t->off, p + t->poff, sl->q + t->qoff, t->n, t->r, t->m, 0, 1, false);
     }
     observe(s, b, TDIST_POWERSGD_OUTPUT, g, b->count);
+    if (fuse) return feedback_out_fused(s, sl, b, g, true);
     return feedback_out(s, sl, b, g);
 }
 
@@ -597,15 +768,24 @@ static tdist_status_t begin(tdist_powersgd_t *s, slot_t *sl, const tdist_ddp_buc
                             tdist_ddp_hook_result_t *res)
 {
     float *g = b->buffer;
-    feedback_in(s, sl, b, g);
+    const bool fuse = fused_plan(s, sl, b);
+    if (fuse) {
+        prepare_q(s, sl, b); /* Q does not depend on the input */
+        feedback_in_fused(s, sl, b);
+    } else {
+        feedback_in(s, sl, b, g);
+    }
     float *u = sl->pu;
     for (size_t k = 0; k < sl->nu; u += sl->ucnt[k], k++)
         memcpy(u, g + sl->uoff[k], sl->ucnt[k] * sizeof *u);
-    prepare_q(s, sl, b);
-    float *p = sl->pu + sl->ulen;
-    for (size_t i = 0; i < sl->nt; i++) {
-        const tens_t *t = &sl->t[i];
-        tdist__psgd_gemm(p + t->poff, g + t->off, sl->q + t->qoff, t->n, t->m, t->r, 0, 0, false);
+    if (!fuse) {
+        prepare_q(s, sl, b);
+        float *p = sl->pu + sl->ulen;
+        for (size_t i = 0; i < sl->nt; i++) {
+            const tens_t *t = &sl->t[i];
+            tdist__psgd_gemm(p + t->poff, g + t->off, sl->q + t->qoff, t->n, t->m, t->r, 0, 0,
+                             false);
+        }
     }
     observe(s, b, TDIST_POWERSGD_P_LOCAL, sl->pu, sl->ulen + sl->plen);
     TDIST_CHECK(post(b, sl->pu, sl->ulen + sl->plen, "the uncompressed values and P", &res->work));

@@ -20,7 +20,10 @@
  *     tail first, then the lanes);
  *   - col / norm as an IEEE division (not a multiplication by 1 / norm).
  * Compiled without contraction of a * b + c (ISO C mode, no -mfma), so
- * every fl() above is a rounding.
+ * every fl() above is a rounding. The large products have AVX-512 forms
+ * (chosen at run time, core's instruction-set switch) that keep every
+ * chain and only change which chains advance together, so that the
+ * matrix is read in long contiguous runs.
  *
  * The generator: a counter-based one, so that every rank draws the same
  * values without communicating and independently of bucket layouts.
@@ -37,7 +40,12 @@
 #include <stdatomic.h>
 #include <string.h>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
 #include "algorithms/internal.h"
+#include "core/kernels.h"
 
 /* ------------------------------------------------------------ products */
 
@@ -121,6 +129,165 @@ GEMM_FMA_TARGET static void gemm_col1_chains(float *c, const float *a, const flo
     }
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+/* AVX-512 forms of the three large products, the same chains (each
+ * element a fmaf chain over k in increasing order from 0), with the work
+ * laid out so that memory is read in long contiguous runs: */
+#define ATTR_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
+#define IBLOCK 512 /* outputs per block of the wide kernels (stack: 8 x 2 KiB) */
+
+/* c (n x m, m <= GEMM_ROWS) = a^T b, a stored k x n, b k x m: every row
+ * kk of a is read contiguously once per block of IBLOCK outputs; the
+ * block's chains (column j of the output in acc[j]) advance by one kk. */
+ATTR_AVX512 static void gemm_tn_narrow_avx512(float *c, const float *a, const float *b, size_t n,
+                                              size_t k, size_t m)
+{
+    float acc[GEMM_ROWS][IBLOCK] __attribute__((aligned(64)));
+    for (size_t i0 = 0; i0 < n; i0 += IBLOCK) {
+        const size_t w = n - i0 < IBLOCK ? n - i0 : IBLOCK, wv = w / 16 * 16;
+        const __mmask16 tail = (__mmask16)((1u << (w - wv)) - 1u);
+        for (size_t j = 0; j < m; j++) memset(acc[j], 0, w * sizeof(float));
+        for (size_t kk = 0; kk < k; kk++) {
+            const float *x = a + kk * n + i0;
+            for (size_t j = 0; j < m; j++) {
+                const __m512 y = _mm512_set1_ps(b[kk * m + j]);
+                float *ac = acc[j];
+                size_t i = 0;
+                for (; i < wv; i += 16)
+                    _mm512_store_ps(ac + i, _mm512_fmadd_ps(_mm512_loadu_ps(x + i), y,
+                                                            _mm512_load_ps(ac + i)));
+                if (tail)
+                    _mm512_mask_storeu_ps(ac + i, tail,
+                                          _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, x + i), y,
+                                                          _mm512_maskz_loadu_ps(tail, ac + i)));
+            }
+        }
+        for (size_t i = 0; i < w; i++)
+            for (size_t j = 0; j < m; j++) c[(i0 + i) * m + j] = acc[j][i];
+    }
+}
+
+/* 16 x 16 transpose in registers: r[t] (row t) becomes column t. */
+ATTR_AVX512 static void transpose16(__m512 r[16])
+{
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+        r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xee);
+        r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int h = 0; h < 16; h += 8)
+        for (int i = 0; i < 4; i++) {
+            t[h + i] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0x88);
+            t[h + i + 4] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0xdd);
+        }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+    }
+}
+
+/* c (n x m, m <= GEMM_ROWS) = a b, a stored n x k: sixteen rows of a at a
+ * time, each read contiguously; a 16 x 16 tile transposed in registers
+ * gives, for each kk in turn, the sixteen rows' a(i, kk) in one vector. */
+ATTR_AVX512 static void gemm_nn_narrow_avx512(float *c, const float *a, const float *b, size_t n,
+                                              size_t k, size_t m)
+{
+    const size_t kv = k / 16 * 16;
+    size_t i0 = 0;
+    for (; i0 + 16 <= n; i0 += 16) {
+        __m512 acc[GEMM_ROWS];
+        for (size_t j = 0; j < m; j++) acc[j] = _mm512_setzero_ps();
+        for (size_t k0 = 0; k0 < kv; k0 += 16) {
+            __m512 r[16];
+            for (int t = 0; t < 16; t++) r[t] = _mm512_loadu_ps(a + (i0 + (size_t)t) * k + k0);
+            transpose16(r);
+            for (int t = 0; t < 16; t++)
+                for (size_t j = 0; j < m; j++)
+                    acc[j] = _mm512_fmadd_ps(r[t], _mm512_set1_ps(b[(k0 + (size_t)t) * m + j]), acc[j]);
+        }
+        float out[GEMM_ROWS][16];
+        for (size_t j = 0; j < m; j++) _mm512_storeu_ps(out[j], acc[j]);
+        for (size_t kk = kv; kk < k; kk++) /* the tail of every chain, in order */
+            for (size_t t = 0; t < 16; t++)
+                for (size_t j = 0; j < m; j++)
+                    out[j][t] = __builtin_fmaf(a[(i0 + t) * k + kk], b[kk * m + j], out[j][t]);
+        for (size_t t = 0; t < 16; t++)
+            for (size_t j = 0; j < m; j++) c[(i0 + t) * m + j] = out[j][t];
+    }
+    for (; i0 < n; i0++) /* the last rows, one chain each */
+        for (size_t j = 0; j < m; j++) {
+            float s = 0.0f;
+            for (size_t kk = 0; kk < k; kk++) s = __builtin_fmaf(a[i0 * k + kk], b[kk * m + j], s);
+            c[i0 * m + j] = s;
+        }
+}
+
+/* c (n x m) = a b^T with a small k (the decompression P Q^T: k is the
+ * rank), a stored n x k, b stored m x k: a block of IBLOCK columns of b
+ * transposed onto the stack, then every row's block written contiguously. */
+ATTR_AVX512 static void gemm_nt_wide_avx512(float *c, const float *a, const float *b, size_t n,
+                                            size_t k, size_t m)
+{
+    float bt[GEMM_ROWS][IBLOCK] __attribute__((aligned(64)));
+    for (size_t j0 = 0; j0 < m; j0 += IBLOCK) {
+        const size_t w = m - j0 < IBLOCK ? m - j0 : IBLOCK, wv = w / 16 * 16;
+        const __mmask16 tail = (__mmask16)((1u << (w - wv)) - 1u);
+        for (size_t j = 0; j < w; j++)
+            for (size_t kk = 0; kk < k; kk++) bt[kk][j] = b[(j0 + j) * k + kk];
+        for (size_t i = 0; i < n; i++) {
+            float *ci = c + i * m + j0;
+            size_t j = 0;
+            for (; j < wv; j += 16) {
+                __m512 s = _mm512_setzero_ps();
+                for (size_t kk = 0; kk < k; kk++)
+                    s = _mm512_fmadd_ps(_mm512_set1_ps(a[i * k + kk]), _mm512_load_ps(bt[kk] + j), s);
+                _mm512_storeu_ps(ci + j, s);
+            }
+            if (tail) {
+                __m512 s = _mm512_setzero_ps();
+                for (size_t kk = 0; kk < k; kk++)
+                    s = _mm512_fmadd_ps(_mm512_set1_ps(a[i * k + kk]),
+                                        _mm512_maskz_loadu_ps(tail, bt[kk] + j), s);
+                _mm512_mask_storeu_ps(ci + j, tail, s);
+            }
+        }
+    }
+}
+
+/* The AVX-512 form of a large product when there is one (returns 1). */
+static int gemm_avx512(float *c, const float *a, const float *b, size_t n, size_t k, size_t m,
+                       int ta, int tb)
+{
+    if (tdist__get_isa() != TDIST__ISA_AVX512) return 0;
+    if (m <= GEMM_ROWS && ta && !tb) {
+        gemm_tn_narrow_avx512(c, a, b, n, k, m);
+        return 1;
+    }
+    if (m <= GEMM_ROWS && !ta && !tb) {
+        gemm_nn_narrow_avx512(c, a, b, n, k, m);
+        return 1;
+    }
+    if (k <= GEMM_ROWS && !ta && tb) {
+        gemm_nt_wide_avx512(c, a, b, n, k, m);
+        return 1;
+    }
+    return 0;
+}
+#else
+static int gemm_avx512(float *c, const float *a, const float *b, size_t n, size_t k, size_t m,
+                       int ta, int tb)
+{
+    (void)c, (void)a, (void)b, (void)n, (void)k, (void)m, (void)ta, (void)tb;
+    return 0;
+}
+#endif
+
 static int have_fma(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
@@ -143,6 +310,7 @@ void tdist__psgd_gemm(float *c, const float *a, const float *b, size_t n, size_t
      * b(kk, j) = tb ? b[j * k + kk] : b[kk * m + j] */
     const int naive = use_naive(n, k, m, blas_only);
     if (!naive && have_fma()) {
+        if (gemm_avx512(c, a, b, n, k, m, ta, tb)) return;
         if (m >= GEMM_ROWS)
             gemm_row_chains(c, a, b, n, k, m, ta, tb);
         else if (m == 1)

@@ -17,6 +17,8 @@
  *   p2p        send / recv ring, async, and a header mismatch
  *   ddp        DDP over the MPI group equals DDP over a native group
  *   ddpjoin    the same under a Join with uneven inputs (rank r: 5 + r steps)
+ *   ddpbf16    DDP with the bf16 compression hook over the MPI group equals
+ *              the same over a native group (2 ranks: bit for bit)
  *   envinit    env:// + TDIST_BACKEND=mpi makes an MPI world and MPI group
  *              (rank / size to check: OMPI_COMM_WORLD_*, else Hydra's PMI_*)
  *   zero       ZeRO (Adam) over the MPI group, with the overlap hook (several
@@ -596,8 +598,9 @@ static void fwd_bwd(model_t *m, const float *x, const float *t, int r0, int r1, 
     ASSERT_OK(tdist_ddp_grad_ready(ddp, 0));
 }
 
-/* join: under a Join, rank r has steps + r steps (uneven inputs) */
-static void train(tdist_pg_t *pg, model_t *m, int steps, bool join)
+/* join: under a Join, rank r has steps + r steps (uneven inputs); bf16:
+ * with the bf16 compression hook (tdist_compress_hook, wire bf16) */
+static void train(tdist_pg_t *pg, model_t *m, int steps, bool join, bool bf16)
 {
     rs = 1000 + (uint64_t)R; /* different on every rank: create syncs from rank 0 */
     memset(m, 0, sizeof *m);
@@ -617,6 +620,14 @@ static void train(tdist_pg_t *pg, model_t *m, int steps, bool join)
     o.bucket_cap_bytes = 256;
     tdist_ddp_t *ddp = NULL;
     ASSERT_OK(tdist_ddp_create(pg, p, 4, NULL, 0, &o, &ddp));
+    tdist_compress_t *hook = NULL;
+    if (bf16) {
+        tdist_compress_opts_t co;
+        tdist_compress_opts_init(&co);
+        co.wire = TDIST_BF16;
+        ASSERT_OK(tdist_compress_hook_create(&co, &hook));
+        ASSERT_OK(tdist_compress_register(ddp, hook));
+    }
     int r0 = R * BATCH / N, r1 = (R + 1) * BATCH / N;
     tdist_joinable_t j;
     tdist_join_t *jn = NULL;
@@ -639,19 +650,33 @@ static void train(tdist_pg_t *pg, model_t *m, int steps, bool join)
     }
     if (jn) ASSERT_OK(tdist_join_end(jn)); /* shadow, then the last joiner's model */
     tdist_ddp_destroy(ddp);
+    tdist_compress_destroy(hook);
+}
+
+static const size_t model_count[4] = {HID * DIN, HID, DOUT * HID, DOUT};
+
+/* The model's four parameter arrays, in create() order. */
+static void model_params(const model_t *m, const float *p[4])
+{
+    p[0] = m->w1;
+    p[1] = m->b1;
+    p[2] = m->w2;
+    p[3] = m->b2;
 }
 
 static void run_ddp(tdist_world_t *w, bool join)
 {
     static model_t a, b;
     tdist_pg_t *nat = make_pg(w, "native", 60000);
-    train(nat, &a, 5, join);
+    train(nat, &a, 5, join, false);
     tdist_pg_destroy(nat);
     tdist_pg_t *mpi = make_pg(w, "mpi", 60000);
-    train(mpi, &b, 5, join);
+    train(mpi, &b, 5, join, false);
     tdist_pg_destroy(mpi);
-    const float *pa[4] = {a.w1, a.b1, a.w2, a.b2}, *pb[4] = {b.w1, b.b1, b.w2, b.b2};
-    const size_t cnt[4] = {HID * DIN, HID, DOUT * HID, DOUT};
+    const float *pa[4], *pb[4];
+    model_params(&a, pa);
+    model_params(&b, pb);
+    const size_t *cnt = model_count;
     double worst = 0;
     size_t differ = 0;
     for (int i = 0; i < 4; i++) {
@@ -740,6 +765,47 @@ static void run_zero(tdist_world_t *w)
         if (R == 0) printf("zero%s: %d ranks, 4 steps: %zu of 1340 parameters differ in bits\n",
                            ov ? " with the overlap hook" : " (FLAT)", N, differ);
     }
+}
+
+/* The bf16 compression hook on the MPI backend against the native one
+ * (bf16 all_reduce of the 16-bit buckets): with 2 ranks a sum has one
+ * order, so the parameters must be equal bit for bit; with more, the
+ * backends may add in different orders (each addition rounds to bf16), so
+ * within 2^-7 of the largest parameter. The hook must have acted: the
+ * parameters differ from plain f32 DDP's. */
+static void run_ddp_bf16(tdist_world_t *w)
+{
+    static model_t a, b, f32;
+    tdist_pg_t *nat = make_pg(w, "native", 60000);
+    train(nat, &a, 5, false, true);
+    train(nat, &f32, 5, false, false);
+    tdist_pg_destroy(nat);
+    tdist_pg_t *mpi = make_pg(w, "mpi", 60000);
+    train(mpi, &b, 5, false, true);
+    tdist_pg_destroy(mpi);
+    const float *pa[4], *pb[4], *pf[4];
+    model_params(&a, pa);
+    model_params(&b, pb);
+    model_params(&f32, pf);
+    const size_t *cnt = model_count;
+    size_t differ = 0, from_f32 = 0;
+    for (int i = 0; i < 4; i++) {
+        double mx = 0;
+        for (size_t j = 0; j < cnt[i]; j++) mx = fmax(mx, fabs(pa[i][j]));
+        for (size_t j = 0; j < cnt[i]; j++) {
+            double d = fabs((double)pa[i][j] - (double)pb[i][j]);
+            differ += pa[i][j] != pb[i][j];
+            from_f32 += pa[i][j] != pf[i][j];
+            if (N == 2 ? pa[i][j] != pb[i][j] : d > 0x1p-7 * mx)
+                FAIL("bf16 hook, param %d[%zu]: native %.9g, mpi %.9g", i, j, (double)pa[i][j],
+                     (double)pb[i][j]);
+        }
+    }
+    if (from_f32 == 0) FAIL("the bf16 hook changed no parameter against f32 DDP: did it run?");
+    if (R == 0)
+        printf("ddp bf16 hook: %d ranks, 5 steps: %zu parameters differ between the backends, "
+               "%zu from f32 DDP\n",
+               N, differ, from_f32);
 }
 
 /* -------------------------------------------------------------- envinit */
@@ -859,7 +925,7 @@ static void run_death(tdist_world_t *w)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: mpirun -np N %s matrix|sub|mismatch|timeout|monitored|p2p|ddp|ddpjoin|envinit|death|tune\n", argv[0]);
+        fprintf(stderr, "usage: mpirun -np N %s matrix|sub|mismatch|timeout|monitored|p2p|ddp|ddpjoin|ddpbf16|zero|envinit|death|tune\n", argv[0]);
         return 2;
     }
     const char *what = argv[1];
@@ -894,6 +960,7 @@ int main(int argc, char **argv)
     else if (strcmp(what, "ddp") == 0) run_ddp(w, false);
     else if (strcmp(what, "ddpjoin") == 0) run_ddp(w, true);
     else if (strcmp(what, "zero") == 0) run_zero(w);
+    else if (strcmp(what, "ddpbf16") == 0) run_ddp_bf16(w);
     else if (strcmp(what, "death") == 0) run_death(w);
     else if (strcmp(what, "tune") == 0) run_tune(w);
     else FAIL("unknown scenario %s", what);

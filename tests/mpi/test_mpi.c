@@ -138,6 +138,15 @@ TEST(mpi_ddp_matches_native_2, 60) { expect_ok("mpi_ddp_matches_native_2", 2, "d
 TEST(mpi_ddp_matches_native_3, 60) { expect_ok("mpi_ddp_matches_native_3", 3, "ddp", 45, NULL); }
 TEST(mpi_zero_matches_native_2, 60) { expect_ok("mpi_zero_matches_native_2", 2, "zero", 45, NULL); }
 TEST(mpi_zero_matches_native_3, 60) { expect_ok("mpi_zero_matches_native_3", 3, "zero", 45, NULL); }
+
+TEST(mpi_ddp_bf16_hook_matches_native_2, 60)
+{
+    expect_ok("mpi_ddp_bf16_hook_matches_native_2", 2, "ddpbf16", 45, NULL);
+}
+TEST(mpi_ddp_bf16_hook_matches_native_3, 60)
+{
+    expect_ok("mpi_ddp_bf16_hook_matches_native_3", 3, "ddpbf16", 45, NULL);
+}
 TEST(mpi_ddp_join_matches_native_3, 60)
 {
     expect_ok("mpi_ddp_join_matches_native_3", 3, "ddpjoin", 45, NULL);
