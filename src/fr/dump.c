@@ -29,8 +29,11 @@
 static const char *const kind_names[] = {"?", "coll", "send", "recv", "event"};
 static const char *const transport_names[] = {"shm", "tcp", "backend"};
 
-static void dump_entry(FILE *f, const tdist__fr_entry_t *e, uint32_t state, bool first)
+static void dump_entry(FILE *f, tdist__fr_entry_t *e, uint32_t state, bool first,
+                       const tdist__fr_header_t *h, uint64_t tsc_now, uint64_t mono_now)
 {
+    for (uint32_t s = TDIST__FR_QUEUED; s <= TDIST__FR_FAILED; s++)
+        e->t_ns[s] = tdist__fr_to_ns(h, e->t_ns[s], tsc_now, mono_now);
     fprintf(f, "%s\n  {\"id\":%llu,\"kind\":\"%s\",\"seq\":%llu", first ? "" : ",",
             (unsigned long long)e->id, TDIST__FR_NAME(kind_names, (int)e->kind),
             (unsigned long long)e->seq);
@@ -102,6 +105,7 @@ static tdist_status_t dump_one(tdist__fr_t *fr, const char *reason)
     FILE *f = fopen(tmp, "we");
     if (!f) return tdist__error_errno(errno, "flight recorder: cannot write %s", tmp);
     dump_header(f, h, reason);
+    uint64_t tsc_now = tdist__fr_rdtsc(), mono_now = tdist__now_ns();
     uint64_t next = atomic_load_explicit((_Atomic uint64_t *)&h->next, memory_order_acquire);
     uint64_t from = next > fr->cap ? next - fr->cap : 0;
     bool first = true;
@@ -111,7 +115,7 @@ static tdist_status_t dump_one(tdist__fr_t *fr, const char *reason)
         if (state == TDIST__FR_EMPTY || e->id != id) continue;
         tdist__fr_entry_t copy = *e;
         if (copy.id != id) continue;
-        dump_entry(f, &copy, state, first);
+        dump_entry(f, &copy, state, first, h, tsc_now, mono_now);
         first = false;
     }
     fputs("\n]}\n", f);

@@ -52,7 +52,8 @@ typedef struct tdist__fr_entry {
     uint8_t algo;         /* coll/'s algorithm (algo_name) */
     uint8_t pad[2];
     int32_t status;       /* tdist_status_t when failed */
-    uint64_t t_ns[5];     /* CLOCK_MONOTONIC ns at each state (index: state) */
+    uint64_t t_ns[5];     /* time of each state (index: state), 0: not reached; in the
+                             header's clock (tdist__fr_to_ns makes it CLOCK_MONOTONIC ns) */
     char what[24];        /* events: what happened ("bucket_ready", ...) */
 } tdist__fr_entry_t;
 
@@ -70,11 +71,41 @@ typedef struct tdist__fr_header {
     uint64_t mono0_ns;    /* CLOCK_MONOTONIC when the recorder opened */
     uint64_t real0_ns;    /* CLOCK_REALTIME at the same moment */
     uint64_t next;        /* entries started so far (atomic): ring slot = id % capacity */
+    uint32_t clock;       /* entries' times: 0 CLOCK_MONOTONIC ns; 1 TSC ticks */
+    uint32_t pad;
+    uint64_t tsc0;        /* TSC ticks at mono0_ns (clock 1) */
     char group[64];       /* the group's name */
     char uid[64];         /* the group's uid (same on every rank) */
     char host[64];
     char backend[16];     /* "native" or the backend's name */
 } tdist__fr_header_t;
+
+/* The time-stamp counter (clock 1): invariant and shared by every CPU
+ * where the recorder uses it (x86-64 with constant_tsc and nonstop_tsc).
+ * One read costs a fraction of a clock_gettime. */
+static inline uint64_t tdist__fr_rdtsc(void)
+{
+#if defined(__x86_64__)
+    uint32_t lo, hi;
+    __asm__ __volatile__("rdtsc" : "=a"(lo), "=d"(hi));
+    return ((uint64_t)hi << 32) | lo;
+#else
+    return 0;
+#endif
+}
+
+/* Entry time t of a ring with header h as CLOCK_MONOTONIC ns, given a
+ * later pair (tsc_now, mono_now) read on the same host: the counter's
+ * rate is taken over the ring's whole life. */
+static inline uint64_t tdist__fr_to_ns(const tdist__fr_header_t *h, uint64_t t, uint64_t tsc_now,
+                                       uint64_t mono_now)
+{
+    if (h->clock == 0 || t == 0) return t;
+    if (tsc_now <= h->tsc0 || mono_now <= h->mono0_ns) return h->mono0_ns;
+    double ns_per_tick = (double)(mono_now - h->mono0_ns) / (double)(tsc_now - h->tsc0);
+    double d = (double)(int64_t)(t - h->tsc0) * ns_per_tick;
+    return (uint64_t)((double)h->mono0_ns + d);
+}
 
 /* Names (the recorder's numbers are coll/'s enums, kept in step here). */
 static const char *const tdist__fr_op_names[] = {

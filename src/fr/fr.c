@@ -40,6 +40,32 @@ static bool cfg_signal;
 pthread_mutex_t tdist__fr_lock = PTHREAD_MUTEX_INITIALIZER;
 tdist__fr_t *tdist__fr_open_list;
 static int sig_pipe[2] = {-1, -1};
+static atomic_bool disabled;
+
+void tdist__fr_enable(bool on) { atomic_store(&disabled, !on); }
+
+bool tdist__fr_use_tsc;
+
+/* Whether every CPU's time-stamp counter runs at one rate, always. */
+static bool tsc_usable(void)
+{
+#if defined(__x86_64__)
+    FILE *f = fopen("/proc/cpuinfo", "re");
+    if (!f) return false;
+    char line[4096];
+    bool constant = false, nonstop = false;
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "flags", 5) != 0) continue;
+        constant = strstr(line, " constant_tsc") != NULL;
+        nonstop = strstr(line, " nonstop_tsc") != NULL;
+        break;
+    }
+    fclose(f);
+    return constant && nonstop;
+#else
+    return false;
+#endif
+}
 
 static void read_config(void)
 {
@@ -57,6 +83,7 @@ static void read_config(void)
     int64_t s = 1;
     if (tdist__env_int("TDIST_FR_SIGNAL", 0, 1, &s) != TDIST_OK) s = 1;
     cfg_signal = s != 0;
+    tdist__fr_use_tsc = tsc_usable();
     tdist_clear_error();
 }
 
@@ -157,8 +184,12 @@ static void fill_header(tdist__fr_header_t *h, const tdist__fr_ident_t *id, uint
     h->pid = (int32_t)getpid();
     h->transport = id->transport;
     struct timespec m, r;
+    uint64_t t0 = tdist__fr_rdtsc();
     clock_gettime(CLOCK_MONOTONIC, &m);
+    uint64_t t1 = tdist__fr_rdtsc();
     clock_gettime(CLOCK_REALTIME, &r);
+    h->clock = tdist__fr_use_tsc ? 1 : 0;
+    h->tsc0 = t0 + (t1 - t0) / 2;
     h->mono0_ns = (uint64_t)m.tv_sec * 1000000000ull + (uint64_t)m.tv_nsec;
     h->real0_ns = (uint64_t)r.tv_sec * 1000000000ull + (uint64_t)r.tv_nsec;
     snprintf(h->group, sizeof h->group, "%s", id->group);
@@ -202,7 +233,7 @@ static tdist__fr_t *map_ring(const char *path, uint32_t cap)
 tdist__fr_t *tdist__fr_open(const tdist__fr_ident_t *id)
 {
     pthread_once(&cfg_once, read_config);
-    if (cfg_size == 0) return NULL;
+    if (cfg_size == 0 || atomic_load(&disabled)) return NULL;
     if (mkdir(cfg_dir, 0700) != 0 && errno != EEXIST) {
         TDIST_LOGD("flight recorder: cannot make %s: %s", cfg_dir, strerror(errno));
         return NULL;
@@ -252,8 +283,10 @@ uint64_t tdist__fr_begin(tdist__fr_t *fr, uint32_t kind, int op, uint64_t seq, u
                          int dtype, int root, int redop, uint64_t splits_hash)
 {
     if (!fr) return UINT64_MAX;
-    uint64_t id = atomic_fetch_add_explicit((_Atomic uint64_t *)&fr->hdr->next, 1,
-                                            memory_order_relaxed);
+    /* callers serialise begin on a ring (fr.h): no locked instruction */
+    _Atomic uint64_t *next = (_Atomic uint64_t *)&fr->hdr->next;
+    uint64_t id = atomic_load_explicit(next, memory_order_relaxed);
+    atomic_store_explicit(next, id + 1, memory_order_relaxed);
     tdist__fr_entry_t *e = &fr->ring[id % fr->cap];
     /* a reader that sees state EMPTY skips the entry while it is rewritten */
     atomic_store_explicit((_Atomic uint32_t *)&e->state, TDIST__FR_EMPTY, memory_order_relaxed);
@@ -270,7 +303,7 @@ uint64_t tdist__fr_begin(tdist__fr_t *fr, uint32_t kind, int op, uint64_t seq, u
     e->route = 255;
     e->algo = 0;
     e->status = 0;
-    e->t_ns[TDIST__FR_QUEUED] = tdist__now_ns();
+    e->t_ns[TDIST__FR_QUEUED] = tdist__fr_now();
     e->t_ns[TDIST__FR_STARTED] = 0;
     e->t_ns[TDIST__FR_COMPLETED] = 0;
     e->t_ns[TDIST__FR_FAILED] = 0;

@@ -9,9 +9,11 @@
  * every call below takes NULL and does nothing). Configuration
  * (TDIST_FR_SIZE, TDIST_FR_DIR) is read once per process.
  *
- * Threads: a ring's entries are claimed with an atomic counter, so any
- * thread may record; an entry is then written only by the thread that
- * runs its operation. Open / close / dump take the registry's lock.
+ * Threads: the caller serialises tdist__fr_begin and tdist__fr_event on
+ * one ring (pg calls them under the group's lock), so claiming an entry
+ * needs no locked instruction; an entry is then written only by the thread
+ * that runs its operation. Open / close / dump take the registry's lock;
+ * a dump reads entries being written and skips those it catches midway.
  */
 #ifndef TDIST_FR_FR_H
 #define TDIST_FR_FR_H
@@ -24,6 +26,14 @@
 #include "fr/format.h"
 
 typedef struct tdist__fr tdist__fr_t;
+
+/* The recorder's clock (format.h: the header's clock field). */
+extern bool tdist__fr_use_tsc;
+
+static inline uint64_t tdist__fr_now(void)
+{
+    return tdist__fr_use_tsc ? tdist__fr_rdtsc() : tdist__now_ns();
+}
 
 struct tdist__fr {
     tdist__fr_header_t *hdr;   /* the mapping */
@@ -51,7 +61,7 @@ tdist__fr_t *tdist__fr_open(const tdist__fr_ident_t *id);
  * removed (a clean exit leaves nothing behind). NULL does nothing. */
 void tdist__fr_close(tdist__fr_t *fr);
 
-/* Claim the next entry and record it as queued; its index (for the calls
+/* Claim the next entry (serialised by the caller) and record it as queued; its index (for the calls
  * below), or UINT64_MAX when fr is NULL. */
 uint64_t tdist__fr_begin(tdist__fr_t *fr, uint32_t kind, int op, uint64_t seq, uint64_t count,
                          int dtype, int root, int redop, uint64_t splits_hash);
@@ -63,15 +73,22 @@ static inline tdist__fr_entry_t *tdist__fr_at(tdist__fr_t *fr, uint64_t id)
     return e->id == id ? e : NULL; /* overwritten by a later entry: nothing to do */
 }
 
-/* The entry reached state (STARTED, COMPLETED, FAILED): its timestamp,
- * then the state (release). */
-static inline void tdist__fr_state(tdist__fr_t *fr, uint64_t id, uint32_t state, int status)
+/* The entry reached state (STARTED, COMPLETED, FAILED): its timestamp
+ * (now; or, with same_as_queued, the queued one: a call run at once on
+ * the caller's thread saves a clock read), then the state (release). */
+static inline void tdist__fr_state_at(tdist__fr_t *fr, uint64_t id, uint32_t state, int status,
+                                      bool same_as_queued)
 {
     tdist__fr_entry_t *e = tdist__fr_at(fr, id);
     if (!e) return;
-    e->t_ns[state] = tdist__now_ns();
+    e->t_ns[state] = same_as_queued ? e->t_ns[TDIST__FR_QUEUED] : tdist__fr_now();
     if (state == TDIST__FR_FAILED) e->status = status;
     atomic_store_explicit((_Atomic uint32_t *)&e->state, state, memory_order_release);
+}
+
+static inline void tdist__fr_state(tdist__fr_t *fr, uint64_t id, uint32_t state, int status)
+{
+    tdist__fr_state_at(fr, id, state, status, false);
 }
 
 /* The route and algorithm coll/ chose for the entry. */
@@ -95,6 +112,11 @@ void tdist__fr_event(tdist__fr_t *fr, const char *what, uint64_t a, uint64_t b);
  * error (tdist_last_error says which). Takes the registry's lock; does not
  * block on anything else. */
 int tdist__fr_dump_all(const char *reason, bool force);
+
+/* Whether recorders opened from now on record (true unless TDIST_FR_SIZE
+ * is 0). For measuring the recorder's cost against none in one process
+ * (bench/fr_cost.c); thread-safe. */
+void tdist__fr_enable(bool on);
 
 /* The directory dumps and rings go to (for messages). */
 const char *tdist__fr_dir(void);

@@ -38,7 +38,7 @@ void tdist__pg_fr_start(tdist_pg_t *pg, struct tdist_work *w, const tdist__fp_t 
     e->redop = fp->redop;
     e->splits_hash = fp->vec_hash;
     c->chosen = &e->route;
-    tdist__fr_state(pg->fr, w->fr_id, TDIST__FR_STARTED, 0);
+    tdist__fr_state_at(pg->fr, w->fr_id, TDIST__FR_STARTED, 0, w->inline_run);
 }
 
 void tdist__pg_fr_end(tdist_pg_t *pg, const struct tdist_work *w, tdist_status_t st)
@@ -51,10 +51,9 @@ tdist_status_t tdist_pg_mark(tdist_pg_t *pg, const char *what, uint64_t arg)
 {
     if (!pg || !what) return tdist__error(TDIST_ERR_INVALID_ARG, "tdist_pg_mark: %s is NULL",
                                           pg ? "what" : "pg");
-    pthread_mutex_lock(&pg->mu);
-    uint64_t seq = pg->next_seq;
+    pthread_mutex_lock(&pg->mu); /* serialises the ring's begin (fr.h) */
+    tdist__fr_event(pg->fr, what, pg->next_seq, arg);
     pthread_mutex_unlock(&pg->mu);
-    tdist__fr_event(pg->fr, what, seq, arg);
     return TDIST_OK;
 }
 

@@ -96,9 +96,14 @@ static int load_ring(const char *path, rec_t *r)
         free(b);
         return -1;
     }
+    uint64_t tsc_now = tdist__fr_rdtsc(), mono = mono_now();
     for (uint64_t id = from; id < next; id++) {
         const tdist__fr_entry_t *e = &ring[id % h->capacity];
-        if (e->state != TDIST__FR_EMPTY && e->id == id) r->e[r->n++] = *e;
+        if (e->state == TDIST__FR_EMPTY || e->id != id) continue;
+        tdist__fr_entry_t *c = &r->e[r->n++];
+        *c = *e;
+        for (int s = TDIST__FR_QUEUED; s <= TDIST__FR_FAILED; s++)
+            c->t_ns[s] = tdist__fr_to_ns(h, c->t_ns[s], tsc_now, mono);
     }
     free(b);
     r->proc = proc_state(&r->hdr);
