@@ -1,15 +1,38 @@
 /* tests/ddp/test_ddp_fr.c — DDP's buckets in the flight recorder: one
  * iteration over four single-parameter buckets leaves, in the group's
  * ring, each bucket's ready, launched and reduced events in that order
- * around its all_reduce; tdist_flight_dump writes them as JSON. */
+ * around its all_reduce; tdist_flight_dump writes them as JSON, and
+ * tdist-fr --trace turns the rings into a Chrome trace that a JSON parser
+ * (/usr/bin/python3's) reads, with spans that nest and are ordered per
+ * thread, and every bucket's three events on both ranks. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "proc.h"
 #include "tdist/ddp.h"
 #include "tdist/pg.h"
+
+#define FR_TOOL TDIST_BIN_DIR "/tools/tdist-fr/tdist-fr"
+
+/* Checks the trace: valid JSON; per (rank, thread) the spans, by start,
+ * each end before the next begins or contain it; counts per kind. */
+static const char *const TRACE_CHECK =
+    "import json,sys,collections\n"
+    "t=json.load(open(sys.argv[1]))['traceEvents']\n"
+    "spans=collections.defaultdict(list); kinds=collections.Counter()\n"
+    "for e in t:\n"
+    "  if e['ph']=='X': spans[(e['pid'],e['tid'])].append((e['ts'],e['ts']+e['dur'])); kinds['span '+e['name']]+=1\n"
+    "  elif e['ph']=='i': kinds['event '+e['name']]+=1\n"
+    "for k,v in spans.items():\n"
+    "  v.sort(); stack=[]\n"
+    "  for a,b in v:\n"
+    "    while stack and stack[-1]<=a: stack.pop()\n"
+    "    assert not stack or b<=stack[-1]+1e-3, ('spans cross',k,a,b,stack)\n"
+    "    stack.append(b)\n"
+    "for k in sorted(kinds): print(k, kinds[k])\n";
 
 #define NP 4
 #define COUNT 64
@@ -25,6 +48,36 @@ static long find_line(const char *j, long from, const char *a, const char *b)
         if (q && q < le) return (long)(ls - j);
     }
     return -1;
+}
+
+static void check_trace(void)
+{
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/fr", tdist_test_tmpdir());
+    const char *trace = tmp_path("trace.json");
+    const char *argv[] = {FR_TOOL, "--trace", trace, dir, NULL};
+    run_t r;
+    run(argv, 30, "trace", &r);
+    ASSERT_TRUE(r.exited && r.code == 0); /* both ranks completed the same collectives */
+    run_free(&r);
+    if (access("/usr/bin/python3", X_OK) != 0) {
+        printf("no /usr/bin/python3: the trace is written, not parsed\n");
+        return;
+    }
+    const char *script = tmp_path("check_trace.py");
+    FILE *f = fopen(script, "w");
+    ASSERT_TRUE(f != NULL);
+    fputs(TRACE_CHECK, f);
+    fclose(f);
+    const char *py[] = {"/usr/bin/python3", script, trace, NULL};
+    run(py, 60, "pytrace", &r);
+    printf("%s%s", r.out, r.err);
+    ASSERT_TRUE(r.exited && r.code == 0);
+    ASSERT_CONTAINS(r.out, "event bucket_ready 8\n");    /* 4 buckets x 2 ranks */
+    ASSERT_CONTAINS(r.out, "event bucket_launched 8\n");
+    ASSERT_CONTAINS(r.out, "event bucket_reduced 8\n");
+    ASSERT_CONTAINS(r.out, "span all_reduce_coalesced 8\n");
+    run_free(&r);
 }
 
 static void ddp_fr_body(int rank, int n, void *arg)
@@ -71,6 +124,7 @@ static void ddp_fr_body(int rank, int n, void *arg)
         if (!(coll > launched)) FAIL("bucket %d: no all_reduce after launch (%ld vs %ld) in %s", b, coll, launched, j);
     }
     free(j);
+    if (rank == 0) check_trace();
     tdist_ddp_destroy(d);
     tdist_pg_destroy(pg);
     tdist_world_destroy(w);

@@ -66,4 +66,7 @@ void frt_print_text(FILE *f, const model_t *m, const prob_t *p, size_t np, const
 void frt_print_json(FILE *f, const model_t *m, const prob_t *p, size_t np, const bool *show_rank);
 void frt_describe(const tdist__fr_entry_t *e, char *buf, size_t n);
 
+/* trace.c: every record as a Chrome trace at path; 0 or -1. */
+int frt_write_trace(const char *path, const model_t *m);
+
 #endif /* TDIST_FRTOOL_H */

@@ -14,7 +14,7 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: tdist-fr [--json] [--group NAME] [--ranks R,R,...] DIR\n"
+    fprintf(f, "usage: tdist-fr [--json] [--group NAME] [--ranks R,R,...] [--trace FILE] DIR\n"
                "  reads every rank's flight record in DIR (rings and JSON dumps), matches\n"
                "  collectives across ranks by (group, seq) and prints the first divergence:\n"
                "  who never reached the collective the others wait in, or who issued\n"
@@ -22,6 +22,7 @@ static void usage(FILE *f)
                "  --json         the same for machines\n"
                "  --group NAME   only this group (name or uid)\n"
                "  --ranks LIST   only these world ranks in the per-rank summary\n"
+               "  --trace FILE   also write every record as a Chrome trace (Perfetto)\n"
                "exit status: 0 nothing wrong found, 1 a problem found, 2 usage or I/O error\n");
 }
 
@@ -42,12 +43,14 @@ static bool parse_ranks(const char *s, bool *show, int n)
 int main(int argc, char **argv)
 {
     bool json = false;
-    const char *group = NULL, *ranks = NULL, *dir = NULL;
+    const char *group = NULL, *ranks = NULL, *dir = NULL, *trace = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0) {
             json = true;
         } else if (strcmp(argv[i], "--group") == 0 && i + 1 < argc) {
             group = argv[++i];
+        } else if (strcmp(argv[i], "--trace") == 0 && i + 1 < argc) {
+            trace = argv[++i];
         } else if (strcmp(argv[i], "--ranks") == 0 && i + 1 < argc) {
             ranks = argv[++i];
         } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
@@ -86,6 +89,12 @@ int main(int argc, char **argv)
             frt_free(&m);
             return 2;
         }
+    }
+    if (trace && frt_write_trace(trace, &m) != 0) {
+        fprintf(stderr, "tdist-fr: cannot write %s\n", trace);
+        free(show);
+        frt_free(&m);
+        return 2;
     }
     prob_t *p = NULL;
     size_t np = frt_analyze(&m, group, &p);
