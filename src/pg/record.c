@@ -9,6 +9,8 @@
  * (fr/dump.c): every rank that fails dumps, and by rule 3 every rank
  * still in the library fails within its deadline once one has.
  */
+#include <stdio.h>
+
 #include "pg/internal.h"
 
 void tdist__pg_fr_open(tdist_pg_t *pg)
@@ -41,10 +43,33 @@ void tdist__pg_fr_start(tdist_pg_t *pg, struct tdist_work *w, const tdist__fp_t 
     tdist__fr_state_at(pg->fr, w->fr_id, TDIST__FR_STARTED, 0, w->inline_run);
 }
 
+/* TDIST_LOG=trace: one line for w, which ended with st. */
+static void trace_line(tdist_pg_t *pg, const struct tdist_work *w, tdist_status_t st)
+{
+    char d[200], took[64] = "";
+    tdist__work_describe(w, d, sizeof d);
+    const tdist__fr_entry_t *e = tdist__fr_at(pg->fr, w->fr_id);
+    const char *route = "-", *algo = "-";
+    if (e) {
+        uint64_t tsc = tdist__fr_rdtsc(), now = tdist__now_ns();
+        uint64_t t0 = tdist__fr_to_ns(pg->fr->hdr, e->t_ns[TDIST__FR_QUEUED], tsc, now);
+        uint64_t t1 = tdist__fr_to_ns(pg->fr->hdr, e->t_ns[e->state], tsc, now);
+        snprintf(took, sizeof took, " %.1f us", t1 > t0 ? (double)(t1 - t0) / 1e3 : 0.0);
+        if (e->route != 255) {
+            route = TDIST__FR_NAME(tdist__fr_route_names, e->route);
+            algo = TDIST__FR_NAME(tdist__fr_algo_names, e->algo);
+        }
+    }
+    tdist__log(TDIST_LOG_TRACE, __FILE__, __LINE__, "rank %d group %s seq %llu %s %s/%s%s %s",
+               pg->rank, pg->name, (unsigned long long)w->seq, d, route, algo, took,
+               st == TDIST_OK ? "ok" : tdist_status_str(st));
+}
+
 void tdist__pg_fr_end(tdist_pg_t *pg, const struct tdist_work *w, tdist_status_t st)
 {
     tdist__fr_state(pg->fr, w->fr_id, st == TDIST_OK ? TDIST__FR_COMPLETED : TDIST__FR_FAILED,
                     (int)st);
+    if (tdist_log_level() >= TDIST_LOG_TRACE) trace_line(pg, w, st);
 }
 
 tdist_status_t tdist_pg_mark(tdist_pg_t *pg, const char *what, uint64_t arg)

@@ -163,3 +163,43 @@ TEST(pg_fr_rank_issues_another_collective, 60) { run_case(FR_DIFFERENT); }
 TEST(pg_fr_rank_stopped, 60) { run_case(FR_STOP); }
 TEST(pg_fr_rank_killed, 60) { run_case(FR_KILL); }
 TEST(pg_fr_rank_deadlocked_in_user_code, 60) { run_case(FR_DEADLOCK); }
+
+/* TDIST_LOG=trace (here tdist_log_set_level): one line per collective as
+ * it ends, with its group, seq, call, route and status. */
+static void trace_body(int rank, int n, void *arg)
+{
+    (void)n;
+    (void)arg;
+    char path[600];
+    snprintf(path, sizeof path, "%s/trace.%d", tdist_test_tmpdir(), rank);
+    FILE *f = fopen(path, "w");
+    ASSERT_TRUE(f != NULL);
+    int saved = dup(2);
+    ASSERT_TRUE(saved >= 0 && dup2(fileno(f), 2) == 2);
+    tdist_log_set_level(TDIST_LOG_TRACE);
+    tdist_world_t *w;
+    tdist_pg_t *pg;
+    tdist_test_open_world(&w, &pg, (int64_t)(20000 * tdist_test_timeout_mult()));
+    float x[2] = {1, 2};
+    for (int i = 0; i < 3; i++)
+        ASSERT_OK(tdist_all_reduce(pg, x, x, 2, TDIST_F32, TDIST_SUM, NULL, NULL));
+    tdist_log_set_level(TDIST_LOG_OFF);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    fclose(f);
+    char *log = slurp(path);
+    for (int s = 1; s <= 3; s++) {
+        char want[160];
+        snprintf(want, sizeof want, "rank %d group world seq %d all_reduce(f32, 2, sum) ", rank, s);
+        const char *at = strstr(log, want);
+        if (!at) FAIL("no trace line '%s' in:\n%s", want, log);
+        const char *eol = strchr(at, '\n');
+        ASSERT_TRUE(eol && eol - at > 4 && memcmp(eol - 3, " ok", 3) == 0);
+    }
+    free(log);
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
+}
+
+TEST(pg_fr_log_trace_one_line_per_collective, 60) { tdist_test_run_ranks(2, trace_body, NULL); }
