@@ -9,13 +9,14 @@
  * (${TMPDIR:-/tmp}/tdist-fr.<pid>), removed again at a clean close.
  *
  * SIGUSR1 (unless TDIST_FR_SIGNAL=0, or the program has its own handler):
- * the handler only writes one byte to a pipe (async-signal-safe); a
- * thread of the recorder reads it and dumps every ring, so the process
- * goes on as it was.
+ * the handler only posts a semaphore (async-signal-safe); a thread of the
+ * recorder, running while any recorder is open, dumps every ring, so the
+ * process goes on as it was.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,7 +40,6 @@ static bool cfg_signal;
 
 pthread_mutex_t tdist__fr_lock = PTHREAD_MUTEX_INITIALIZER;
 tdist__fr_t *tdist__fr_open_list;
-static int sig_pipe[2] = {-1, -1};
 static atomic_bool disabled;
 
 void tdist__fr_enable(bool on) { atomic_store(&disabled, !on); }
@@ -101,61 +101,85 @@ bool tdist__fr_dir_named(void)
 
 /* ------------------------------------------------------------- SIGUSR1 */
 
+/* The handler posts a semaphore (async-signal-safe, and no descriptor);
+ * the recorder's thread, which runs while any recorder is open, waits on
+ * it and dumps. The handler stays installed; the thread is joined when
+ * the last recorder closes, so a process without groups holds nothing. */
+static sem_t sig_sem;
+static bool sig_installed;
+static pthread_mutex_t th_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_t sig_th;
+static bool th_running;
+static atomic_bool th_stop;
+
 static void on_sigusr1(int sig)
 {
     (void)sig;
     int saved = errno;
-    char b = 1;
-    if (write(sig_pipe[1], &b, 1) < 0) { /* full: a dump is pending anyway */
-    }
+    (void)sem_post(&sig_sem);
     errno = saved;
 }
 
 static void *sig_thread(void *arg)
 {
     (void)arg;
-    char b[64];
     for (;;) {
-        ssize_t n = read(sig_pipe[0], b, sizeof b);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return NULL;
+        if (sem_wait(&sig_sem) != 0) continue; /* EINTR */
+        if (atomic_load(&th_stop)) return NULL;
         (void)tdist__fr_dump_all("SIGUSR1", true);
     }
 }
 
-/* Once per process, with the first recorder: the handler and its thread.
- * Left alone when the program handles SIGUSR1 itself. */
+/* Once per process, with the first recorder: the handler. Left alone when
+ * the program handles SIGUSR1 itself. */
 static void signal_setup(void)
 {
     if (!cfg_signal) return;
     struct sigaction old;
     if (sigaction(SIGUSR1, NULL, &old) != 0 || old.sa_handler != SIG_DFL) return;
-    if (pipe(sig_pipe) != 0) return;
-    (void)fcntl(sig_pipe[1], F_SETFL, O_NONBLOCK);
-    (void)fcntl(sig_pipe[0], F_SETFD, FD_CLOEXEC);
-    (void)fcntl(sig_pipe[1], F_SETFD, FD_CLOEXEC);
-    /* the thread must not take the signal itself: it may be the one
-     * blocked in read */
-    sigset_t all, prev;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &prev);
-    pthread_t th;
-    pthread_attr_t at;
-    pthread_attr_init(&at);
-    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    int rc = pthread_create(&th, &at, sig_thread, NULL);
-    pthread_attr_destroy(&at);
-    pthread_sigmask(SIG_SETMASK, &prev, NULL);
-    if (rc != 0) return;
+    if (sem_init(&sig_sem, 0, 0) != 0) return;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_sigusr1;
     sa.sa_flags = SA_RESTART;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGUSR1, &sa, NULL);
+    sig_installed = sigaction(SIGUSR1, &sa, NULL) == 0;
 }
 
 static pthread_once_t sig_once = PTHREAD_ONCE_INIT;
+
+/* A recorder opened: the dump thread runs (it takes no signal itself). */
+static void thread_start(void)
+{
+    pthread_mutex_lock(&th_mu);
+    if (sig_installed && !th_running) {
+        while (sem_trywait(&sig_sem) == 0) { /* signals from before: answered by the start */
+        }
+        atomic_store(&th_stop, false);
+        sigset_t all, prev;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &prev);
+        th_running = pthread_create(&sig_th, NULL, sig_thread, NULL) == 0;
+        pthread_sigmask(SIG_SETMASK, &prev, NULL);
+    }
+    pthread_mutex_unlock(&th_mu);
+}
+
+/* A recorder closed: the thread ends when none is left. */
+static void thread_stop_if_idle(void)
+{
+    pthread_mutex_lock(&th_mu);
+    pthread_mutex_lock(&tdist__fr_lock);
+    bool idle = tdist__fr_open_list == NULL;
+    pthread_mutex_unlock(&tdist__fr_lock);
+    if (idle && th_running) {
+        atomic_store(&th_stop, true);
+        (void)sem_post(&sig_sem);
+        pthread_join(sig_th, NULL);
+        th_running = false;
+    }
+    pthread_mutex_unlock(&th_mu);
+}
 
 /* --------------------------------------------------------------- rings */
 
@@ -255,6 +279,7 @@ tdist__fr_t *tdist__fr_open(const tdist__fr_ident_t *id)
     fr->next = tdist__fr_open_list;
     tdist__fr_open_list = fr;
     pthread_mutex_unlock(&tdist__fr_lock);
+    thread_start();
     return fr;
 }
 
@@ -277,6 +302,7 @@ void tdist__fr_close(tdist__fr_t *fr)
     }
     free(fr->path);
     free(fr);
+    if (last) thread_stop_if_idle();
 }
 
 uint64_t tdist__fr_begin(tdist__fr_t *fr, uint32_t kind, int op, uint64_t seq, uint64_t count,
