@@ -222,13 +222,19 @@ static void fill_header(tdist__fr_header_t *h, const tdist__fr_ident_t *id, uint
     if (gethostname(h->host, sizeof h->host - 1) != 0) snprintf(h->host, sizeof h->host, "?");
 }
 
-/* Map a new ring file at path; NULL (and why, logged) on failure. */
+/* Map a new ring file at path; NULL (and why, logged) on failure. The
+ * file is made under a name of its own and then renamed over path: a
+ * process that still maps an older file of that name (another job in the
+ * same directory) keeps its own inode and is never cut short. */
 static tdist__fr_t *map_ring(const char *path, uint32_t cap)
 {
+    static atomic_uint serial;
     size_t len = sizeof(tdist__fr_header_t) + (size_t)cap * sizeof(tdist__fr_entry_t);
-    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    char tmp[600];
+    snprintf(tmp, sizeof tmp, "%s.new.%d.%u", path, (int)getpid(), atomic_fetch_add(&serial, 1));
+    int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) {
-        TDIST_LOGD("flight recorder: cannot create %s: %s", path, strerror(errno));
+        TDIST_LOGD("flight recorder: cannot create %s: %s", tmp, strerror(errno));
         return NULL;
     }
     void *p = MAP_FAILED;
@@ -236,9 +242,14 @@ static tdist__fr_t *map_ring(const char *path, uint32_t cap)
         p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     int err = errno;
     close(fd);
+    if (p != MAP_FAILED && rename(tmp, path) != 0) {
+        err = errno;
+        munmap(p, len);
+        p = MAP_FAILED;
+    }
     if (p == MAP_FAILED) {
         TDIST_LOGD("flight recorder: cannot map %s: %s", path, strerror(err));
-        unlink(path);
+        unlink(tmp);
         return NULL;
     }
     tdist__fr_t *fr = calloc(1, sizeof *fr);

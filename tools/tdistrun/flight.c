@@ -60,10 +60,10 @@ void tdr_fr_prepare(const tdr_launch_t *l)
     fr_temporary = !l->opts->log_dir;
 }
 
-void tdr_fr_cleanup(void)
+void tdr_fr_cleanup(bool records_too)
 {
     if (!fr_temporary || !fr_dir[0]) return;
-    DIR *d = opendir(fr_dir);
+    DIR *d = records_too ? opendir(fr_dir) : NULL;
     if (d) {
         struct dirent *de;
         while ((de = readdir(d)))
@@ -161,7 +161,7 @@ void tdr_fr_report(void)
         tdr_eprintf("tdistrun: flight recorder: every rank completed the same collectives\n");
     } else { /* no records (the workers made no group), or no analyzer */
         free(out);
-        tdr_fr_cleanup();
+        tdr_fr_cleanup(true);
         return;
     }
     tdr_eprintf("tdistrun: flight records of every rank: %s (tdist-fr %s)\n", fr_dir, fr_dir);

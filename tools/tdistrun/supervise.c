@@ -471,7 +471,7 @@ void tdr_run_set(const tdr_launch_t *l, bool quiet_report, tdr_set_result_t *res
     for (int i = 0; i < n; i++) tdr_worker_close(&st.ws[i]);
     if (st.first_failed >= 0 && !quiet_report) print_report(&st);
     for (int i = 0; i < n; i++) tdr_worker_fini(&st.ws[i]);
-    if (res->outcome == TDR_SET_SUCCEEDED && !l->plain_env) tdr_fr_cleanup();
+    if (!l->plain_env) tdr_fr_cleanup(res->outcome == TDR_SET_SUCCEEDED);
     res->w0_exited = st.ws[0].exited;
     res->w0_code = st.ws[0].code;
     res->w0_signal = st.ws[0].sig;

@@ -361,7 +361,8 @@ const char *tdr_fr_worker_dir(void);
 const char *tdr_fr_dir(void);
 /* After a failed set: tdist-fr's first divergence and the directory. */
 void tdr_fr_report(void);
-/* After a set succeeded: remove a temporary directory. */
-void tdr_fr_cleanup(void);
+/* After a set: remove a temporary directory, with the records in it
+ * (records_too: the set succeeded) or only when it is empty. */
+void tdr_fr_cleanup(bool records_too);
 
 #endif /* TDISTRUN_H */
