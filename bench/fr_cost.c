@@ -13,17 +13,11 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
+#include <stdint.h>
 
+#include "core/internal.h" /* tdist__now_ns */
 #include "fr/fr.h"
 #include "tdist/tdist.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int cmp_double(const void *x, const void *y)
 {
@@ -36,12 +30,12 @@ static double block(tdist_pg_t *pg, long calls)
 {
     float x[2] = {1, 2};
     if (tdist_barrier(pg, NULL, NULL) != TDIST_OK) return -1;
-    double t0 = now_s();
+    uint64_t t0 = tdist__now_ns();
     for (long i = 0; i < calls; i++) {
         x[0] = x[1] = 1;
         if (tdist_all_reduce(pg, x, x, 2, TDIST_F32, TDIST_SUM, NULL, NULL) != TDIST_OK) return -1;
     }
-    return (now_s() - t0) * 1e9 / (double)calls;
+    return (double)(tdist__now_ns() - t0) / (double)calls;
 }
 
 static int fail(const char *what)
