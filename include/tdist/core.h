@@ -79,11 +79,12 @@ typedef enum tdist_log_level {
     TDIST_LOG_ERROR = 1,
     TDIST_LOG_WARN = 2,
     TDIST_LOG_INFO = 3,
-    TDIST_LOG_DEBUG = 4
+    TDIST_LOG_DEBUG = 4,
+    TDIST_LOG_TRACE = 5 /* debug, and one line per collective, send and recv as it ends */
 } tdist_log_level_t;
 
 /* The current log level. On first use it is read from the environment
- * variable TDIST_LOG (error|warn|info|debug; anything else or unset: off).
+ * variable TDIST_LOG (error|warn|info|debug|trace; anything else or unset: off).
  * Thread-safe. Logging writes whole lines to stderr and nothing else. */
 TDIST_API tdist_log_level_t tdist_log_level(void);
 

@@ -275,6 +275,30 @@ TDIST_API tdist_status_t tdist_send(tdist_pg_t *pg, const void *buf, size_t coun
 TDIST_API tdist_status_t tdist_recv(tdist_pg_t *pg, void *buf, size_t count, tdist_dtype_t dtype,
                                     int src, const tdist_coll_opts_t *opts, tdist_work_t **work);
 
+/* ------------------------------------------------------- flight recorder
+ *
+ * Every group records its last TDIST_FR_SIZE (default 4096; 0: off)
+ * collectives, sends, receives and marked events in a ring kept in a file
+ * under TDIST_FR_DIR (default ${TMPDIR:-/tmp}/tdist-fr.<pid>, removed at
+ * a clean exit), so even a killed process's last entries can be read.
+ * The first failed collective of a process, SIGUSR1 and
+ * tdist_flight_dump write them as JSON next to the rings; `tdist-fr DIR`
+ * explains a hang from them (docs/debugging.md). */
+
+/* Dump every group's ring of this process as JSON into the recorder's
+ * directory, one file per group ("tdist-fr.r<world rank>.<group uid>.json",
+ * replacing an earlier dump). reason (may be NULL) is copied into each
+ * file; *n_files (may be NULL) gets the number written. Blocks for the
+ * file writes only (never on other ranks); thread-safe. */
+TDIST_API tdist_status_t tdist_flight_dump(const char *reason, int *n_files);
+
+/* Record an event in pg's ring (kept as text up to 23 characters, and
+ * arg): DDP records its buckets ("bucket_ready", "bucket_launched",
+ * "bucket_reduced"), Join its notifications; a program may mark its own
+ * ("optim_step"). Does not block; thread-safe. The event also carries the
+ * group's last issued sequence number. */
+TDIST_API tdist_status_t tdist_pg_mark(tdist_pg_t *pg, const char *what, uint64_t arg);
+
 #ifdef __cplusplus
 }
 #endif

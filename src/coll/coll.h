@@ -195,6 +195,8 @@ typedef struct tdist__coll_ctx {
     void *be;
     const char *be_name;
     const _Atomic bool *aborted; /* the group's abort flag (backends poll it) */
+    uint8_t *chosen; /* where tdist__coll_run writes its route and algorithm (2 bytes),
+                        for the flight recorder; NULL: nowhere */
 } tdist__coll_ctx_t;
 
 /* The route a collective takes: the first exchange that carries pg/'s

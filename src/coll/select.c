@@ -450,6 +450,10 @@ tdist_status_t tdist__coll_run(const tdist__coll_ctx_t *c, const tdist__coll_arg
         return divide_active(c, a);
     }
     tdist__coll_plan_t p = plan(c, a, chk);
+    if (c->chosen) {
+        c->chosen[0] = (uint8_t)p.route;
+        c->chosen[1] = (uint8_t)p.algo;
+    }
     tdist__coll_ctx_t abs;
     if (c->lazy_deadline && !single_wait(p)) {
         abs = *c;

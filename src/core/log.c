@@ -23,6 +23,7 @@ static int level_from_env(void)
     if (!strcasecmp(v, "warn") || !strcasecmp(v, "warning")) return TDIST_LOG_WARN;
     if (!strcasecmp(v, "info")) return TDIST_LOG_INFO;
     if (!strcasecmp(v, "debug")) return TDIST_LOG_DEBUG;
+    if (!strcasecmp(v, "trace")) return TDIST_LOG_TRACE;
     return TDIST_LOG_OFF;
 }
 
@@ -40,13 +41,13 @@ tdist_log_level_t tdist_log_level(void)
 void tdist_log_set_level(tdist_log_level_t level)
 {
     if ((int)level < TDIST_LOG_OFF) level = TDIST_LOG_OFF;
-    if (level > TDIST_LOG_DEBUG) level = TDIST_LOG_DEBUG;
+    if (level > TDIST_LOG_TRACE) level = TDIST_LOG_TRACE;
     atomic_store(&log_level, (int)level);
 }
 
 void tdist__log(tdist_log_level_t level, const char *file, int line, const char *fmt, ...)
 {
-    static const char *names[] = {"off", "ERROR", "WARN", "INFO", "DEBUG"};
+    static const char *names[] = {"off", "ERROR", "WARN", "INFO", "DEBUG", "TRACE"};
     char msg[2048];
     va_list ap;
     va_start(ap, fmt);

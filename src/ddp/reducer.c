@@ -28,9 +28,9 @@ static void record_err(tdist_ddp_t *d, tdist_status_t st)
 
 static void on_bucket_done(tdist_status_t st, void *user_data)
 {
-    (void)st;
     ddp_bucket_t *b = user_data;
     atomic_store(&b->done_ns, tdist__now_ns());
+    if (st == TDIST_OK) (void)tdist_pg_mark(b->desc.pg, "bucket_reduced", b->desc.index);
 }
 
 tdist_status_t tdist_ddp_allreduce_hook(void *state, const tdist_ddp_bucket_t *bucket,
@@ -71,6 +71,7 @@ static tdist_status_t launch(tdist_ddp_t *d, size_t bi, unsigned char *base, boo
     b->launched = true;
     b->launch_ns = tdist__now_ns();
     if (!d->t_first_launch_ns) d->t_first_launch_ns = b->launch_ns;
+    (void)tdist_pg_mark(d->pg, shadow ? "bucket_launched_shadow" : "bucket_launched", bi);
 
     tdist_status_t st;
     if (d->hook) {
@@ -171,6 +172,8 @@ static tdist_status_t finish_bucket(tdist_ddp_t *d, ddp_bucket_t *b, const char 
         }
     }
     b->launched = false;
+    /* a hook's reduction ends here (the default one's in on_bucket_done) */
+    if (ret == TDIST_OK && d->hook) (void)tdist_pg_mark(d->pg, "bucket_reduced", b->desc.index);
     return ret;
 }
 
@@ -239,7 +242,10 @@ tdist_status_t tdist_ddp_grad_ready(tdist_ddp_t *ddp, size_t index)
     if (!ddp->opts.gradient_as_bucket_view && !tdist__ddp_direct(ddp))
         memcpy(tdist__ddp_slot(ddp, index), p->grad, p->bytes);
     ddp_bucket_t *b = &ddp->buckets[p->bucket];
-    if (--b->pending == 0) return launch_ready(ddp);
+    if (--b->pending == 0) {
+        (void)tdist_pg_mark(ddp->pg, "bucket_ready", p->bucket); /* flight recorder */
+        return launch_ready(ddp);
+    }
     return TDIST_OK;
 }
 

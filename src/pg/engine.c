@@ -88,6 +88,7 @@ static void work_init(struct tdist_work *w, tdist__op_t op, const tdist_coll_opt
     w->shadow_leader = -1;
     w->premul = 1.0;
     w->timeout_ms = -1;
+    w->fr_id = UINT64_MAX;
     if (opts) {
         w->timeout_ms = opts->timeout_ms;
         w->premul = opts->premul_factor;
@@ -363,6 +364,7 @@ tdist_status_t tdist__pg_submit(tdist_pg_t *pg, struct tdist_work *w, tdist_work
         }
     }
     w->seq = ++pg->next_seq;
+    tdist__pg_fr_queue(pg, w, TDIST__FR_COLL);
     tdist_status_t st = TDIST_OK;
     char *why = NULL;
     if (atomic_load(&pg->aborted)) {
@@ -406,6 +408,7 @@ tdist_status_t tdist__pg_submit(tdist_pg_t *pg, struct tdist_work *w, tdist_work
         return st;
     }
     if (st != TDIST_OK) {
+        tdist__pg_fr_end(pg, w, st);
         char d[200];
         tdist__work_describe(w, d, sizeof d);
         if (st == TDIST_ERR_ABORTED)
@@ -518,6 +521,7 @@ tdist_status_t tdist__pg_run_body(tdist_pg_t *pg, struct tdist_work *w, int64_t 
     }
     check_arg_t x = {pg, w};
     uint64_t hash = fp_prepare(pg, w);
+    tdist__pg_fr_start(pg, w, &pg->chk.common, &c);
     tdist__coll_check_t chk = {.on = pg->check_fp, .len = sizeof pg->chk.common,
                                .common = &pg->chk.common, .hash = hash,
                                .theirs = (uint8_t *)pg->chk.theirs, .have = pg->chk.have,
@@ -583,6 +587,7 @@ static tdist_status_t run_work_status(tdist_pg_t *pg, struct tdist_work *w, char
     char prefix[400];
     *msg = NULL;
     if (atomic_load(&pg->aborted)) {
+        tdist__pg_fr_end(pg, w, TDIST_ERR_ABORTED);
         work_prefix(pg, w, prefix, sizeof prefix);
         *msg = tdist__asprintf("%s: the group was aborted", prefix);
         return TDIST_ERR_ABORTED;
@@ -590,6 +595,7 @@ static tdist_status_t run_work_status(tdist_pg_t *pg, struct tdist_work *w, char
     char *sticky = NULL;
     tdist_status_t st = atomic_load(&pg->failed) ? tdist__pg_sticky(pg, &sticky) : TDIST_OK;
     if (st != TDIST_OK) {
+        tdist__pg_fr_end(pg, w, st);
         work_prefix(pg, w, prefix, sizeof prefix);
         *msg = tdist__asprintf("%s: the group failed earlier: %s", prefix, sticky);
         free(sticky);
@@ -606,8 +612,11 @@ static tdist_status_t run_work_status(tdist_pg_t *pg, struct tdist_work *w, char
     if (w->shadow_leader >= 0) st = tdist__pg_shadow_until(pg, w, deadline);
     if (st == TDIST_OK) st = tdist__pg_run_body(pg, w, timeout, deadline);
     pg->chk.have = -1;
+    tdist__pg_fr_end(pg, w, st);
     if (st == TDIST_OK) return TDIST_OK;
-    return work_failed(pg, w, st, msg);
+    st = work_failed(pg, w, st, msg);
+    (void)tdist__fr_dump_all(*msg ? *msg : "a collective failed", false);
+    return st;
 }
 
 static void run_work(tdist_pg_t *pg, struct tdist_work *w)

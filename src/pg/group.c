@@ -98,6 +98,7 @@ static void pg_free(tdist_pg_t *pg)
     tdist__coll_group_free(&pg->coll);
     tdist__tp_destroy(pg->tp);
     tdist__tp_destroy(pg->p2p_tp);
+    tdist__fr_close(pg->fr);
     pthread_mutex_destroy(&pg->mu);
     pthread_cond_destroy(&pg->cv);
     pthread_cond_destroy(&pg->p2p.cv);
@@ -313,6 +314,7 @@ static tdist_status_t pg_build_backend(const tdist__backend_t *b, void *be, tdis
     }
     pg->backend = b;
     pg->be = be;
+    tdist__pg_fr_open(pg);
     st = tdist__pg_start_engine(pg);
     if (st != TDIST_OK) {
         pg_free(pg);
@@ -349,6 +351,7 @@ static tdist_status_t pg_build(tdist_world_t *world, tdist_store_t *store, int r
     TDIST_CHECK_GOTO(exchange_and_connect(pg, pg->p2p_tp, "p2p", deadline), st, fail);
     if (shmc) TDIST_CHECK_GOTO(tdist__shmc_create(pg->tp, rank, size, &pg->shm), st, fail);
     TDIST_CHECK_GOTO(tdist__pg_hier_setup(pg, deadline), st, fail);
+    tdist__pg_fr_open(pg);
     TDIST_CHECK_GOTO(tdist__pg_start_engine(pg), st, fail);
     *out = pg;
     return TDIST_OK;

@@ -27,6 +27,7 @@
 #include "tdist/pg.h"
 #include "backend/backend.h"
 #include "coll/coll.h"
+#include "fr/fr.h"
 #include "pg/join_iface.h"
 #include "transport/transport.h"
 
@@ -78,6 +79,7 @@ struct tdist_work {
     size_t *counts;
     size_t nbufs;
     int nranks;         /* group size (entries of the count arrays) */
+    uint64_t fr_id;     /* this call's flight-recorder entry (UINT64_MAX: none) */
     int64_t timeout_ms; /* < 0: the group's */
     int64_t deadline_ms;
     void (*on_complete)(tdist_status_t status, void *user_data);
@@ -140,6 +142,7 @@ struct tdist_pg {
     char *bind_addr;
     bool check_fp;        /* TDIST_CHECK_FINGERPRINT (measurement only) */
     int n_children;       /* creation counter for subgroup uids */
+    tdist__fr_t *fr;      /* the flight recorder's ring (NULL: off) */
 
     /* engine */
     pthread_mutex_t mu;
@@ -205,6 +208,17 @@ struct tdist_pg {
         char *errmsg;
     } p2p;
 };
+
+/* ------------------------------------------------------------- record.c */
+
+/* The flight recorder's view of a group (rule 5): open its ring, record a
+ * work as queued (after it got its sequence number), and its end. */
+void tdist__pg_fr_open(tdist_pg_t *pg);
+void tdist__pg_fr_queue(tdist_pg_t *pg, struct tdist_work *w, uint32_t kind);
+/* w runs now: the fingerprint's fields (fp), and where coll/ writes its route (c). */
+void tdist__pg_fr_start(tdist_pg_t *pg, struct tdist_work *w, const tdist__fp_t *fp,
+                        tdist__coll_ctx_t *c);
+void tdist__pg_fr_end(tdist_pg_t *pg, const struct tdist_work *w, tdist_status_t st);
 
 /* ---------------------------------------------------------------- check.c */
 

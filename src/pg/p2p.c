@@ -65,12 +65,13 @@ static void p2p_fail(tdist_pg_t *pg, tdist_status_t st, const char *msg)
     }
 }
 
-static void deliver(struct tdist_work *done)
+static void deliver(tdist_pg_t *pg, struct tdist_work *done)
 {
     while (done) {
         struct tdist_work *w = done;
         done = w->next;
         w->next = NULL;
+        tdist__pg_fr_end(pg, w, (tdist_status_t)w->p2p_status);
         char *m = w->p2p_msg;
         w->p2p_msg = NULL;
         tdist__work_finish(w, (tdist_status_t)w->p2p_status, m);
@@ -106,6 +107,7 @@ static tdist_status_t post_backend(tdist_pg_t *pg, struct tdist_work *w)
 
 static void post(tdist_pg_t *pg, struct tdist_work *w)
 {
+    tdist__fr_state(pg->fr, w->fr_id, TDIST__FR_STARTED, 0);
     p2p_hdr_t *h = (p2p_hdr_t *)(void *)w->hdr;
     if (w->op == TDIST__OP_SEND) {
         h->magic = P2P_MAGIC;
@@ -271,7 +273,7 @@ static void *p2p_main(void *arg)
         if (done || posted) idle_since = (int64_t)(tdist__now_ns() / 1000u);
         if (done) {
             pthread_mutex_unlock(&pg->mu);
-            deliver(done);
+            deliver(pg, done);
             pthread_mutex_lock(&pg->mu);
             continue;
         }
@@ -330,6 +332,7 @@ tdist_status_t tdist__p2p_submit(tdist_pg_t *pg, struct tdist_work *w, tdist_wor
             w->seq = ++pg->p2p.send_seq[w->root];
         else
             w->seq = ++pg->p2p.recv_seq[w->root];
+        tdist__pg_fr_queue(pg, w, w->op == TDIST__OP_SEND ? TDIST__FR_SEND : TDIST__FR_RECV);
         if (pg->p2p.tail)
             pg->p2p.tail->next = w;
         else

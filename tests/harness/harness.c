@@ -194,6 +194,11 @@ int tdist_test_spawn_ranks(const tdist_ranks_opts_t *o, tdist_rank_fn body, void
             snprintf(buf, sizeof buf, "%d", n);
             setenv("WORLD_SIZE", buf, 1);
             setenv("LOCAL_WORLD_SIZE", buf, 1);
+            /* flight-recorder rings (and the rings of ranks a test kills)
+             * stay in the test's directory, which the runner removes */
+            char frdir[600];
+            snprintf(frdir, sizeof frdir, "%s/tdist-fr", tmpdir);
+            setenv("TDIST_FR_DIR", frdir, 0);
             for (const char *const *e = o->env; e && *e; e++) putenv((char *)*e);
             body(r, n, arg);
             fflush(stdout);

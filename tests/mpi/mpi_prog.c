@@ -502,6 +502,27 @@ static void run_monitored(tdist_world_t *w)
     tdist_pg_destroy(pg);
 }
 
+/* -------------------------------------------------------- flight recorder */
+
+/* Three ranks run five all_reduces; rank 2 then stays in its own code for
+ * 3 s and leaves without the sixth, where ranks 0 and 1 time out (1 s).
+ * test_mpi.c reads the records (TDIST_FR_DIR) with tdist-fr. */
+static void run_frhang(tdist_world_t *w)
+{
+    ASSERT_TRUE(N == 3);
+    tdist_pg_t *pg = make_pg(w, "mpi", 1000);
+    float x[2] = {1, 2};
+    for (int i = 0; i < 5; i++) ASSERT_OK(tdist_all_reduce(pg, x, x, 2, TDIST_F32, TDIST_SUM, NULL, NULL));
+    if (R == 2) {
+        usleep(3000 * 1000);
+    } else {
+        tdist_status_t st = tdist_all_reduce(pg, x, x, 2, TDIST_F32, TDIST_SUM, NULL, NULL);
+        printf("frhang: rank %d: %s: %s\n", R, tdist_status_str(st), tdist_last_error());
+        ASSERT_STATUS(st, TDIST_ERR_TIMEOUT);
+    }
+    tdist_pg_destroy(pg);
+}
+
 /* ----------------------------------------------------------------- p2p */
 
 static void run_p2p(tdist_world_t *w)
@@ -925,7 +946,7 @@ static void run_death(tdist_world_t *w)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: mpirun -np N %s matrix|sub|mismatch|timeout|monitored|p2p|ddp|ddpjoin|ddpbf16|zero|envinit|death|tune\n", argv[0]);
+        fprintf(stderr, "usage: mpirun -np N %s matrix|sub|mismatch|timeout|frhang|monitored|p2p|ddp|ddpjoin|ddpbf16|zero|envinit|death|tune\n", argv[0]);
         return 2;
     }
     const char *what = argv[1];
@@ -955,6 +976,7 @@ int main(int argc, char **argv)
     else if (strcmp(what, "sub") == 0) run_sub(w);
     else if (strcmp(what, "mismatch") == 0) run_mismatch(w);
     else if (strcmp(what, "timeout") == 0) run_timeout(w);
+    else if (strcmp(what, "frhang") == 0) run_frhang(w);
     else if (strcmp(what, "monitored") == 0) run_monitored(w);
     else if (strcmp(what, "p2p") == 0) run_p2p(w);
     else if (strcmp(what, "ddp") == 0) run_ddp(w, false);

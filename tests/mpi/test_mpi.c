@@ -129,6 +129,37 @@ TEST(mpi_mismatch_same_text_as_native_3, 60)
     expect_ok("mpi_mismatch_same_text_as_native_3", 3, "mismatch", 45, NULL);
 }
 TEST(mpi_timeout_names_the_op, 40) { expect_ok("mpi_timeout_names_the_op", 2, "timeout", 30, NULL); }
+/* The flight recorder on the MPI backend: rank 2 never issues the sixth
+ * all_reduce; ranks 0 and 1 time out and dump; tdist-fr names rank 2 and
+ * seq 6 from the dumps and rank 2's ring. */
+TEST(mpi_fr_names_the_missing_rank, 60)
+{
+    if (!can_run("mpi_fr_names_the_missing_rank")) return;
+    char dir[600], env[700];
+    snprintf(dir, sizeof dir, "%s/fr", tdist_test_tmpdir());
+    snprintf(env, sizeof env, "TDIST_FR_DIR='%s'", dir);
+    run_t r = mpi_run(3, "frhang", (int)(45 * tdist_test_timeout_mult()), env);
+    if (r.code != 0 || !strstr(r.out, "MPI_PROG OK frhang")) FAIL("mpirun frhang: exit %d", r.code);
+    free(r.out);
+    for (int k = 0; k < 2; k++) {
+        char p[700];
+        snprintf(p, sizeof p, "%s/tdist-fr.r%d.world.json", dir, k);
+        if (access(p, R_OK) != 0) FAIL("rank %d wrote no dump %s", k, p);
+    }
+    char cmd[1400], outp[700];
+    snprintf(outp, sizeof outp, "%s/fr.txt", tdist_test_tmpdir());
+    snprintf(cmd, sizeof cmd, "'%s/tools/tdist-fr/tdist-fr' '%s' > '%s' 2>&1", TDIST_BIN_DIR, dir,
+             outp);
+    int st = system(cmd);
+    char *out = slurp(outp);
+    printf("%s", out);
+    ASSERT_TRUE(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 1);
+    ASSERT_CONTAINS(out, "first divergence: rank 2 is missing from all_reduce(f32, 2, sum) seq 6 "
+                         "of group world; ranks 0, 1 waited");
+    ASSERT_CONTAINS(out, "route backend, algorithm slot");
+    free(out);
+}
+
 TEST(mpi_monitored_barrier_names_missing, 40)
 {
     expect_ok("mpi_monitored_barrier_names_missing", 3, "monitored", 30, NULL);

@@ -68,7 +68,7 @@ static void on_signal(int sig, siginfo_t *si, void *ctx)
 {
     (void)ctx;
     int saved = errno;
-    if (sig != SIGCHLD && stop_sig == 0) stop_sig = sig;
+    if (sig != SIGCHLD && sig != SIGUSR1 && stop_sig == 0) stop_sig = sig;
     sig_rec_t r = {.sig = sig, .pid = sig == SIGCHLD && si ? (int32_t)si->si_pid : 0};
     ssize_t w = write(sig_pipe[1], &r, sizeof r); /* full pipe: a wake-up is pending anyway */
     (void)w;
@@ -85,6 +85,7 @@ int tdr_signals_install(void)
     sa.sa_flags = SA_RESTART | SA_SIGINFO;
     for (size_t i = 0; i < TDIST_ARRAY_SIZE(forwarded); i++)
         if (sigaction(forwarded[i], &sa, NULL) != 0) return -1;
+    if (sigaction(SIGUSR1, &sa, NULL) != 0) return -1; /* passed on: a flight-recorder dump */
     sa.sa_flags = SA_RESTART | SA_SIGINFO | SA_NOCLDSTOP;
     if (sigaction(SIGCHLD, &sa, NULL) != 0) return -1;
     signal(SIGPIPE, SIG_IGN);
@@ -290,9 +291,14 @@ static void handle_signals(set_state_t *st, tdr_set_result_t *res)
         ssize_t r = read(sig_pipe[0], recs, sizeof recs);
         if (r <= 0) break;
         for (size_t i = 0; i < (size_t)r / sizeof recs[0]; i++) {
-            if (recs[i].sig == SIGCHLD)
+            if (recs[i].sig == SIGCHLD) {
                 note_death(st, recs[i].pid); /* reaped below */
-            else
+            } else if (recs[i].sig == SIGUSR1) {
+                int k = signal_running(st->ws, st->n, SIGUSR1);
+                tdr_eprintf("tdistrun: got SIGUSR1; passed it to %d worker%s (flight-recorder "
+                            "dumps in %s)\n", k, k == 1 ? "" : "s",
+                            tdr_fr_dir() ? tdr_fr_dir() : "their TDIST_FR_DIR");
+            } else
                 on_stop_signal(st, res, recs[i].sig);
         }
     }
@@ -313,6 +319,7 @@ static void print_report(const set_state_t *st)
                         o->rank, tdr_describe(o->exited, o->code, o->sig, desc, sizeof desc));
     }
     if (st->l->attempt > 0) tdr_eprintf("tdistrun: (restart attempt %d)\n", st->l->attempt);
+    if (!st->l->plain_env) tdr_fr_report();
     if (w->err.tail_count > 0) {
         tdr_eprintf("tdistrun: last %d line%s of rank %d's stderr:\n", w->err.tail_count,
                     w->err.tail_count == 1 ? "" : "s", w->rank);
@@ -440,6 +447,7 @@ void tdr_run_set(const tdr_launch_t *l, bool quiet_report, tdr_set_result_t *res
         res->outcome = TDR_SET_ERROR;
         return;
     }
+    if (!l->plain_env) tdr_fr_prepare(l);
     set_state_t st = {.l = l, .n = n, .first_failed = -1, .settle_at = INT64_MAX,
                       .kill_at = INT64_MAX};
     st.ws = calloc((size_t)n, sizeof *st.ws);
@@ -463,6 +471,7 @@ void tdr_run_set(const tdr_launch_t *l, bool quiet_report, tdr_set_result_t *res
     for (int i = 0; i < n; i++) tdr_worker_close(&st.ws[i]);
     if (st.first_failed >= 0 && !quiet_report) print_report(&st);
     for (int i = 0; i < n; i++) tdr_worker_fini(&st.ws[i]);
+    if (!l->plain_env) tdr_fr_cleanup(res->outcome == TDR_SET_SUCCEEDED);
     res->w0_exited = st.ws[0].exited;
     res->w0_code = st.ws[0].code;
     res->w0_signal = st.ws[0].sig;

@@ -350,4 +350,19 @@ int tdr_mpi_worker_main(int argc, char **argv);
  * Returns a malloc'd path, or NULL after printing why. */
 char *tdr_resolve_program(const char *prog);
 
+/* ---------------------------------------------------------------- flight */
+
+/* The flight recorder's directory for the set about to start (flight.c):
+ * the user's TDIST_FR_DIR, else one under --log-dir or in TMPDIR. */
+void tdr_fr_prepare(const tdr_launch_t *l);
+/* The directory to set as the workers' TDIST_FR_DIR (NULL: theirs stands). */
+const char *tdr_fr_worker_dir(void);
+/* The directory the workers record into (NULL: none). */
+const char *tdr_fr_dir(void);
+/* After a failed set: tdist-fr's first divergence and the directory. */
+void tdr_fr_report(void);
+/* After a set: remove a temporary directory, with the records in it
+ * (records_too: the set succeeded) or only when it is empty. */
+void tdr_fr_cleanup(bool records_too);
+
 #endif /* TDISTRUN_H */

@@ -15,6 +15,12 @@
  *       death and fail); the last rank waits for every ready file, opens
  *       the FIFO for writing and SIGKILLs itself (with "exit": exits 5).
  *       The launcher must name the last rank as the first failure.
+ *
+ *   tdistrun_test_worker hang RANK SECS TIMEOUT_MS
+ *       joins the job (env://), runs five 8-byte all_reduces with a group
+ *       timeout of TIMEOUT_MS; then rank RANK sleeps SECS seconds in its
+ *       own code before the sixth, where the others fail at the timeout
+ *       and exit 3. The launcher's report must name RANK and seq 6.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -27,7 +33,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "tdist/core.h"
+#include "tdist/tdist.h"
 
 #define WAIT_MS 20000 /* longest wait for the other ranks */
 
@@ -104,14 +110,42 @@ static int kill_race(const char *dir, bool by_exit)
     return 5;
 }
 
+static int hang(int who, int secs, long timeout_ms)
+{
+    tdist_world_t *w = NULL;
+    tdist_pg_t *pg = NULL;
+    tdist_pg_opts_t o;
+    tdist_pg_opts_init(&o);
+    o.timeout_ms = timeout_ms;
+    if (tdist_init("env://", NULL, &w) != TDIST_OK || tdist_pg_create_world(w, &o, &pg) != TDIST_OK) {
+        fprintf(stderr, "hang: %s\n", tdist_last_error());
+        return 2;
+    }
+    float x[2] = {1, 2};
+    for (int i = 0; i < 6; i++) {
+        if (i == 5 && tdist_world_rank(w) == who)
+            for (int s = 0; s < secs * 10; s++) usleep(100 * 1000);
+        if (tdist_all_reduce(pg, x, x, 2, TDIST_F32, TDIST_SUM, NULL, NULL) != TDIST_OK) {
+            fprintf(stderr, "hang: %s\n", tdist_last_error());
+            return 3;
+        }
+    }
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 5 && strcmp(argv[1], "hang") == 0)
+        return hang(atoi(argv[2]), atoi(argv[3]), atol(argv[4]));
     if (argc == 3 && strcmp(argv[1], "lines-then-crash") == 0) return lines_then_crash(argv[2]);
     if ((argc == 3 || argc == 4) && strcmp(argv[1], "kill-race") == 0)
         return kill_race(argv[2], argc == 4 && strcmp(argv[3], "exit") == 0);
     fprintf(stderr,
             "usage: tdistrun_test_worker lines-then-crash abort|segv\n"
             "       tdistrun_test_worker kill-race DIR [exit]\n"
+            "       tdistrun_test_worker hang RANK SECS TIMEOUT_MS\n"
             "(a worker for tdistrun's tests; linked with tdist %s)\n",
             tdist_version());
     return 2;

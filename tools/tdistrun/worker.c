@@ -67,7 +67,7 @@ static char **make_env(const tdr_launch_t *l, const tdr_worker_t *w)
     bool line_buffered_set = false;
     for (; environ && environ[n_env]; n_env++)
         if (has_name(environ[n_env], LINE_BUFFERED_VAR)) line_buffered_set = true;
-    size_t cap = n_env + TDIST_ARRAY_SIZE(managed_vars) + 2;
+    size_t cap = n_env + TDIST_ARRAY_SIZE(managed_vars) + 3;
     char **env = calloc(cap, sizeof *env);
     if (!env) return NULL;
     size_t k = 0;
@@ -94,6 +94,7 @@ static char **make_env(const tdr_launch_t *l, const tdr_worker_t *w)
         ADD("TDIST_RESTART_COUNT=%d", l->attempt);
         ADD("TDIST_MAX_RESTARTS=%d", o->max_restarts);
         if (l->launcher_store) ADD("TDIST_LAUNCHER_STORE=%d", 1);
+        if (tdr_fr_worker_dir()) ADD("TDIST_FR_DIR=%s", tdr_fr_worker_dir());
     }
 #undef ADD
     if (!ok) {

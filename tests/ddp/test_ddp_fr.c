@@ -1,0 +1,148 @@
+/* tests/ddp/test_ddp_fr.c — DDP's buckets in the flight recorder: one
+ * iteration over four single-parameter buckets leaves, in the group's
+ * ring, each bucket's ready, launched and reduced events in that order
+ * around its all_reduce; tdist_flight_dump writes them as JSON, and
+ * tdist-fr --trace turns the rings into a Chrome trace that a JSON parser
+ * (/usr/bin/python3's) reads, with spans that nest and are ordered per
+ * thread, and every bucket's three events on both ranks. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "proc.h"
+#include "tdist/ddp.h"
+#include "tdist/pg.h"
+
+#define FR_TOOL TDIST_BIN_DIR "/tools/tdist-fr/tdist-fr"
+
+/* Checks the trace: valid JSON; per (rank, thread) the spans, by start,
+ * each end before the next begins or contain it; counts per kind. */
+static const char *const TRACE_CHECK =
+    "import json,sys,collections\n"
+    "t=json.load(open(sys.argv[1]))['traceEvents']\n"
+    "spans=collections.defaultdict(list); kinds=collections.Counter()\n"
+    "for e in t:\n"
+    "  if e['ph']=='X': spans[(e['pid'],e['tid'])].append((e['ts'],e['ts']+e['dur'])); kinds['span '+e['name']]+=1\n"
+    "  elif e['ph']=='i': kinds['event '+e['name']]+=1\n"
+    "for k,v in spans.items():\n"
+    "  v.sort(); stack=[]\n"
+    "  for a,b in v:\n"
+    "    while stack and stack[-1]<=a: stack.pop()\n"
+    "    assert not stack or b<=stack[-1]+1e-3, ('spans cross',k,a,b,stack)\n"
+    "    stack.append(b)\n"
+    "for k in sorted(kinds): print(k, kinds[k])\n";
+
+#define NP 4
+#define COUNT 64
+
+/* Offset of the first line of dump j holding both needles after from, or -1. */
+static long find_line(const char *j, long from, const char *a, const char *b)
+{
+    for (const char *p = j + from; (p = strstr(p, a)) != NULL; p++) {
+        const char *ls = p, *le = strchr(p, '\n');
+        while (ls > j && ls[-1] != '\n') ls--;
+        if (!le) le = p + strlen(p);
+        const char *q = strstr(ls, b);
+        if (q && q < le) return (long)(ls - j);
+    }
+    return -1;
+}
+
+static void check_trace(void)
+{
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/fr", tdist_test_tmpdir());
+    const char *trace = tmp_path("trace.json");
+    const char *argv[] = {FR_TOOL, "--trace", trace, dir, NULL};
+    run_t r;
+    run(argv, 30, "trace", &r);
+    ASSERT_TRUE(r.exited && r.code == 0); /* both ranks completed the same collectives */
+    run_free(&r);
+    if (access("/usr/bin/python3", X_OK) != 0) {
+        printf("no /usr/bin/python3: the trace is written, not parsed\n");
+        return;
+    }
+    const char *script = tmp_path("check_trace.py");
+    FILE *f = fopen(script, "w");
+    ASSERT_TRUE(f != NULL);
+    fputs(TRACE_CHECK, f);
+    fclose(f);
+    const char *py[] = {"/usr/bin/python3", script, trace, NULL};
+    run(py, 60, "pytrace", &r);
+    printf("%s%s", r.out, r.err);
+    ASSERT_TRUE(r.exited && r.code == 0);
+    ASSERT_CONTAINS(r.out, "event bucket_ready 8\n");    /* 4 buckets x 2 ranks */
+    ASSERT_CONTAINS(r.out, "event bucket_launched 8\n");
+    ASSERT_CONTAINS(r.out, "event bucket_reduced 8\n");
+    ASSERT_CONTAINS(r.out, "span all_reduce_coalesced 8\n");
+    run_free(&r);
+}
+
+static void ddp_fr_body(int rank, int n, void *arg)
+{
+    (void)n;
+    (void)arg;
+    tdist_world_t *w;
+    tdist_pg_t *pg;
+    tdist_test_open_world(&w, &pg, (int64_t)(20000 * tdist_test_timeout_mult()));
+    static float data[NP][COUNT], grad[NP][COUNT];
+    tdist_ddp_param_t ps[NP];
+    for (int i = 0; i < NP; i++) {
+        for (int k = 0; k < COUNT; k++) grad[i][k] = (float)(rank + i);
+        ps[i] = (tdist_ddp_param_t){data[i], grad[i], COUNT, TDIST_F32, NULL};
+    }
+    tdist_ddp_opts_t o;
+    tdist_ddp_opts_init(&o);
+    o.bucket_cap_bytes = o.first_bucket_bytes = COUNT * sizeof(float);
+    tdist_ddp_t *d;
+    ASSERT_OK(tdist_ddp_create(pg, ps, NP, NULL, 0, &o, &d));
+    ASSERT_OK(tdist_ddp_forward_begin(d));
+    for (int i = NP - 1; i >= 0; i--) ASSERT_OK(tdist_ddp_grad_ready(d, (size_t)i));
+    ASSERT_OK(tdist_ddp_backward_end(d));
+    ASSERT_TRUE(grad[0][0] == 0.5f); /* (0 + 1) / 2: the reduction happened */
+    int files = 0;
+    ASSERT_OK(tdist_flight_dump("test", &files));
+    ASSERT_GE(files, 1);
+    char path[700];
+    snprintf(path, sizeof path, "%s/fr/tdist-fr.r%d.world.json", tdist_test_tmpdir(), rank);
+    char *j = slurp(path);
+    for (int b = 0; b < NP; b++) {
+        char want[32];
+        snprintf(want, sizeof want, "\"arg\":%d,", b);
+        long ready = find_line(j, 0, "\"what\":\"bucket_ready\"", want);
+        long launched = find_line(j, 0, "\"what\":\"bucket_launched\"", want);
+        long reduced = find_line(j, 0, "\"what\":\"bucket_reduced\"", want);
+        if (ready < 0 || launched < 0 || reduced < 0)
+            FAIL("bucket %d: events ready %ld launched %ld reduced %ld in %s", b, ready, launched,
+                 reduced, j);
+        ASSERT_TRUE(ready < launched);
+        ASSERT_TRUE(launched < reduced);
+        /* its all_reduce was recorded between launch and the reduced event */
+        long coll = find_line(j, launched, "\"op\":\"all_reduce", "\"count\":64,");
+        if (!(coll > launched)) FAIL("bucket %d: no all_reduce after launch (%ld vs %ld) in %s", b, coll, launched, j);
+    }
+    free(j);
+    if (rank == 0) check_trace();
+    tdist_ddp_destroy(d);
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
+}
+
+TEST(ddp_fr_bucket_events_recorded, 60)
+{
+    char env[600];
+    snprintf(env, sizeof env, "TDIST_FR_DIR=%s/fr", tdist_test_tmpdir());
+    const char *envs[] = {env, NULL};
+    tdist_ranks_opts_t o;
+    tdist_ranks_opts_init(&o, 2);
+    o.env = envs;
+    tdist_rank_result_t res[2];
+    int bad = tdist_test_spawn_ranks(&o, ddp_fr_body, NULL, res);
+    char d[128];
+    for (int r = 0; r < 2; r++)
+        if (!res[r].exited || res[r].code != 0)
+            FAIL("rank %d %s", r, tdist_test_describe(&res[r], d, sizeof d));
+    ASSERT_EQ(bad, 0);
+}

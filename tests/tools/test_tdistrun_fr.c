@@ -1,0 +1,83 @@
+/* tests/tools/test_tdistrun_fr.c — the launcher and the flight recorder:
+ * on a timeout its failure report says which rank everyone waited for
+ * (tdist-fr on the workers' TDIST_FR_DIR, under --log-dir), and SIGUSR1
+ * to the launcher makes every worker dump its rings without stopping. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "proc.h"
+#include "test_tdistrun_helpers.h"
+
+static bool exists(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+/* Wait (bounded) until dir/tdist-fr.r<r>.world.<ext> exists for r < n. */
+static void wait_fr_files(const char *dir, const char *ext, int n)
+{
+    double t0 = tdist_test_now_ms();
+    for (int r = 0; r < n; r++) {
+        char p[700];
+        snprintf(p, sizeof p, "%s/tdist-fr.r%d.world.%s", dir, r, ext);
+        while (!exists(p) && tdist_test_now_ms() - t0 < 20000 * tdist_test_timeout_mult())
+            usleep(20 * 1000);
+        if (!exists(p)) FAIL("no %s", p);
+    }
+}
+
+/* Rank 2 stays in its own code; ranks 0 and 1 time out in all_reduce seq
+ * 6: the report blames rank 2, not rank 0 which failed first. */
+TEST(tdistrun_fr_report_names_the_rank_everyone_waited_for, 60)
+{
+    const char *logs = tmp_path("logs");
+    char timeout[32];
+    snprintf(timeout, sizeof timeout, "%d", (int)(1000 * tdist_test_timeout_mult()));
+    const char *argv[] = {TDISTRUN, "--nproc-per-node", "3", "--grace-period", "1", "--log-dir",
+                          logs, TEST_WORKER, "hang", "2", "60", timeout, NULL};
+    run_t r;
+    run(argv, 50, "frreport", &r);
+    ASSERT_EXIT(r, 3);
+    ASSERT_CONTAINS(r.err, "tdistrun: flight recorder (tdist-fr):\n");
+    ASSERT_CONTAINS(r.err, "first divergence: rank 2 is missing from all_reduce(f32, 2, sum) seq 6 "
+                           "of group world; ranks 0, 1 waited");
+    char want[700];
+    snprintf(want, sizeof want, "tdistrun: flight records of every rank: %s/attempt_0/fr", logs);
+    ASSERT_CONTAINS(r.err, want);
+    run_free(&r);
+}
+
+/* SIGUSR1 to the launcher: every worker writes a JSON dump (reason
+ * SIGUSR1) and goes on; the job then fails at its timeout as before. */
+TEST(tdistrun_fr_sigusr1_dumps_every_worker, 60)
+{
+    const char *logs = tmp_path("logs");
+    char dir[700], timeout[32];
+    snprintf(dir, sizeof dir, "%s/attempt_0/fr", logs);
+    snprintf(timeout, sizeof timeout, "%d", (int)(6000 * tdist_test_timeout_mult()));
+    const char *argv[] = {TDISTRUN, "--nproc-per-node", "3", "--grace-period", "1", "--log-dir",
+                          logs, TEST_WORKER, "hang", "2", "60", timeout, NULL};
+    double start = tdist_test_now_ms();
+    pid_t pid = spawn(argv, "frusr1");
+    wait_fr_files(dir, "ring", 3);
+    usleep(300 * 1000); /* the rings exist: the groups are made */
+    ASSERT_EQ(kill(pid, SIGUSR1), 0);
+    wait_fr_files(dir, "json", 3);
+    char p[760];
+    snprintf(p, sizeof p, "%s/tdist-fr.r2.world.json", dir);
+    char *j = slurp(p);
+    ASSERT_CONTAINS(j, "\"reason\":\"SIGUSR1\"");
+    free(j);
+    run_t r;
+    wait_for(pid, 50000 * tdist_test_timeout_mult(), "frusr1", start, &r);
+    ASSERT_EXIT(r, 3);
+    ASSERT_CONTAINS(r.err, "tdistrun: got SIGUSR1; passed it to 3 workers");
+    ASSERT_CONTAINS(r.err, "rank 2 is missing from all_reduce(f32, 2, sum) seq 6");
+    run_free(&r);
+}
