@@ -56,12 +56,12 @@ if [ "$tsan" = 1 ]; then
     # launcher): every label of those layers, less the fuzzer (a clang
     # AddressSanitizer build in both trees) and the examples' end-to-end
     # training runs (minutes under ThreadSanitizer; their library paths are
-    # the ddp tests'). A report ends the process at once with status 66,
+    # the ddp, join and algorithms tests'). A report ends the process at once with status 66,
     # which fails the test.
     export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}"
     echo "== ThreadSanitizer: labels pg ddp join store transport tools"
     (cd "$build-tsan" && ctest --output-on-failure --parallel "$jobs" --timeout 600 \
         -L '^(pg|ddp|join|store|transport|tools)$' \
-        -E '^(store_fuzz_frame_parser|tdistrun_train_digits_.*)$') || status=1
+        -E '^(store_fuzz_frame_parser|tdistrun_train_(digits|gpt)_.*)$') || status=1
 fi
 exit "$status"
