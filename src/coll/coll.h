@@ -213,10 +213,9 @@ typedef enum tdist__coll_algo {
     TDIST__ALGO_NONE = 0,      /* nothing after the first exchange (barrier) */
     TDIST__ALGO_SLOT,          /* the backend's slot for the op */
     TDIST__ALGO_AR_RING, TDIST__ALGO_AR_RD, TDIST__ALGO_AR_DIRECT, TDIST__ALGO_AR_SHM,
-    TDIST__ALGO_AR_SHM_TINY,   /* the payload rides in the line */
-    TDIST__ALGO_AR_SHM_SMALL,  /* one-shot through the staging slots */
+    TDIST__ALGO_SHM_IN_LINE,   /* shm: the data rides in the line (shm_oneshot.c) */
+    TDIST__ALGO_SHM_ONE_SHOT,  /* shm: the data staged in the line's slot (shm_oneshot.c) */
     TDIST__ALGO_BCAST_TREE, TDIST__ALGO_BCAST_CHAIN, TDIST__ALGO_BCAST_SHM,
-    TDIST__ALGO_BCAST_SHM_TINY,
     TDIST__ALGO_REDUCE_TREE, TDIST__ALGO_REDUCE_RSG, TDIST__ALGO_REDUCE_SHM,
     TDIST__ALGO_OP,            /* the op's one algorithm (gather, scatter, ...) */
     TDIST__ALGO_MONITORED,     /* the monitored barrier's collection at rank 0 */
@@ -381,17 +380,29 @@ const uint8_t *tdist__shmc_peek_aux(const tdist__coll_ctx_t *c, int r, size_t *l
 tdist_status_t tdist__shmc_await_next(const tdist__coll_ctx_t *c, int r, const uint8_t **aux,
                                       size_t *aux_len);
 
-/* One-shot small all_reduce (shm_coll.c): before the exchange that
- * carries its fingerprint, tdist__shmc_stage_small copies this rank's
- * input (bytes <= tdist__shmc_small_max()) into its slot for that
- * exchange (waiting, bounded by c->deadline_ms, until every peer is done
- * with the slots); after the exchange, tdist__shmc_reduce_small writes
- * op over every rank's input, in rank order, into dst (AVG sums; the
- * caller divides). Not for PREMUL_SUM. */
+/* The staging slot of a one-shot collective (shm_coll.c): before the
+ * exchange that carries its fingerprint, tdist__shmc_stage_slot waits
+ * (bounded by c->deadline_ms) until every peer is done with this rank's
+ * slots and gives this rank's slot for that exchange (*slot, room for
+ * tdist__shmc_small_max() bytes); after the exchange, tdist__shmc_slot
+ * gives rank r's slot of it (valid until this rank's next exchange). */
 size_t tdist__shmc_small_max(void);
-tdist_status_t tdist__shmc_stage_small(const tdist__coll_ctx_t *c, const void *src, size_t bytes);
-void tdist__shmc_reduce_small(const tdist__coll_ctx_t *c, void *dst, size_t count,
-                              tdist_dtype_t dtype, tdist_redop_t op);
+tdist_status_t tdist__shmc_stage_slot(const tdist__coll_ctx_t *c, uint8_t **slot);
+const uint8_t *tdist__shmc_slot(const tdist__coll_ctx_t *c, int r);
+
+/* One-shot collectives on the line (shm_oneshot.c). tdist__shm_oneshot_op:
+ * whether op has one; _bytes: the most bytes any rank stages (the choice
+ * of line or slot, the same on every rank); _input: what this rank
+ * stages (NULL: nothing) and *bytes of it; _scale: PREMUL_SUM's scaling
+ * of the staged copy; _finish: after the exchange, the op's result from
+ * every rank's staged data (from[r], size entries). */
+bool tdist__shm_oneshot_op(tdist__op_t op);
+size_t tdist__shm_oneshot_bytes(const tdist__coll_args_t *a, int size);
+const void *tdist__shm_oneshot_input(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
+                                     size_t *bytes);
+tdist_status_t tdist__shm_oneshot_scale(const tdist__coll_args_t *a, void *staged, size_t bytes);
+tdist_status_t tdist__shm_oneshot_finish(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
+                                         const uint8_t *const *from);
 
 /* all_reduce (root < 0) or reduce to root through the staging area. */
 tdist_status_t tdist__shmc_all_reduce(const tdist__coll_ctx_t *c, const void *sendbuf,

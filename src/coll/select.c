@@ -13,17 +13,22 @@
  *   monitored       TCP: monitored_barrier's collection at rank 0
  *   native          pg's fingerprint exchange, then the algorithm
  * Algorithm (size >= 2):
- *   all_reduce      shm: tiny (payload in the line, up to the blob), small
- *                   (one shot through the staging slots, up to 2 KiB, or
- *                   8 KiB with more ranks than CPUs; not PREMUL_SUM), else
- *                   staged — unless TDIST_ALGO_ALLREDUCE forces one;
+ *   all_reduce      shm: one-shot in the line (up to the blob), one-shot
+ *                   through the staging slots (up to 2 KiB, or 8 KiB with
+ *                   more ranks than CPUs; not PREMUL_SUM), else staged —
+ *                   unless TDIST_ALGO_ALLREDUCE forces one;
  *                   point-to-point: direct up to 256 B, recursive doubling
  *                   below 256 KiB (or count < size), ring above
- *   broadcast       shm: tiny (in the root's line) or staged; point-to-
+ *   broadcast       shm: one-shot (in the root's line, or its slot up to
+ *                   TDIST_SHM_ONESHOT_MAX) or staged; point-to-
  *                   point: binomial tree, pipelined chain from 1 MiB when
  *                   size > 2
  *   reduce          shm: staged; point-to-point: binomial tree, ring
  *                   reduce-scatter + gather from 512 KiB (count >= size)
+ *   all_gather, gather, scatter, all_to_all, reduce_scatter
+ *                   shm: one-shot when what a rank stages fits in the
+ *                   line or (up to TDIST_SHM_ONESHOT_MAX) in its slot;
+ *                   else, like the others, their one algorithm
  *   others          their one algorithm (all_gatherv: direct up to 32 KiB
  *                   in all, ring above, in all_gatherv.c)
  * Every input of the choice is something every rank agrees on (the
@@ -48,6 +53,14 @@
 #endif
 #ifndef TDIST_SHM_SMALL_MAX_OVERSUB
 #define TDIST_SHM_SMALL_MAX_OVERSUB (8u * 1024u)
+#endif
+
+/* The other one-shot collectives (broadcast, all_gather, gather, scatter,
+ * all_to_all, reduce_scatter) go through the slot up to this many bytes
+ * staged by a rank (at most the slot): one wait and two copies beat the
+ * staged protocol's per-chunk waits and the point-to-point messages. */
+#ifndef TDIST_SHM_ONESHOT_MAX
+#define TDIST_SHM_ONESHOT_MAX (256u * 1024u)
 #endif
 
 /* Over point-to-point transports, all_reduce payloads up to
@@ -187,24 +200,35 @@ static tdist__coll_algo_t ar_p2p(const tdist__coll_ctx_t *c, size_t count, size_
     return TDIST__ALGO_AR_RING;
 }
 
+/* A one-shot collective (shm_oneshot.c) whose staged data fits: in the
+ * line's blob, else, up to its limit, in the exchange's slot; else
+ * TDIST__ALGO_OP (its own algorithm). */
+static tdist__coll_algo_t shm_oneshot(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
+                                      size_t slot_max)
+{
+    size_t staged = tdist__shm_oneshot_bytes(a, c->size);
+    if (a->count == 0) return TDIST__ALGO_OP;
+    if (staged <= SHM_TINY_MAX) return TDIST__ALGO_SHM_IN_LINE;
+    if (staged <= TDIST_MIN(slot_max, tdist__shmc_small_max())) return TDIST__ALGO_SHM_ONE_SHOT;
+    return TDIST__ALGO_OP;
+}
+
 static tdist__coll_algo_t select_shm(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a)
 {
-    size_t bytes = args_bytes(a);
+    tdist__coll_algo_t one;
     switch (a->op) {
     case TDIST__OP_ALL_REDUCE: {
-        if (ar_forced(c)) return ar_p2p(c, a->count, bytes);
-        if (a->count > 0 && bytes <= SHM_TINY_MAX) return TDIST__ALGO_AR_SHM_TINY;
+        if (ar_forced(c)) return ar_p2p(c, a->count, args_bytes(a));
         size_t max = tdist__tp_oversubscribed(c->tp) ? TDIST_SHM_SMALL_MAX_OVERSUB
                                                      : TDIST_SHM_SMALL_MAX;
-        if (a->redop != TDIST_PREMUL_SUM && bytes <= TDIST_MIN(max, tdist__shmc_small_max()))
-            return TDIST__ALGO_AR_SHM_SMALL;
-        return TDIST__ALGO_AR_SHM;
+        one = shm_oneshot(c, a, a->redop == TDIST_PREMUL_SUM ? 0 : max);
+        return one == TDIST__ALGO_OP ? TDIST__ALGO_AR_SHM : one;
     }
     case TDIST__OP_ALL_REDUCE_COALESCED:
         return ar_forced(c) ? TDIST__ALGO_OP : TDIST__ALGO_AR_SHM;
     case TDIST__OP_BROADCAST:
-        return a->count > 0 && bytes <= SHM_TINY_MAX ? TDIST__ALGO_BCAST_SHM_TINY
-                                                     : TDIST__ALGO_BCAST_SHM;
+        one = shm_oneshot(c, a, TDIST_SHM_ONESHOT_MAX);
+        return one == TDIST__ALGO_OP ? TDIST__ALGO_BCAST_SHM : one;
     case TDIST__OP_REDUCE:
         return TDIST__ALGO_REDUCE_SHM;
     case TDIST__OP_BARRIER:
@@ -212,7 +236,8 @@ static tdist__coll_algo_t select_shm(const tdist__coll_ctx_t *c, const tdist__co
     case TDIST__OP_MONITORED_BARRIER:
         return TDIST__ALGO_MONITORED;
     default:
-        return TDIST__ALGO_OP;
+        return tdist__shm_oneshot_op(a->op) ? shm_oneshot(c, a, TDIST_SHM_ONESHOT_MAX)
+                                            : TDIST__ALGO_OP;
     }
 }
 
@@ -253,9 +278,9 @@ tdist__coll_plan_t tdist__coll_select(const tdist__coll_ctx_t *c, const tdist__c
         /* without the group's state (coll/'s own entries) there is no line */
         p.route = c->g ? TDIST__ROUTE_SHM_LINE : TDIST__ROUTE_NATIVE;
         p.algo = select_shm(c, a);
-        if (!c->g && (p.algo == TDIST__ALGO_AR_SHM_TINY || p.algo == TDIST__ALGO_AR_SHM_SMALL))
-            p.algo = TDIST__ALGO_AR_SHM;
-        if (!c->g && p.algo == TDIST__ALGO_BCAST_SHM_TINY) p.algo = TDIST__ALGO_BCAST_SHM;
+        if (!c->g && (p.algo == TDIST__ALGO_SHM_IN_LINE || p.algo == TDIST__ALGO_SHM_ONE_SHOT))
+            p.algo = a->op == TDIST__OP_ALL_REDUCE ? TDIST__ALGO_AR_SHM
+                     : a->op == TDIST__OP_BROADCAST ? TDIST__ALGO_BCAST_SHM : TDIST__ALGO_OP;
         if (!c->g && (p.algo == TDIST__ALGO_NONE || p.algo == TDIST__ALGO_MONITORED))
             p.algo = TDIST__ALGO_OP;
         return p;
@@ -306,7 +331,6 @@ static tdist_status_t run_broadcast(const tdist__coll_ctx_t *c, tdist__coll_algo
     if (bytes == 0 || c->size == 1) return TDIST_OK;
     switch (algo) {
     case TDIST__ALGO_BCAST_SHM:
-    case TDIST__ALGO_BCAST_SHM_TINY:
         return tdist__shmc_broadcast(c, buf, count, dtype, root);
     case TDIST__ALGO_BCAST_CHAIN:
         return tdist__coll_broadcast_chain(c, buf, bytes, root);
@@ -428,8 +452,7 @@ static tdist_status_t divide_active(const tdist__coll_ctx_t *c, const tdist__col
 static bool single_wait(tdist__coll_plan_t p)
 {
     return p.route == TDIST__ROUTE_SHM_LINE &&
-           (p.algo == TDIST__ALGO_AR_SHM_TINY || p.algo == TDIST__ALGO_BCAST_SHM_TINY ||
-            p.algo == TDIST__ALGO_NONE);
+           (p.algo == TDIST__ALGO_SHM_IN_LINE || p.algo == TDIST__ALGO_NONE);
 }
 
 tdist_status_t tdist__coll_run(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
