@@ -442,3 +442,133 @@ tdist_status_t tdist_recv(tdist_pg_t *pg, void *buf, size_t count, tdist_dtype_t
 {
     return p2p("tdist_recv", pg, TDIST__OP_RECV, NULL, buf, count, dtype, src, opts, work);
 }
+
+/* ------------------------------------------------- multi-buffer forms */
+
+/* The k buffers' common checks: a list of k >= 1 non-NULL buffers. */
+static tdist_status_t chk_multi(const char *fn, const tdist_pg_t *pg, const void *const *bufs,
+                                size_t k, size_t count, const char *name)
+{
+    if (!bufs || k == 0) return arg_err(fn, pg, "%s: an empty list (%zu buffers)", name, k);
+    for (size_t i = 0; i < k; i++)
+        if (!bufs[i] && count > 0)
+            return arg_err(fn, pg, "%s[%zu] is NULL with %zu elements", name, i, count);
+    return TDIST_OK;
+}
+
+/* The reduce op of the local pass and of the group collective: AVG and
+ * PREMUL_SUM sum locally; AVG sums across the group too and divides by
+ * size x k after. */
+static tdist_redop_t local_op(tdist_redop_t op)
+{
+    return op == TDIST_AVG || op == TDIST_PREMUL_SUM ? TDIST_SUM : op;
+}
+
+/* *acc = op over bufs[0..k) in list order: bufs[0] itself when k == 1,
+ * else a new buffer the caller frees (*owned). */
+static tdist_status_t reduce_local(const char *fn, void *const *bufs, size_t k, size_t count,
+                                   tdist_dtype_t dt, tdist_redop_t op, void **acc, void **owned)
+{
+    *owned = NULL;
+    *acc = bufs[0];
+    if (k == 1 || count == 0) return TDIST_OK;
+    void *t = malloc(count * tdist_dtype_size(dt));
+    if (!t) return no_mem(fn);
+    tdist_status_t st = tdist_reduce(t, bufs[0], bufs[1], count, dt, local_op(op));
+    for (size_t i = 2; i < k && st == TDIST_OK; i++)
+        st = tdist_reduce(t, t, bufs[i], count, dt, local_op(op));
+    if (st != TDIST_OK) {
+        free(t);
+        return st;
+    }
+    *acc = *owned = t;
+    return TDIST_OK;
+}
+
+/* Copy src into every buffer of the list but src itself. */
+static void copy_out(void *const *bufs, size_t k, const void *src, size_t bytes)
+{
+    for (size_t i = 0; i < k; i++)
+        if (bufs[i] != src) memcpy(bufs[i], src, bytes);
+}
+
+tdist_status_t tdist_all_reduce_multi(tdist_pg_t *pg, void *const *bufs, size_t k, size_t count,
+                                      tdist_dtype_t dtype, tdist_redop_t op,
+                                      const tdist_coll_opts_t *opts)
+{
+    static const char *fn = "tdist_all_reduce_multi";
+    TDIST_CHECK(chk_common(fn, pg, opts));
+    TDIST_CHECK(chk_dtype(fn, pg, dtype));
+    TDIST_CHECK(chk_redop(fn, pg, op, dtype));
+    TDIST_CHECK(chk_size(fn, pg, count, 1, dtype, "buffers"));
+    TDIST_CHECK(chk_multi(fn, pg, (const void *const *)bufs, k, count, "bufs"));
+    void *acc, *owned;
+    TDIST_CHECK(reduce_local(fn, bufs, k, count, dtype, op, &acc, &owned));
+    tdist_redop_t gop = op == TDIST_AVG ? TDIST_SUM : op;
+    tdist_status_t st = tdist_all_reduce(pg, acc, acc, count, dtype, gop, opts, NULL);
+    if (st == TDIST_OK && op == TDIST_AVG && count > 0)
+        st = tdist_divide(acc, count, dtype, (int)((size_t)pg->size * k));
+    if (st == TDIST_OK) copy_out(bufs, k, acc, count * tdist_dtype_size(dtype));
+    free(owned);
+    return st;
+}
+
+tdist_status_t tdist_reduce_multi(tdist_pg_t *pg, void *const *bufs, size_t k, size_t count,
+                                  tdist_dtype_t dtype, tdist_redop_t op, int root,
+                                  size_t root_buf, const tdist_coll_opts_t *opts)
+{
+    static const char *fn = "tdist_reduce_multi";
+    TDIST_CHECK(chk_common(fn, pg, opts));
+    TDIST_CHECK(chk_dtype(fn, pg, dtype));
+    TDIST_CHECK(chk_redop(fn, pg, op, dtype));
+    TDIST_CHECK(chk_root(fn, pg, root));
+    TDIST_CHECK(chk_size(fn, pg, count, 1, dtype, "buffers"));
+    TDIST_CHECK(chk_multi(fn, pg, (const void *const *)bufs, k, count, "bufs"));
+    if (root_buf >= k) return arg_err(fn, pg, "root_buf %zu of %zu buffers", root_buf, k);
+    void *acc, *owned;
+    TDIST_CHECK(reduce_local(fn, bufs, k, count, dtype, op, &acc, &owned));
+    tdist_redop_t gop = op == TDIST_AVG ? TDIST_SUM : op;
+    void *out = pg->rank == root ? bufs[root_buf] : NULL;
+    tdist_status_t st = tdist_reduce_to(pg, acc, out, count, dtype, gop, root, opts, NULL);
+    if (st == TDIST_OK && out && op == TDIST_AVG && count > 0)
+        st = tdist_divide(out, count, dtype, (int)((size_t)pg->size * k));
+    free(owned);
+    return st;
+}
+
+tdist_status_t tdist_broadcast_multi(tdist_pg_t *pg, void *const *bufs, size_t k, size_t count,
+                                     tdist_dtype_t dtype, int root, size_t root_buf,
+                                     const tdist_coll_opts_t *opts)
+{
+    static const char *fn = "tdist_broadcast_multi";
+    TDIST_CHECK(chk_common(fn, pg, opts));
+    TDIST_CHECK(chk_dtype(fn, pg, dtype));
+    TDIST_CHECK(chk_root(fn, pg, root));
+    TDIST_CHECK(chk_size(fn, pg, count, 1, dtype, "buffers"));
+    TDIST_CHECK(chk_multi(fn, pg, (const void *const *)bufs, k, count, "bufs"));
+    if (root_buf >= k) return arg_err(fn, pg, "root_buf %zu of %zu buffers", root_buf, k);
+    void *src = bufs[pg->rank == root ? root_buf : 0];
+    TDIST_CHECK(tdist_broadcast(pg, src, count, dtype, root, opts, NULL));
+    copy_out(bufs, k, src, count * tdist_dtype_size(dtype));
+    return TDIST_OK;
+}
+
+tdist_status_t tdist_all_gather_multi(tdist_pg_t *pg, const void *const *sendbufs,
+                                      void *const *recvbufs, size_t k, size_t count,
+                                      tdist_dtype_t dtype, const tdist_coll_opts_t *opts)
+{
+    static const char *fn = "tdist_all_gather_multi";
+    TDIST_CHECK(chk_common(fn, pg, opts));
+    TDIST_CHECK(chk_dtype(fn, pg, dtype));
+    TDIST_CHECK(chk_size(fn, pg, count, (size_t)pg->size * k, dtype, "recvbufs"));
+    TDIST_CHECK(chk_multi(fn, pg, sendbufs, k, count, "sendbufs"));
+    TDIST_CHECK(chk_multi(fn, pg, (const void *const *)recvbufs, k, count, "recvbufs"));
+    size_t bytes = count * tdist_dtype_size(dtype);
+    uint8_t *packed = malloc(k * bytes > 0 ? k * bytes : 1);
+    if (!packed) return no_mem(fn);
+    for (size_t i = 0; i < k; i++) memcpy(packed + i * bytes, sendbufs[i], bytes);
+    tdist_status_t st = tdist_all_gather(pg, packed, recvbufs[0], k * count, dtype, opts, NULL);
+    if (st == TDIST_OK) copy_out(recvbufs, k, recvbufs[0], (size_t)pg->size * k * bytes);
+    free(packed);
+    return st;
+}
