@@ -8,8 +8,10 @@
  *                   broadcast of hier_min bytes or more
  *   shm line        every rank on one host: every collective starts with
  *                   the line exchange (shm_line.c)
- *   fused           TCP: an all_reduce up to tdist__fused_max(size) bytes
- *                   sends its payload with the fingerprint
+ *   fused           TCP: a one-shot collective (oneshot.c: all_reduce,
+ *                   broadcast, all_gather, gather, scatter, all_to_all,
+ *                   reduce_scatter) staging up to fused_max(size) bytes a
+ *                   rank sends its data with the fingerprint
  *   monitored       TCP: monitored_barrier's collection at rank 0
  *   native          pg's fingerprint exchange, then the algorithm
  * Algorithm (size >= 2):
@@ -29,6 +31,8 @@
  *                   shm: one-shot when what a rank stages fits in the
  *                   line or (up to TDIST_SHM_ONESHOT_MAX) in its slot;
  *                   else, like the others, their one algorithm
+ *   barrier         shm: the line alone; point-to-point: pg's fingerprint
+ *                   exchange alone when it runs, else dissemination
  *   others          their one algorithm (all_gatherv: direct up to 32 KiB
  *                   in all, ring above, in all_gatherv.c)
  * Every input of the choice is something every rank agrees on (the
@@ -63,8 +67,8 @@
 #define TDIST_SHM_ONESHOT_MAX (256u * 1024u)
 #endif
 
-/* Over point-to-point transports, all_reduce payloads up to
- * fused_max(group size) bytes travel with the fingerprint, one message to
+/* Over point-to-point transports, one-shot collectives staging up to
+ * fused_max(group size) bytes a rank send them with the fingerprint, one message to
  * every peer: at most FUSED_MAX, and at most FUSED_FANOUT bytes sent by a
  * rank in all (payload x (size - 1)), so a large group does not trade a
  * few round trips for a flood. */
@@ -200,13 +204,13 @@ static tdist__coll_algo_t ar_p2p(const tdist__coll_ctx_t *c, size_t count, size_
     return TDIST__ALGO_AR_RING;
 }
 
-/* A one-shot collective (shm_oneshot.c) whose staged data fits: in the
+/* A one-shot collective (oneshot.c) whose staged data fits: in the
  * line's blob, else, up to its limit, in the exchange's slot; else
  * TDIST__ALGO_OP (its own algorithm). */
 static tdist__coll_algo_t shm_oneshot(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
                                       size_t slot_max)
 {
-    size_t staged = tdist__shm_oneshot_bytes(a, c->size);
+    size_t staged = tdist__oneshot_bytes(a, c->size);
     if (a->count == 0) return TDIST__ALGO_OP;
     if (staged <= SHM_TINY_MAX) return TDIST__ALGO_SHM_IN_LINE;
     if (staged <= TDIST_MIN(slot_max, tdist__shmc_small_max())) return TDIST__ALGO_SHM_ONE_SHOT;
@@ -236,7 +240,7 @@ static tdist__coll_algo_t select_shm(const tdist__coll_ctx_t *c, const tdist__co
     case TDIST__OP_MONITORED_BARRIER:
         return TDIST__ALGO_MONITORED;
     default:
-        return tdist__shm_oneshot_op(a->op) ? shm_oneshot(c, a, TDIST_SHM_ONESHOT_MAX)
+        return tdist__oneshot_op(a->op) ? shm_oneshot(c, a, TDIST_SHM_ONESHOT_MAX)
                                             : TDIST__ALGO_OP;
     }
 }
@@ -288,9 +292,11 @@ tdist__coll_plan_t tdist__coll_select(const tdist__coll_ctx_t *c, const tdist__c
     p.algo = select_p2p(c, a);
     if (a->op == TDIST__OP_MONITORED_BARRIER) {
         p.route = TDIST__ROUTE_MONITORED;
-    } else if (a->op == TDIST__OP_ALL_REDUCE && chk && chk->on && c->size > 1 && a->count > 0 &&
-               c->g && args_bytes(a) <= c->g->fused_max) {
-        p.route = TDIST__ROUTE_FUSED_AR;
+    } else if (tdist__oneshot_op(a->op) && chk && chk->on && c->size > 1 && a->count > 0 &&
+               c->g && tdist__oneshot_bytes(a, c->size) <= c->g->fused_max) {
+        p.route = TDIST__ROUTE_FUSED;
+    } else if (a->op == TDIST__OP_BARRIER && chk && chk->on && c->size > 1) {
+        p.algo = TDIST__ALGO_NONE; /* pg's fingerprint exchange is a barrier itself */
     }
     return p;
 }
@@ -487,8 +493,8 @@ tdist_status_t tdist__coll_run(const tdist__coll_ctx_t *c, const tdist__coll_arg
         return c->g->hier_run(c->g->hier_arg, a, c->deadline_ms);
     case TDIST__ROUTE_SHM_LINE:
         return tdist__coll_shm_line(c, a, chk, p.algo);
-    case TDIST__ROUTE_FUSED_AR:
-        return tdist__coll_all_reduce_fused(c, a, chk);
+    case TDIST__ROUTE_FUSED:
+        return tdist__coll_fused(c, a, chk);
     case TDIST__ROUTE_MONITORED:
         return tdist__coll_monitored_barrier(c, chk);
     case TDIST__ROUTE_NATIVE:

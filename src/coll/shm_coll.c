@@ -14,7 +14,7 @@
  *          fingerprint, and a tiny all_reduce's data) and an aux part read
  *          only when needed (the whole fingerprint, for the mismatch message)
  *   4096   SLOTS (4) staging slots of CHUNK bytes (used in turn by chunk;
- *          a one-shot collective (shm_oneshot.c) uses the slot of its
+ *          a one-shot collective (oneshot.c) uses the slot of its
  *          exchange's sequence number)
  *
  * Every counter and line sequence only grows (no resets, no shared
@@ -51,7 +51,7 @@
  * past its own cache, so a reader fetches them from memory instead of
  * pulling dirty lines out of a far cache one at a time. See pick_stream.
  *
- * A small collective (up to CHUNK bytes staged by a rank; shm_oneshot.c)
+ * A small collective (up to CHUNK bytes staged by a rank; oneshot.c)
  * can instead go in one shot: each rank copies its whole input into the
  * slot of its next exchange (sequence % SLOTS), once every peer has
  * copied out every staged chunk (out >= chunks), publishes the exchange,

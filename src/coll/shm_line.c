@@ -4,7 +4,7 @@
  * which carries pg/'s check (a hash of the fingerprint in the blob every
  * rank reads, the whole fingerprint in the aux part, read only to word a
  * mismatch) and is a barrier too. Small collectives finish in it:
- *  - one-shot (shm_oneshot.c: all_reduce, broadcast, all_gather, gather,
+ *  - one-shot (oneshot.c: all_reduce, broadcast, all_gather, gather,
  *    scatter, all_to_all, reduce_scatter): each rank's data rides in its
  *    blob after the hash, or is staged in its slot of this exchange
  *    before it, and every rank takes what it needs after it;
@@ -55,12 +55,12 @@ static tdist_status_t post_line(const tdist__coll_ctx_t *c, const tdist__coll_ar
     memcpy(blob, &h, hs);
     if (algo == TDIST__ALGO_SHM_IN_LINE || algo == TDIST__ALGO_SHM_ONE_SHOT) {
         size_t bytes = 0;
-        const void *in = tdist__shm_oneshot_input(c, a, &bytes);
+        const void *in = tdist__oneshot_input(c, a, &bytes);
         uint8_t *to = blob + hs;
         if (algo == TDIST__ALGO_SHM_ONE_SHOT) TDIST_CHECK(tdist__shmc_stage_slot(c, &to));
         if (in) {
             memcpy(to, in, bytes);
-            TDIST_CHECK(tdist__shm_oneshot_scale(a, to, bytes));
+            TDIST_CHECK(tdist__oneshot_scale(a, to, bytes));
             if (algo == TDIST__ALGO_SHM_IN_LINE) len += bytes;
         }
     }
@@ -75,7 +75,7 @@ static tdist_status_t finish_oneshot(const tdist__coll_ctx_t *c, const tdist__co
     const size_t hs = sizeof(uint64_t);
     for (int r = 0; r < c->size; r++)
         b[r] = algo == TDIST__ALGO_SHM_IN_LINE ? b[r] + hs : tdist__shmc_slot(c, r);
-    return tdist__shm_oneshot_finish(c, a, b);
+    return tdist__oneshot_finish(c, a, b);
 }
 
 tdist_status_t tdist__coll_shm_line(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,

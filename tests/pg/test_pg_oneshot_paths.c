@@ -6,8 +6,9 @@
  * (up to 256 KiB staged by a rank; all_to_all, scatter and
  * reduce_scatter stage a whole buffer of size blocks), and each op's own
  * algorithm above that; a staged all_reduce between the calls reuses the
- * slots. On TCP (the __tcp twins) the same calls check the point-to-point
- * algorithms. In place and out of place, several dtypes and reduce ops,
+ * slots. On TCP (the __tcp twins) the same calls check the fused exchange
+ * (data behind the fingerprint, up to 16 KiB a rank) and the
+ * point-to-point algorithms above it. In place and out of place, several dtypes and reduce ops,
  * against a reference each rank computes from every rank's seeded input
  * (tests/harness/gen.h). */
 #include <stdio.h>
@@ -32,16 +33,20 @@ static void expect_eq(const void *got, const void *want, size_t count, tdist_dty
 }
 
 /* Block sizes (elements per rank) for n ranks and elements of es bytes:
- * around the line (392 B staged) and the slot (256 KiB staged), for the
- * ops that stage one block and for those that stage n. */
+ * around the line (392 B staged), TCP's fused exchange (16 KiB) and the
+ * slot (256 KiB staged), for the ops that stage one block and for those
+ * that stage n. */
 static size_t blocks_for(size_t es, int n, size_t *out)
 {
-    size_t k = 0, line = 392 / es, slot = (256u << 10) / es, nn = (size_t)n;
+    size_t k = 0, line = 392 / es, slot = (256u << 10) / es, fused = (16u << 10) / es;
+    size_t nn = (size_t)n;
     out[k++] = 1;
     out[k++] = line / nn;
     out[k++] = line / nn + 1;
     out[k++] = line;
     out[k++] = line + 1;
+    out[k++] = fused / nn; /* TCP: data behind the fingerprint up to 16 KiB a rank */
+    out[k++] = fused / nn + 1;
     out[k++] = slot / nn;
     out[k++] = slot / nn + 1;
     out[k++] = slot;
@@ -135,7 +140,7 @@ static void oneshot_body(int rank, int n, void *arg)
     uint64_t seed = 7;
     for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++) {
         tdist_dtype_t dt = dts[d];
-        size_t blks[12], nb = blocks_for(tdist_dtype_size(dt), n, blks);
+        size_t blks[16], nb = blocks_for(tdist_dtype_size(dt), n, blks);
         for (size_t i = 0; i < nb; i++, seed++) {
             /* a broadcast of the same bytes from rank n - 1 */
             size_t bytes = blks[i] * tdist_dtype_size(dt);

@@ -1,14 +1,16 @@
 /*
- * coll/shm_oneshot.c — one-shot collectives on the shared-memory line.
- *
- * A collective whose data fits rides with the line exchange that carries
- * pg/'s check (shm_line.c): every rank that contributes data stages it
- * before it posts its line — in its line's blob after the hash when it
- * fits there (TDIST__ALGO_SHM_IN_LINE), else in its staging slot of that
- * exchange (TDIST__ALGO_SHM_ONE_SHOT, up to tdist__shmc_small_max()
- * bytes) — and after the exchange every rank reads what it needs from
- * the ranks' staged data directly. One wait (the line's), two copies, no
- * message over the transport. What each op stages, and reads after:
+ * coll/oneshot.c — one-shot collectives: every rank that contributes data
+ * hands all of it to every rank in the exchange that carries pg/'s check,
+ * and every rank then takes what it needs from the ranks' data directly.
+ * Two routes carry it (chosen in select.c):
+ *  - the shared-memory line (shm_line.c): a rank stages its data in its
+ *    line's blob after the hash when it fits (TDIST__ALGO_SHM_IN_LINE),
+ *    else in its staging slot of that exchange (TDIST__ALGO_SHM_ONE_SHOT,
+ *    up to tdist__shmc_small_max() bytes);
+ *  - the fused exchange over point-to-point transports (fused.c): the
+ *    data follows the fingerprint in the one message to every peer.
+ * One wait, two copies, no further round trip. What each op stages, and
+ * reads after:
  *
  *   all_reduce       its input; op over every rank's input in rank order
  *   broadcast        the root its buffer; the others copy it
@@ -22,16 +24,16 @@
  * Reductions run in rank order on every rank: the bits of an element are
  * the same wherever it is reduced, and the same as the staged
  * protocol's. PREMUL_SUM scales the staged copy; AVG sums, then divides.
- * The staged data must stay readable until every peer has read it: a
- * peer reads it before it posts its next line, and this rank writes the
- * same blob or slot again only after it has seen the peers' later lines
- * (shm_coll.c).
+ * On shared memory the staged data must stay readable until every peer
+ * has read it: a peer reads it before it posts its next line, and this
+ * rank writes the same blob or slot again only after it has seen the
+ * peers' later lines (shm_coll.c).
  */
 #include <string.h>
 
 #include "coll/coll_internal.h"
 
-bool tdist__shm_oneshot_op(tdist__op_t op)
+bool tdist__oneshot_op(tdist__op_t op)
 {
     switch (op) {
     case TDIST__OP_ALL_REDUCE:
@@ -54,27 +56,32 @@ static bool stages_blocks(tdist__op_t op)
            op == TDIST__OP_REDUCE_SCATTER;
 }
 
-size_t tdist__shm_oneshot_bytes(const tdist__coll_args_t *a, int size)
+size_t tdist__oneshot_bytes(const tdist__coll_args_t *a, int size)
 {
     size_t b = tdist__coll_bytes(a->count, a->dtype);
     return stages_blocks(a->op) ? b * (size_t)size : b;
 }
 
-const void *tdist__shm_oneshot_input(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
-                                     size_t *bytes)
+size_t tdist__oneshot_len(const tdist__coll_args_t *a, int size, int rank)
 {
-    *bytes = tdist__shm_oneshot_bytes(a, c->size);
+    bool root_only = a->op == TDIST__OP_BROADCAST || a->op == TDIST__OP_SCATTER;
+    return root_only && rank != a->root ? 0 : tdist__oneshot_bytes(a, size);
+}
+
+const void *tdist__oneshot_input(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
+                                 size_t *bytes)
+{
+    *bytes = tdist__oneshot_len(a, c->size, c->rank);
+    if (*bytes == 0) return NULL;
     switch (a->op) {
     case TDIST__OP_BROADCAST:
-        return c->rank == a->root ? a->recvbuf : NULL;
-    case TDIST__OP_SCATTER:
-        return c->rank == a->root ? a->sendbuf : NULL;
+        return a->recvbuf;
     default:
         return a->sendbuf;
     }
 }
 
-tdist_status_t tdist__shm_oneshot_scale(const tdist__coll_args_t *a, void *staged, size_t bytes)
+tdist_status_t tdist__oneshot_scale(const tdist__coll_args_t *a, void *staged, size_t bytes)
 {
     if (a->redop != TDIST_PREMUL_SUM || bytes == 0) return TDIST_OK;
     if (a->op != TDIST__OP_ALL_REDUCE && a->op != TDIST__OP_REDUCE_SCATTER) return TDIST_OK;
@@ -95,7 +102,7 @@ static tdist_status_t reduce_ranks(const tdist__coll_ctx_t *c, const tdist__coll
     return tdist__coll_finish(c, out, a->count, a->dtype, a->redop);
 }
 
-tdist_status_t tdist__shm_oneshot_finish(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
+tdist_status_t tdist__oneshot_finish(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
                                          const uint8_t *const *from)
 {
     size_t b = tdist__coll_bytes(a->count, a->dtype), mine = (size_t)c->rank * b;
