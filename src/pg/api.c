@@ -110,6 +110,22 @@ static struct tdist_work *new_work(tdist__op_t op, const tdist_coll_opts_t *opts
     return w;
 }
 
+/* The same on the caller's stack (sw) for a blocking call without a
+ * callback (tdist__work_on_stack), for ops whose work owns no arrays. */
+static struct tdist_work *stack_work(struct tdist_work *sw, tdist__op_t op,
+                                     const tdist_coll_opts_t *opts, tdist_work_t **work,
+                                     const void *sendbuf, void *recvbuf, size_t count,
+                                     tdist_dtype_t dtype)
+{
+    struct tdist_work *w = tdist__work_on_stack(sw, op, opts, work);
+    if (!w) return NULL;
+    w->sendbuf = sendbuf;
+    w->recvbuf = recvbuf;
+    w->count = count;
+    w->dtype = dtype;
+    return w;
+}
+
 static size_t *fill_counts(size_t n, size_t v)
 {
     size_t *c = malloc((n ? n : 1) * sizeof *c);
@@ -172,7 +188,8 @@ tdist_status_t tdist_reduce_to(tdist_pg_t *pg, const void *sendbuf, void *recvbu
     TDIST_CHECK(chk_size(fn, pg, count, 1, dtype, "buffers"));
     TDIST_CHECK(chk_buf(fn, pg, sendbuf, count, "sendbuf"));
     if (pg->rank == root) TDIST_CHECK(chk_buf(fn, pg, recvbuf, count, "recvbuf (on the root)"));
-    struct tdist_work *w = new_work(TDIST__OP_REDUCE, opts, sendbuf, recvbuf, count, dtype);
+    struct tdist_work sw,
+        *w = stack_work(&sw, TDIST__OP_REDUCE, opts, work, sendbuf, recvbuf, count, dtype);
     if (!w) return no_mem(fn);
     w->redop = op;
     w->root = root;
@@ -259,7 +276,8 @@ tdist_status_t tdist_gather(tdist_pg_t *pg, const void *sendbuf, void *recvbuf, 
     TDIST_CHECK(chk_size(fn, pg, count, (size_t)pg->size, dtype, "recvbuf"));
     TDIST_CHECK(chk_buf(fn, pg, sendbuf, count, "sendbuf"));
     if (pg->rank == root) TDIST_CHECK(chk_buf(fn, pg, recvbuf, count, "recvbuf (on the root)"));
-    struct tdist_work *w = new_work(TDIST__OP_GATHER, opts, sendbuf, recvbuf, count, dtype);
+    struct tdist_work sw,
+        *w = stack_work(&sw, TDIST__OP_GATHER, opts, work, sendbuf, recvbuf, count, dtype);
     if (!w) return no_mem(fn);
     w->root = root;
     return tdist__pg_submit(pg, w, work);
@@ -276,7 +294,8 @@ tdist_status_t tdist_scatter(tdist_pg_t *pg, const void *sendbuf, void *recvbuf,
     TDIST_CHECK(chk_size(fn, pg, count, (size_t)pg->size, dtype, "sendbuf"));
     if (pg->rank == root) TDIST_CHECK(chk_buf(fn, pg, sendbuf, count, "sendbuf (on the root)"));
     TDIST_CHECK(chk_buf(fn, pg, recvbuf, count, "recvbuf"));
-    struct tdist_work *w = new_work(TDIST__OP_SCATTER, opts, sendbuf, recvbuf, count, dtype);
+    struct tdist_work sw,
+        *w = stack_work(&sw, TDIST__OP_SCATTER, opts, work, sendbuf, recvbuf, count, dtype);
     if (!w) return no_mem(fn);
     w->root = root;
     return tdist__pg_submit(pg, w, work);
@@ -293,7 +312,8 @@ tdist_status_t tdist_reduce_scatter(tdist_pg_t *pg, const void *sendbuf, void *r
     TDIST_CHECK(chk_size(fn, pg, recvcount, (size_t)pg->size, dtype, "sendbuf"));
     TDIST_CHECK(chk_buf(fn, pg, sendbuf, recvcount, "sendbuf"));
     TDIST_CHECK(chk_buf(fn, pg, recvbuf, recvcount, "recvbuf"));
-    struct tdist_work *w = new_work(TDIST__OP_REDUCE_SCATTER, opts, sendbuf, recvbuf, recvcount, dtype);
+    struct tdist_work sw,
+        *w = stack_work(&sw, TDIST__OP_REDUCE_SCATTER, opts, work, sendbuf, recvbuf, recvcount, dtype);
     if (!w) return no_mem(fn);
     w->redop = op;
     return tdist__pg_submit(pg, w, work);
