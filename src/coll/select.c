@@ -391,6 +391,23 @@ static tdist_status_t run_all_to_allv(const tdist__coll_ctx_t *c, const tdist__c
     return st;
 }
 
+/* all_gather and all_to_all come without count vectors (pg/ fills them
+ * only for a backend): their v forms run with every entry a->count. */
+static tdist_status_t run_even(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a)
+{
+    size_t *counts = NULL;
+    TDIST_CHECK(tdist__coll_alloc(c, (size_t)c->size * sizeof *counts, tdist__op_name(a->op),
+                                  (void **)&counts));
+    for (int p = 0; p < c->size; p++) counts[p] = a->count;
+    tdist__coll_args_t v = *a;
+    v.sendcounts = v.recvcounts = counts;
+    tdist_status_t st = a->op == TDIST__OP_ALL_GATHER
+                            ? tdist__coll_all_gatherv(c, a->sendbuf, a->recvbuf, counts, a->dtype)
+                            : run_all_to_allv(c, &v);
+    free(counts);
+    return st;
+}
+
 tdist_status_t tdist__coll_run_algo(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
                                     const tdist__coll_check_t *chk, tdist__coll_algo_t algo)
 {
@@ -404,6 +421,7 @@ tdist_status_t tdist__coll_run_algo(const tdist__coll_ctx_t *c, const tdist__col
         return run_reduce(c, algo, a);
     case TDIST__OP_ALL_GATHER:
     case TDIST__OP_ALL_GATHERV:
+        if (!a->recvcounts) return run_even(c, a);
         return tdist__coll_all_gatherv(c, a->sendbuf, a->recvbuf, a->recvcounts, a->dtype);
     case TDIST__OP_GATHER:
         return tdist__coll_gather(c, a->sendbuf, a->recvbuf, a->count, a->dtype, a->root);
@@ -414,7 +432,7 @@ tdist_status_t tdist__coll_run_algo(const tdist__coll_ctx_t *c, const tdist__col
                                           a->redop, a->premul);
     case TDIST__OP_ALL_TO_ALL:
     case TDIST__OP_ALL_TO_ALLV:
-        return run_all_to_allv(c, a);
+        return a->recvcounts ? run_all_to_allv(c, a) : run_even(c, a);
     case TDIST__OP_BARRIER:
         return algo == TDIST__ALGO_NONE ? TDIST_OK : tdist__coll_barrier(c);
     case TDIST__OP_MONITORED_BARRIER:

@@ -126,6 +126,32 @@ static struct tdist_work *stack_work(struct tdist_work *sw, tdist__op_t op,
     return w;
 }
 
+/* Copy a size-entry count vector, checking it; *total = its sum. */
+static tdist_status_t copy_counts(const char *fn, const tdist_pg_t *pg, const size_t *c,
+                                  const char *name, tdist_dtype_t dt, size_t **out, size_t *total)
+{
+    if (!c) return arg_err(fn, pg, "%s is NULL", name);
+    size_t t = 0, es = tdist_dtype_size(dt);
+    for (int r = 0; r < pg->size; r++) {
+        if (c[r] > SIZE_MAX / es || t > SIZE_MAX / es - c[r])
+            return arg_err(fn, pg, "%s: the total overflows size_t bytes at entry %d", name, r);
+        t += c[r];
+    }
+    size_t *copy = malloc((size_t)pg->size * sizeof *copy);
+    if (!copy) return no_mem(fn);
+    memcpy(copy, c, (size_t)pg->size * sizeof *copy);
+    *out = copy;
+    *total = t;
+    return TDIST_OK;
+}
+
+static tdist_status_t reject(struct tdist_work *w, tdist_status_t st)
+{
+    atomic_store(&w->refs, 1);
+    tdist__work_release(w);
+    return st;
+}
+
 static size_t *fill_counts(size_t n, size_t v)
 {
     size_t *c = malloc((n ? n : 1) * sizeof *c);
@@ -206,42 +232,20 @@ tdist_status_t tdist_all_gather(tdist_pg_t *pg, const void *sendbuf, void *recvb
     TDIST_CHECK(chk_size(fn, pg, count, (size_t)pg->size, dtype, "recvbuf"));
     TDIST_CHECK(chk_buf(fn, pg, sendbuf, count, "sendbuf"));
     TDIST_CHECK(chk_buf(fn, pg, recvbuf, count, "recvbuf"));
+    /* coll/ makes the count vector itself when it needs one; a backend's
+     * slot gets it here */
+    if (!pg->backend) {
+        struct tdist_work sw, *sk = stack_work(&sw, TDIST__OP_ALL_GATHER, opts, work, sendbuf,
+                                               recvbuf, count, dtype);
+        return sk ? tdist__pg_submit(pg, sk, work) : no_mem(fn);
+    }
     struct tdist_work *w = new_work(TDIST__OP_ALL_GATHER, opts, sendbuf, recvbuf, count, dtype);
     if (!w) return no_mem(fn);
     w->recvcounts = fill_counts((size_t)pg->size, count);
-    if (!w->recvcounts) {
-        atomic_store(&w->refs, 1);
-        tdist__work_release(w);
-        return no_mem(fn);
-    }
+    if (!w->recvcounts) return reject(w, no_mem(fn));
     return tdist__pg_submit(pg, w, work);
 }
 
-/* Copy a size-entry count vector, checking it; *total = its sum. */
-static tdist_status_t copy_counts(const char *fn, const tdist_pg_t *pg, const size_t *c,
-                                  const char *name, tdist_dtype_t dt, size_t **out, size_t *total)
-{
-    if (!c) return arg_err(fn, pg, "%s is NULL", name);
-    size_t t = 0, es = tdist_dtype_size(dt);
-    for (int r = 0; r < pg->size; r++) {
-        if (c[r] > SIZE_MAX / es || t > SIZE_MAX / es - c[r])
-            return arg_err(fn, pg, "%s: the total overflows size_t bytes at entry %d", name, r);
-        t += c[r];
-    }
-    size_t *copy = malloc((size_t)pg->size * sizeof *copy);
-    if (!copy) return no_mem(fn);
-    memcpy(copy, c, (size_t)pg->size * sizeof *copy);
-    *out = copy;
-    *total = t;
-    return TDIST_OK;
-}
-
-static tdist_status_t reject(struct tdist_work *w, tdist_status_t st)
-{
-    atomic_store(&w->refs, 1);
-    tdist__work_release(w);
-    return st;
-}
 
 tdist_status_t tdist_all_gatherv(tdist_pg_t *pg, const void *sendbuf, void *recvbuf,
                                  const size_t *recvcounts, tdist_dtype_t dtype,
@@ -329,6 +333,11 @@ tdist_status_t tdist_all_to_all(tdist_pg_t *pg, const void *sendbuf, void *recvb
     TDIST_CHECK(chk_size(fn, pg, count, (size_t)pg->size, dtype, "buffers"));
     TDIST_CHECK(chk_buf(fn, pg, sendbuf, count, "sendbuf"));
     TDIST_CHECK(chk_buf(fn, pg, recvbuf, count, "recvbuf"));
+    if (!pg->backend) { /* as all_gather */
+        struct tdist_work sw, *sk = stack_work(&sw, TDIST__OP_ALL_TO_ALL, opts, work, sendbuf,
+                                               recvbuf, count, dtype);
+        return sk ? tdist__pg_submit(pg, sk, work) : no_mem(fn);
+    }
     struct tdist_work *w = new_work(TDIST__OP_ALL_TO_ALL, opts, sendbuf, recvbuf, count, dtype);
     if (!w) return no_mem(fn);
     w->sendcounts = fill_counts((size_t)pg->size, count);
