@@ -17,7 +17,7 @@
 #   ompi  : bench/compare/mpi_coll.c under mpirun (default transport = vader
 #           shared memory; tcp = --mca btl tcp,self over the loopback)
 #   gloo  : bench/compare/gloo_coll.py, torch.distributed "gloo" (TCP loopback;
-#           all_reduce only)
+#           every op but reduce_scatter, which Gloo lacks)
 # Each run interleaves the peers (tdist, ompi, gloo, tdist, ompi, ...); the
 # tables quote the median over runs of each run's time. Ratios are
 # "speed-up" = peer time / tdist time (= tdist busbw / peer busbw): > 1
@@ -55,7 +55,7 @@ usage: bench/compare/run.sh [options]
   -q            quick smoke test: 1 run, 5 iterations, 1 warm-up (-r/-n/-w still win)
   -p "RANKS"    rank counts (default "$D_RANKS")
   -t "TRANSP"   transports, subset of "shm tcp" (default "$D_TRANSPORTS")
-  -P "PEERS"    peers, subset of "tdist ompi gloo" (default "$D_PEERS"; Gloo: all_reduce only)
+  -P "PEERS"    peers, subset of "tdist ompi gloo" (default "$D_PEERS"; Gloo has no reduce_scatter)
   -O "OPS"      collectives, subset of "$ALL_OPS" (default: all)
   -C            no PNG charts
   -T SECONDS    deadline of every single peer invocation (default $D_TIMEOUT)
@@ -226,7 +226,7 @@ run_peer() {
         rc=$?
         ;;
     gloo)
-        timeout -k 15 "$PEER_TIMEOUT" "$PY" "$HERE/gloo_coll.py" --nproc "$np" --bind "$bind" \
+        timeout -k 15 "$PEER_TIMEOUT" "$PY" "$HERE/gloo_coll.py" -o "$op" --nproc "$np" --bind "$bind" \
             --timeout $((PEER_TIMEOUT - 5)) "${SWEEP[@]}" >"$base.out" 2>"$base.err"
         rc=$?
         ;;
@@ -253,8 +253,8 @@ for ((run = 1; run <= RUNS; run++)); do
                 for peer in $PEERS; do
                     # Gloo runs over TCP only: measure it once per run and rank
                     # count (with the first transport), quote it in both tables;
-                    # gloo_coll.py measures all_reduce only.
-                    if [ "$peer" = gloo ] && { [ "$tr" != "${TRANSPORTS%% *}" ] || [ "$op" != all_reduce ]; }; then
+                    # Gloo has no reduce_scatter.
+                    if [ "$peer" = gloo ] && { [ "$tr" != "${TRANSPORTS%% *}" ] || [ "$op" = reduce_scatter ]; }; then
                         continue
                     fi
                     echo "# run $run/$RUNS: $op, $peer, $np ranks, $tr" >&2
@@ -358,7 +358,7 @@ def sizes_of(op, np, tr):
                    (k[2] == tr or k[3] == "gloo")})
 
 def op_peers(op):
-    return [p for p in peers if p != "gloo" or op == "all_reduce"]
+    return [p for p in peers if p != "gloo" or op != "reduce_scatter"]
 
 results = []
 cells = []  # (ratio, op, tr, np, bytes): every cell with tdist and Open MPI
