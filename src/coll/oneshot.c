@@ -13,6 +13,7 @@
  * reads after:
  *
  *   all_reduce       its input; op over every rank's input in rank order
+ *   reduce           its input; the root as all_reduce, the others nothing
  *   broadcast        the root its buffer; the others copy it
  *   all_gather       its input; every rank's block into place
  *   gather           its input; the root copies every rank's block
@@ -37,6 +38,7 @@ bool tdist__oneshot_op(tdist__op_t op)
 {
     switch (op) {
     case TDIST__OP_ALL_REDUCE:
+    case TDIST__OP_REDUCE:
     case TDIST__OP_BROADCAST:
     case TDIST__OP_ALL_GATHER:
     case TDIST__OP_GATHER:
@@ -84,7 +86,9 @@ const void *tdist__oneshot_input(const tdist__coll_ctx_t *c, const tdist__coll_a
 tdist_status_t tdist__oneshot_scale(const tdist__coll_args_t *a, void *staged, size_t bytes)
 {
     if (a->redop != TDIST_PREMUL_SUM || bytes == 0) return TDIST_OK;
-    if (a->op != TDIST__OP_ALL_REDUCE && a->op != TDIST__OP_REDUCE_SCATTER) return TDIST_OK;
+    if (a->op != TDIST__OP_ALL_REDUCE && a->op != TDIST__OP_REDUCE &&
+        a->op != TDIST__OP_REDUCE_SCATTER)
+        return TDIST_OK;
     return tdist_scale(staged, bytes / tdist_dtype_size(a->dtype), a->dtype, a->premul);
 }
 
@@ -110,6 +114,8 @@ tdist_status_t tdist__oneshot_finish(const tdist__coll_ctx_t *c, const tdist__co
     switch (a->op) {
     case TDIST__OP_ALL_REDUCE:
         return reduce_ranks(c, a, from, 0, out);
+    case TDIST__OP_REDUCE:
+        return c->rank == a->root ? reduce_ranks(c, a, from, 0, out) : TDIST_OK;
     case TDIST__OP_REDUCE_SCATTER:
         return reduce_ranks(c, a, from, mine, out);
     case TDIST__OP_BROADCAST:

@@ -25,7 +25,8 @@
  *                   TDIST_SHM_ONESHOT_MAX) or staged; point-to-
  *                   point: binomial tree, pipelined chain from 1 MiB when
  *                   size > 2
- *   reduce          shm: staged; point-to-point: binomial tree, ring
+ *   reduce          shm: one-shot as all_reduce (the root reduces), else
+ *                   staged; point-to-point: binomial tree, ring
  *                   reduce-scatter + gather from 512 KiB (count >= size)
  *   all_gather, gather, scatter, all_to_all, reduce_scatter
  *                   shm: one-shot when what a rank stages fits in the
@@ -217,15 +218,19 @@ static tdist__coll_algo_t shm_oneshot(const tdist__coll_ctx_t *c, const tdist__c
     return TDIST__ALGO_OP;
 }
 
+/* The one-shot limit of a reduction every reading rank reduces all of. */
+static size_t small_max(const tdist__coll_ctx_t *c)
+{
+    return tdist__tp_oversubscribed(c->tp) ? TDIST_SHM_SMALL_MAX_OVERSUB : TDIST_SHM_SMALL_MAX;
+}
+
 static tdist__coll_algo_t select_shm(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a)
 {
     tdist__coll_algo_t one;
     switch (a->op) {
     case TDIST__OP_ALL_REDUCE: {
         if (ar_forced(c)) return ar_p2p(c, a->count, args_bytes(a));
-        size_t max = tdist__tp_oversubscribed(c->tp) ? TDIST_SHM_SMALL_MAX_OVERSUB
-                                                     : TDIST_SHM_SMALL_MAX;
-        one = shm_oneshot(c, a, a->redop == TDIST_PREMUL_SUM ? 0 : max);
+        one = shm_oneshot(c, a, a->redop == TDIST_PREMUL_SUM ? 0 : small_max(c));
         return one == TDIST__ALGO_OP ? TDIST__ALGO_AR_SHM : one;
     }
     case TDIST__OP_ALL_REDUCE_COALESCED:
@@ -233,8 +238,9 @@ static tdist__coll_algo_t select_shm(const tdist__coll_ctx_t *c, const tdist__co
     case TDIST__OP_BROADCAST:
         one = shm_oneshot(c, a, TDIST_SHM_ONESHOT_MAX);
         return one == TDIST__ALGO_OP ? TDIST__ALGO_BCAST_SHM : one;
-    case TDIST__OP_REDUCE:
-        return TDIST__ALGO_REDUCE_SHM;
+    case TDIST__OP_REDUCE: /* the root reduces everything, as an all_reduce's ranks do */
+        one = shm_oneshot(c, a, a->redop == TDIST_PREMUL_SUM ? 0 : small_max(c));
+        return one == TDIST__ALGO_OP ? TDIST__ALGO_REDUCE_SHM : one;
     case TDIST__OP_BARRIER:
         return TDIST__ALGO_NONE;
     case TDIST__OP_MONITORED_BARRIER:
@@ -284,7 +290,9 @@ tdist__coll_plan_t tdist__coll_select(const tdist__coll_ctx_t *c, const tdist__c
         p.algo = select_shm(c, a);
         if (!c->g && (p.algo == TDIST__ALGO_SHM_IN_LINE || p.algo == TDIST__ALGO_SHM_ONE_SHOT))
             p.algo = a->op == TDIST__OP_ALL_REDUCE ? TDIST__ALGO_AR_SHM
-                     : a->op == TDIST__OP_BROADCAST ? TDIST__ALGO_BCAST_SHM : TDIST__ALGO_OP;
+                     : a->op == TDIST__OP_REDUCE    ? TDIST__ALGO_REDUCE_SHM
+                     : a->op == TDIST__OP_BROADCAST ? TDIST__ALGO_BCAST_SHM
+                                                    : TDIST__ALGO_OP;
         if (!c->g && (p.algo == TDIST__ALGO_NONE || p.algo == TDIST__ALGO_MONITORED))
             p.algo = TDIST__ALGO_OP;
         return p;
