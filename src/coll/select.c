@@ -8,7 +8,7 @@
  *                   broadcast of hier_min bytes or more
  *   shm line        every rank on one host: every collective starts with
  *                   the line exchange (shm_line.c)
- *   fused           TCP: a one-shot collective (oneshot.c: all_reduce,
+ *   fused           TCP: a one-shot collective (oneshot.c: all_reduce, reduce,
  *                   broadcast, all_gather, gather, scatter, all_to_all,
  *                   reduce_scatter) staging up to fused_max(size) bytes a
  *                   rank sends its data with the fingerprint
