@@ -4,7 +4,7 @@
  * which carries pg/'s check (a hash of the fingerprint in the blob every
  * rank reads, the whole fingerprint in the aux part, read only to word a
  * mismatch) and is a barrier too. Small collectives finish in it:
- *  - one-shot (oneshot.c: all_reduce, broadcast, all_gather, gather,
+ *  - one-shot (oneshot.c: all_reduce, reduce, broadcast, all_gather, gather,
  *    scatter, all_to_all, reduce_scatter): each rank's data rides in its
  *    blob after the hash, or is staged in its slot of this exchange
  *    before it, and every rank takes what it needs after it;
