@@ -95,19 +95,25 @@ static tdist_status_t chk_buf(const char *fn, const tdist_pg_t *pg, const void *
 
 static tdist_status_t no_mem(const char *fn) { return tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory", fn); }
 
-/* A new work for op over (sendbuf, recvbuf, count, dtype); NULL when out
- * of memory. */
-static struct tdist_work *new_work(tdist__op_t op, const tdist_coll_opts_t *opts,
-                                   const void *sendbuf, void *recvbuf, size_t count,
-                                   tdist_dtype_t dtype)
+/* w over (sendbuf, recvbuf, count, dtype), or NULL if w is. */
+static struct tdist_work *fill_work(struct tdist_work *w, const void *sendbuf, void *recvbuf,
+                                    size_t count, tdist_dtype_t dtype)
 {
-    struct tdist_work *w = tdist__work_new(op, opts);
     if (!w) return NULL;
     w->sendbuf = sendbuf;
     w->recvbuf = recvbuf;
     w->count = count;
     w->dtype = dtype;
     return w;
+}
+
+/* A new work for op over (sendbuf, recvbuf, count, dtype); NULL when out
+ * of memory. */
+static struct tdist_work *new_work(tdist__op_t op, const tdist_coll_opts_t *opts,
+                                   const void *sendbuf, void *recvbuf, size_t count,
+                                   tdist_dtype_t dtype)
+{
+    return fill_work(tdist__work_new(op, opts), sendbuf, recvbuf, count, dtype);
 }
 
 /* The same on the caller's stack (sw) for a blocking call without a
@@ -117,13 +123,7 @@ static struct tdist_work *stack_work(struct tdist_work *sw, tdist__op_t op,
                                      const void *sendbuf, void *recvbuf, size_t count,
                                      tdist_dtype_t dtype)
 {
-    struct tdist_work *w = tdist__work_on_stack(sw, op, opts, work);
-    if (!w) return NULL;
-    w->sendbuf = sendbuf;
-    w->recvbuf = recvbuf;
-    w->count = count;
-    w->dtype = dtype;
-    return w;
+    return fill_work(tdist__work_on_stack(sw, op, opts, work), sendbuf, recvbuf, count, dtype);
 }
 
 /* Copy a size-entry count vector, checking it; *total = its sum. */
