@@ -1,8 +1,11 @@
 #!/usr/bin/python3
 """bench/compare/gloo_coll.py -- the PyTorch Gloo side of bench/compare/run.sh.
 
-Measures torch.distributed.all_reduce (f32, SUM) on the "gloo" backend the
-way tools/tdist-bench measures tdist_all_reduce (see docs/bench-compare.md):
+Measures one torch.distributed collective (-o: all_reduce (default),
+broadcast, reduce, all_gather, gather, scatter, all_to_all (all_to_all_single),
+barrier; f32, SUM, roots 0; Gloo has no reduce_scatter) on the "gloo" backend
+the way tools/tdist-bench measures tdist's, with its buffer conventions (see
+docs/bench-compare.md):
 
   for each size: a barrier; WARMUP warm-up calls; ITERS samples of BATCH
   consecutive calls each (-k, default 1), timed with time.perf_counter_ns
@@ -11,11 +14,11 @@ way tools/tdist-bench measures tdist_all_reduce (see docs/bench-compare.md):
   the maximum over ranks of these medians (an all_reduce MAX). -k auto picks
   BATCH per size as tdist-bench does: as many calls as last about 100 us,
   from the warm-up calls' median (max over ranks).
-  algbw = bytes / time; busbw = algbw * 2(n-1)/n (GB/s = 1e9 B/s).
+  algbw = bytes / time; busbw = algbw * tdist-bench's factor (GB/s = 1e9 B/s).
 
-torch's all_reduce is in place only, so before every call (warm-up and timed)
-the input is copied into the output tensor, OUTSIDE the timed region: only the
-all_reduce is timed. With BATCH > 1 the copy is made before each sample only
+torch's all_reduce, reduce and broadcast are in place only, so before every
+call (warm-up and timed) the input is copied into the output tensor, OUTSIDE
+the timed region: only the collective is timed. With BATCH > 1 the copy is made before each sample only
 (the calls of a sample reduce the previous call's result), and one more
 untimed call on a fresh copy gives the result that is checked. Inputs are
 tdist-bench's (rank r, index i holds
@@ -93,6 +96,93 @@ def batch_arg(s):
     return bounded_int(1, MAX_BATCH)(s)
 
 
+BUS = {"broadcast": 1.0, "reduce": 1.0, "barrier": 0.0}
+OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "gather", "scatter", "all_to_all",
+       "barrier")
+
+
+class Case:
+    """One size of one op, with tdist-bench's buffers (bytes = the per-rank
+    big buffer: all_gather's and gather's output, scatter's and
+    all_to_all's input; blocks of bytes / n; roots 0). prep() restores the
+    inputs of the in-place ops (all_reduce, reduce, broadcast) outside the
+    timed region; call() is the timed call; wrong() counts this rank's
+    wrong output elements."""
+
+    def __init__(self, op, rank, n, nbytes, torch, dist):
+        self.op, self.rank, self.n, self.dist, self.torch = op, rank, n, dist, torch
+        count = max(nbytes // 4, 1)
+        chunked = op in ("all_gather", "gather", "scatter", "all_to_all")
+        self.chunk = max(count // n, 1) if chunked else count
+        self.count = self.chunk * n if chunked else count
+        ii = torch.arange(self.count, dtype=torch.int64) % 1000003
+
+        def value(r, idx):  # tdist-bench's input formula
+            return ((idx * 7 + r * 3) % 5 + 1).to(torch.float32)
+
+        f32 = torch.float32
+        self.send = self.recv = self.want = None
+        self.sends = self.recvs = None
+        if op in ("all_reduce", "reduce"):
+            self.send = value(rank, ii)
+            acc = torch.zeros(self.count, dtype=torch.int64)
+            for r in range(n):
+                acc += (ii * 7 + r * 3) % 5 + 1
+            self.want = acc.to(f32) if op == "all_reduce" or rank == 0 else None
+            self.recv = torch.full((self.count,), POISON, dtype=f32)
+        elif op == "broadcast":
+            self.want = value(0, ii)
+            self.recv = torch.full((self.count,), POISON, dtype=f32)
+        elif op in ("all_gather", "gather"):
+            self.send = value(rank, torch.arange(self.chunk) % 1000003)
+            self.recvs = [torch.full((self.chunk,), POISON, dtype=f32) for _ in range(n)]
+            if op == "all_gather" or rank == 0:
+                self.want = torch.cat([value(r, torch.arange(self.chunk) % 1000003)
+                                       for r in range(n)])
+        elif op == "scatter":
+            self.sends = [value(0, torch.arange(p * self.chunk, (p + 1) * self.chunk) % 1000003)
+                          for p in range(n)] if rank == 0 else None
+            self.recv = torch.full((self.chunk,), POISON, dtype=f32)
+            self.want = value(0, torch.arange(rank * self.chunk, (rank + 1) * self.chunk) % 1000003)
+        elif op == "all_to_all":
+            self.send = value(rank, ii)
+            self.recv = torch.full((self.count,), POISON, dtype=f32)
+            blk = torch.arange(rank * self.chunk, (rank + 1) * self.chunk) % 1000003
+            self.want = torch.cat([value(p, blk) for p in range(n)])
+
+    def prep(self):
+        if self.op in ("all_reduce", "reduce"):
+            self.recv.copy_(self.send)
+        elif self.op == "broadcast":
+            if self.rank == 0:
+                self.recv.copy_(self.want)
+
+    def call(self):
+        d, op = self.dist, self.op
+        if op in ("all_reduce",):
+            d.all_reduce(self.recv, op=d.ReduceOp.SUM)
+        elif op == "reduce":
+            d.reduce(self.recv, 0, op=d.ReduceOp.SUM)
+        elif op == "broadcast":
+            d.broadcast(self.recv, 0)
+        elif op == "all_gather":
+            d.all_gather(self.recvs, self.send)
+        elif op == "gather":
+            d.gather(self.send, self.recvs if self.rank == 0 else None, dst=0)
+        elif op == "scatter":
+            d.scatter(self.recv, self.sends, src=0)
+        elif op == "all_to_all":
+            d.all_to_all_single(self.recv, self.send)
+        else:
+            d.barrier()
+
+    def wrong(self):
+        if self.op == "barrier" or self.want is None:
+            return 0
+        got = self.recv if self.recvs is None else self.torch.cat(self.recvs)
+        return int((got != self.want).sum().item())
+
+
 def worker(a):
     import datetime
     import torch
@@ -107,8 +197,9 @@ def worker(a):
     dist.init_process_group("gloo", store=store, rank=rank, world_size=n,
                             timeout=datetime.timedelta(seconds=a.timeout))
     if rank == 0:
-        print("# gloo_coll all_reduce: %d ranks, dtype f32, redop sum, %d iterations "
-              "(+%d warm-up), check on, torch %s" % (n, a.iters, a.warmup, torch.__version__))
+        print("# gloo_coll %s: %d ranks, dtype f32, redop sum, %d iterations "
+              "(+%d warm-up), check on, torch %s" % (a.op, n, a.iters, a.warmup,
+                                                     torch.__version__))
         if a.batch == 1:
             print("# time: max over ranks of each rank's median; GB/s = 1e9 B/s")
         elif a.batch > 1:
@@ -122,22 +213,14 @@ def worker(a):
             "wrong"))
         sys.stdout.flush()
     status = 0
-    for b in sizes(a):
-        count = max(b // 4, 1)
-        ii = torch.arange(count, dtype=torch.int64) % 1000003
-        send = ((ii * 7 + rank * 3) % 5 + 1).to(torch.float32)
-        expected = torch.zeros(count, dtype=torch.int64)
-        for r in range(n):
-            expected += (ii * 7 + r * 3) % 5 + 1
-        expected = expected.to(torch.float32)
-        del ii
-        recv = torch.full((count,), POISON, dtype=torch.float32)
+    for b in (sizes(a) if a.op != "barrier" else [0]):
+        c = Case(a.op, rank, n, b, torch, dist)
         times = []
         dist.barrier()
         for _ in range(a.warmup):
-            recv.copy_(send)
+            c.prep()
             t0 = time.perf_counter_ns()
-            dist.all_reduce(recv, op=dist.ReduceOp.SUM)
+            c.call()
             times.append((time.perf_counter_ns() - t0) / 1e3)
         batch = a.batch
         if batch == 0:
@@ -146,31 +229,34 @@ def worker(a):
             batch = auto_batch(call.item())
         times = []
         for _ in range(a.iters):
-            recv.copy_(send)
+            c.prep()
             t0 = time.perf_counter_ns()
             for _ in range(batch):
-                dist.all_reduce(recv, op=dist.ReduceOp.SUM)
+                c.call()
             times.append((time.perf_counter_ns() - t0) / 1e3 / batch)
         med = median(times)
-        if batch > 1:  # the checked result: one call on a fresh copy
-            recv.copy_(send)
-            dist.all_reduce(recv, op=dist.ReduceOp.SUM)
-        wrong = int((recv != expected).sum().item())
+        if batch > 1:  # the checked result: one call on fresh inputs
+            c.prep()
+            c.call()
+        wrong = c.wrong()
         agg = torch.tensor([med, float(wrong)], dtype=torch.float64)
         dist.all_reduce(agg, op=dist.ReduceOp.MAX)
         max_med, max_wrong = agg[0].item(), int(agg[1].item())
-        nbytes = count * 4
+        nbytes = c.count * 4 if a.op != "barrier" else 0
         algbw = nbytes / (max_med * 1e3) if max_med > 0 else 0.0
-        busbw = algbw * 2.0 * (n - 1) / n
+        factor = 2.0 * (n - 1) / n if a.op == "all_reduce" else BUS.get(a.op, (n - 1.0) / n)
+        busbw = algbw * factor
         if rank == 0:
             if a.batch == 0:
                 print("# %d bytes: %d calls per sample" % (nbytes, batch))
             print("  %12d %12d %5s %10s %12.3f %11.3f %11.3f %8d" % (
-                nbytes, count, "f32", "sum", max_med, algbw, busbw, max_wrong))
+                nbytes, c.count if nbytes else 0, "f32",
+                "sum" if a.op in ("all_reduce", "reduce") else "-", max_med, algbw, busbw,
+                max_wrong))
             sys.stdout.flush()
         if max_wrong:
             status = 1
-        del send, recv, expected
+        del c
     if status and rank == 0:
         print("gloo_coll: wrong elements found", file=sys.stderr)
     dist.destroy_process_group()
@@ -185,6 +271,8 @@ def main():
     ap = argparse.ArgumentParser(description="f32 SUM all_reduce on torch.distributed gloo, "
                                  "measured like tdist-bench")
     ap.add_argument("--nproc", type=bounded_int(1, 64), default=2, help="ranks (default 2)")
+    ap.add_argument("-o", dest="op", choices=OPS, default="all_reduce",
+                    help="collective (all_reduce); Gloo has no reduce_scatter")
     ap.add_argument("-b", dest="min", type=parse_size, default=8, help="smallest size (8)")
     ap.add_argument("-e", dest="max", type=parse_size, default=64 << 20,
                     help="largest size (64M)")

@@ -263,6 +263,45 @@ TDIST_API tdist_status_t tdist_broadcast_coalesced(tdist_pg_t *pg, void *const *
                                                    const tdist_coll_opts_t *opts,
                                                    tdist_work_t **work);
 
+/* Multi-buffer collectives (PyTorch's *_multigpu semantics), for a
+ * process that drives k buffers of count elements each (worker threads',
+ * devices'): the k buffers are reduced (or packed) locally first, in list
+ * order, then ONE group collective runs, then the result is copied into
+ * every buffer. Every rank passes the same k (not checked across ranks
+ * for all_reduce, reduce and broadcast; all_gather's fingerprint carries
+ * k x count). The caller owns every buffer; the buffers of a list must
+ * not overlap one another. Blocking only (the call returns when this
+ * rank's buffers hold the result); thread-safe as the collectives they
+ * run (calls on one group run in issue order). A temporary of count
+ * elements (all_gather: k x count) is allocated when k > 1.
+ *
+ * all_reduce_multi: every buffer of every rank ends with op over all
+ * k x size buffers (local reduction in list order, then the group's
+ * all_reduce: the same bits in every buffer of every rank). AVG divides
+ * by k x size; PREMUL_SUM scales each rank's local sum by
+ * opts->premul_factor. */
+TDIST_API tdist_status_t tdist_all_reduce_multi(tdist_pg_t *pg, void *const *bufs, size_t k,
+                                                size_t count, tdist_dtype_t dtype,
+                                                tdist_redop_t op, const tdist_coll_opts_t *opts);
+/* reduce_multi: only bufs[root_buf] on rank root receives the reduction
+ * over all k x size buffers; every other buffer keeps its input. */
+TDIST_API tdist_status_t tdist_reduce_multi(tdist_pg_t *pg, void *const *bufs, size_t k,
+                                            size_t count, tdist_dtype_t dtype, tdist_redop_t op,
+                                            int root, size_t root_buf,
+                                            const tdist_coll_opts_t *opts);
+/* broadcast_multi: every buffer of every rank ends with bufs[root_buf] of
+ * rank root. */
+TDIST_API tdist_status_t tdist_broadcast_multi(tdist_pg_t *pg, void *const *bufs, size_t k,
+                                               size_t count, tdist_dtype_t dtype, int root,
+                                               size_t root_buf, const tdist_coll_opts_t *opts);
+/* all_gather_multi: sendbufs[i] holds count elements; every one of the k
+ * recvbufs (size x k x count elements each) ends with every rank's every
+ * input, rank-major: rank r's sendbufs[i] at (r x k + i) x count. */
+TDIST_API tdist_status_t tdist_all_gather_multi(tdist_pg_t *pg, const void *const *sendbufs,
+                                                void *const *recvbufs, size_t k, size_t count,
+                                                tdist_dtype_t dtype,
+                                                const tdist_coll_opts_t *opts);
+
 /* Point to point. Ordered per pair of ranks and direction, outside the
  * group's collective order (they do not take a group sequence number; a
  * per-pair sequence and the fingerprint (dtype, count) are checked against

@@ -19,7 +19,7 @@
  *
  * One file per algorithm (STYLE.md): all_reduce_ring.c,
  * all_reduce_rd.c, broadcast_tree.c, ..., the shared-memory line
- * (shm_line.c), the fused small all_reduce (all_reduce_fused.c) and the
+ * (shm_line.c), the fused small all_reduce (fused.c) and the
  * monitored barrier (monitored_barrier.c); select.c holds the one
  * selection function and the dispatch (tdist__coll_run), coll.c the
  * helpers the algorithms share.
@@ -205,7 +205,7 @@ typedef enum tdist__coll_route {
     TDIST__ROUTE_NATIVE = 0,   /* pg's fingerprint exchange, then a native algorithm */
     TDIST__ROUTE_BACKEND,      /* pg's fingerprint exchange, then the backend's slot */
     TDIST__ROUTE_HIER,         /* hierarchical (pg/'s subgroups), checked there */
-    TDIST__ROUTE_FUSED_AR,     /* TCP: fingerprint and payload in one message */
+    TDIST__ROUTE_FUSED,        /* TCP: fingerprint and data in one message (fused.c) */
     TDIST__ROUTE_MONITORED,    /* TCP: rank 0 collects, names who is missing */
     TDIST__ROUTE_SHM_LINE,     /* shm: the line exchange (check and barrier), then algo */
 } tdist__coll_route_t;
@@ -215,10 +215,9 @@ typedef enum tdist__coll_algo {
     TDIST__ALGO_NONE = 0,      /* nothing after the first exchange (barrier) */
     TDIST__ALGO_SLOT,          /* the backend's slot for the op */
     TDIST__ALGO_AR_RING, TDIST__ALGO_AR_RD, TDIST__ALGO_AR_DIRECT, TDIST__ALGO_AR_SHM,
-    TDIST__ALGO_AR_SHM_TINY,   /* the payload rides in the line */
-    TDIST__ALGO_AR_SHM_SMALL,  /* one-shot through the staging slots */
+    TDIST__ALGO_SHM_IN_LINE,   /* shm: the data rides in the line (oneshot.c) */
+    TDIST__ALGO_SHM_ONE_SHOT,  /* shm: the data staged in the line's slot (oneshot.c) */
     TDIST__ALGO_BCAST_TREE, TDIST__ALGO_BCAST_CHAIN, TDIST__ALGO_BCAST_SHM,
-    TDIST__ALGO_BCAST_SHM_TINY,
     TDIST__ALGO_REDUCE_TREE, TDIST__ALGO_REDUCE_RSG, TDIST__ALGO_REDUCE_SHM,
     TDIST__ALGO_OP,            /* the op's one algorithm (gather, scatter, ...) */
     TDIST__ALGO_MONITORED,     /* the monitored barrier's collection at rank 0 */
@@ -383,17 +382,31 @@ const uint8_t *tdist__shmc_peek_aux(const tdist__coll_ctx_t *c, int r, size_t *l
 tdist_status_t tdist__shmc_await_next(const tdist__coll_ctx_t *c, int r, const uint8_t **aux,
                                       size_t *aux_len);
 
-/* One-shot small all_reduce (shm_coll.c): before the exchange that
- * carries its fingerprint, tdist__shmc_stage_small copies this rank's
- * input (bytes <= tdist__shmc_small_max()) into its slot for that
- * exchange (waiting, bounded by c->deadline_ms, until every peer is done
- * with the slots); after the exchange, tdist__shmc_reduce_small writes
- * op over every rank's input, in rank order, into dst (AVG sums; the
- * caller divides). Not for PREMUL_SUM. */
+/* The staging slot of a one-shot collective (shm_coll.c): before the
+ * exchange that carries its fingerprint, tdist__shmc_stage_slot waits
+ * (bounded by c->deadline_ms) until every peer is done with this rank's
+ * slots and gives this rank's slot for that exchange (*slot, room for
+ * tdist__shmc_small_max() bytes); after the exchange, tdist__shmc_slot
+ * gives rank r's slot of it (valid until this rank's next exchange). */
 size_t tdist__shmc_small_max(void);
-tdist_status_t tdist__shmc_stage_small(const tdist__coll_ctx_t *c, const void *src, size_t bytes);
-void tdist__shmc_reduce_small(const tdist__coll_ctx_t *c, void *dst, size_t count,
-                              tdist_dtype_t dtype, tdist_redop_t op);
+tdist_status_t tdist__shmc_stage_slot(const tdist__coll_ctx_t *c, uint8_t **slot);
+const uint8_t *tdist__shmc_slot(const tdist__coll_ctx_t *c, int r);
+
+/* One-shot collectives on the shm line or the fused exchange (oneshot.c).
+ * tdist__oneshot_op: whether op has one; _bytes: the most bytes any rank
+ * stages (the choice of route, the same on every rank); _len: what rank
+ * `rank` stages (0: nothing); _input: what this rank
+ * stages (NULL: nothing) and *bytes of it; _scale: PREMUL_SUM's scaling
+ * of the staged copy; _finish: after the exchange, the op's result from
+ * every rank's staged data (from[r], size entries). */
+bool tdist__oneshot_op(tdist__op_t op);
+size_t tdist__oneshot_bytes(const tdist__coll_args_t *a, int size);
+size_t tdist__oneshot_len(const tdist__coll_args_t *a, int size, int rank);
+const void *tdist__oneshot_input(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
+                                     size_t *bytes);
+tdist_status_t tdist__oneshot_scale(const tdist__coll_args_t *a, void *staged, size_t bytes);
+tdist_status_t tdist__oneshot_finish(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
+                                         const uint8_t *const *from);
 
 /* all_reduce (root < 0) or reduce to root through the staging area. */
 tdist_status_t tdist__shmc_all_reduce(const tdist__coll_ctx_t *c, const void *sendbuf,

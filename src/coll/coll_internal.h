@@ -81,11 +81,11 @@ tdist_status_t tdist__coll_run_algo(const tdist__coll_ctx_t *c, const tdist__col
                                     const tdist__coll_check_t *chk, tdist__coll_algo_t algo);
 
 /* The routes that carry pg's check in their first exchange (coll.h:
- * tdist__coll_check_t): shm_line.c, all_reduce_fused.c,
+ * tdist__coll_check_t): shm_line.c, fused.c,
  * monitored_barrier.c. */
 tdist_status_t tdist__coll_shm_line(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
                                     const tdist__coll_check_t *chk, tdist__coll_algo_t algo);
-tdist_status_t tdist__coll_all_reduce_fused(const tdist__coll_ctx_t *c,
+tdist_status_t tdist__coll_fused(const tdist__coll_ctx_t *c,
                                             const tdist__coll_args_t *a,
                                             const tdist__coll_check_t *chk);
 tdist_status_t tdist__coll_monitored_barrier(const tdist__coll_ctx_t *c,

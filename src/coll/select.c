@@ -8,22 +8,32 @@
  *                   broadcast of hier_min bytes or more
  *   shm line        every rank on one host: every collective starts with
  *                   the line exchange (shm_line.c)
- *   fused           TCP: an all_reduce up to tdist__fused_max(size) bytes
- *                   sends its payload with the fingerprint
+ *   fused           TCP: a one-shot collective (oneshot.c: all_reduce, reduce,
+ *                   broadcast, all_gather, gather, scatter, all_to_all,
+ *                   reduce_scatter) staging up to fused_max(size) bytes a
+ *                   rank sends its data with the fingerprint
  *   monitored       TCP: monitored_barrier's collection at rank 0
  *   native          pg's fingerprint exchange, then the algorithm
  * Algorithm (size >= 2):
- *   all_reduce      shm: tiny (payload in the line, up to the blob), small
- *                   (one shot through the staging slots, up to 2 KiB, or
- *                   8 KiB with more ranks than CPUs; not PREMUL_SUM), else
- *                   staged — unless TDIST_ALGO_ALLREDUCE forces one;
+ *   all_reduce      shm: one-shot in the line (up to the blob), one-shot
+ *                   through the staging slots (up to 2 KiB, or 8 KiB with
+ *                   more ranks than CPUs; not PREMUL_SUM), else staged —
+ *                   unless TDIST_ALGO_ALLREDUCE forces one;
  *                   point-to-point: direct up to 256 B, recursive doubling
  *                   below 256 KiB (or count < size), ring above
- *   broadcast       shm: tiny (in the root's line) or staged; point-to-
+ *   broadcast       shm: one-shot (in the root's line, or its slot up to
+ *                   TDIST_SHM_ONESHOT_MAX) or staged; point-to-
  *                   point: binomial tree, pipelined chain from 1 MiB when
  *                   size > 2
- *   reduce          shm: staged; point-to-point: binomial tree, ring
+ *   reduce          shm: one-shot as all_reduce (the root reduces), else
+ *                   staged; point-to-point: binomial tree, ring
  *                   reduce-scatter + gather from 512 KiB (count >= size)
+ *   all_gather, gather, scatter, all_to_all, reduce_scatter
+ *                   shm: one-shot when what a rank stages fits in the
+ *                   line or (up to TDIST_SHM_ONESHOT_MAX) in its slot;
+ *                   else, like the others, their one algorithm
+ *   barrier         shm: the line alone; point-to-point: pg's fingerprint
+ *                   exchange alone when it runs, else dissemination
  *   others          their one algorithm (all_gatherv: direct up to 32 KiB
  *                   in all, ring above, in all_gatherv.c)
  * Every input of the choice is something every rank agrees on (the
@@ -50,8 +60,16 @@
 #define TDIST_SHM_SMALL_MAX_OVERSUB (8u * 1024u)
 #endif
 
-/* Over point-to-point transports, all_reduce payloads up to
- * fused_max(group size) bytes travel with the fingerprint, one message to
+/* The other one-shot collectives (broadcast, all_gather, gather, scatter,
+ * all_to_all, reduce_scatter) go through the slot up to this many bytes
+ * staged by a rank (at most the slot): one wait and two copies beat the
+ * staged protocol's per-chunk waits and the point-to-point messages. */
+#ifndef TDIST_SHM_ONESHOT_MAX
+#define TDIST_SHM_ONESHOT_MAX (256u * 1024u)
+#endif
+
+/* Over point-to-point transports, one-shot collectives staging up to
+ * fused_max(group size) bytes a rank send them with the fingerprint, one message to
  * every peer: at most FUSED_MAX, and at most FUSED_FANOUT bytes sent by a
  * rank in all (payload x (size - 1)), so a large group does not trade a
  * few round trips for a flood. */
@@ -187,32 +205,49 @@ static tdist__coll_algo_t ar_p2p(const tdist__coll_ctx_t *c, size_t count, size_
     return TDIST__ALGO_AR_RING;
 }
 
+/* A one-shot collective (oneshot.c) whose staged data fits: in the
+ * line's blob, else, up to its limit, in the exchange's slot; else
+ * TDIST__ALGO_OP (its own algorithm). */
+static tdist__coll_algo_t shm_oneshot(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
+                                      size_t slot_max)
+{
+    size_t staged = tdist__oneshot_bytes(a, c->size);
+    if (a->count == 0) return TDIST__ALGO_OP;
+    if (staged <= SHM_TINY_MAX) return TDIST__ALGO_SHM_IN_LINE;
+    if (staged <= TDIST_MIN(slot_max, tdist__shmc_small_max())) return TDIST__ALGO_SHM_ONE_SHOT;
+    return TDIST__ALGO_OP;
+}
+
+/* The one-shot limit of a reduction every reading rank reduces all of. */
+static size_t small_max(const tdist__coll_ctx_t *c)
+{
+    return tdist__tp_oversubscribed(c->tp) ? TDIST_SHM_SMALL_MAX_OVERSUB : TDIST_SHM_SMALL_MAX;
+}
+
 static tdist__coll_algo_t select_shm(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a)
 {
-    size_t bytes = args_bytes(a);
+    tdist__coll_algo_t one;
     switch (a->op) {
     case TDIST__OP_ALL_REDUCE: {
-        if (ar_forced(c)) return ar_p2p(c, a->count, bytes);
-        if (a->count > 0 && bytes <= SHM_TINY_MAX) return TDIST__ALGO_AR_SHM_TINY;
-        size_t max = tdist__tp_oversubscribed(c->tp) ? TDIST_SHM_SMALL_MAX_OVERSUB
-                                                     : TDIST_SHM_SMALL_MAX;
-        if (a->redop != TDIST_PREMUL_SUM && bytes <= TDIST_MIN(max, tdist__shmc_small_max()))
-            return TDIST__ALGO_AR_SHM_SMALL;
-        return TDIST__ALGO_AR_SHM;
+        if (ar_forced(c)) return ar_p2p(c, a->count, args_bytes(a));
+        one = shm_oneshot(c, a, a->redop == TDIST_PREMUL_SUM ? 0 : small_max(c));
+        return one == TDIST__ALGO_OP ? TDIST__ALGO_AR_SHM : one;
     }
     case TDIST__OP_ALL_REDUCE_COALESCED:
         return ar_forced(c) ? TDIST__ALGO_OP : TDIST__ALGO_AR_SHM;
     case TDIST__OP_BROADCAST:
-        return a->count > 0 && bytes <= SHM_TINY_MAX ? TDIST__ALGO_BCAST_SHM_TINY
-                                                     : TDIST__ALGO_BCAST_SHM;
-    case TDIST__OP_REDUCE:
-        return TDIST__ALGO_REDUCE_SHM;
+        one = shm_oneshot(c, a, TDIST_SHM_ONESHOT_MAX);
+        return one == TDIST__ALGO_OP ? TDIST__ALGO_BCAST_SHM : one;
+    case TDIST__OP_REDUCE: /* the root reduces everything, as an all_reduce's ranks do */
+        one = shm_oneshot(c, a, a->redop == TDIST_PREMUL_SUM ? 0 : small_max(c));
+        return one == TDIST__ALGO_OP ? TDIST__ALGO_REDUCE_SHM : one;
     case TDIST__OP_BARRIER:
         return TDIST__ALGO_NONE;
     case TDIST__OP_MONITORED_BARRIER:
         return TDIST__ALGO_MONITORED;
     default:
-        return TDIST__ALGO_OP;
+        return tdist__oneshot_op(a->op) ? shm_oneshot(c, a, TDIST_SHM_ONESHOT_MAX)
+                                            : TDIST__ALGO_OP;
     }
 }
 
@@ -254,9 +289,11 @@ static inline tdist__coll_plan_t plan(const tdist__coll_ctx_t *c, const tdist__c
         /* without the group's state (coll/'s own entries) there is no line */
         p.route = c->g ? TDIST__ROUTE_SHM_LINE : TDIST__ROUTE_NATIVE;
         p.algo = select_shm(c, a);
-        if (!c->g && (p.algo == TDIST__ALGO_AR_SHM_TINY || p.algo == TDIST__ALGO_AR_SHM_SMALL))
-            p.algo = TDIST__ALGO_AR_SHM;
-        if (!c->g && p.algo == TDIST__ALGO_BCAST_SHM_TINY) p.algo = TDIST__ALGO_BCAST_SHM;
+        if (!c->g && (p.algo == TDIST__ALGO_SHM_IN_LINE || p.algo == TDIST__ALGO_SHM_ONE_SHOT))
+            p.algo = a->op == TDIST__OP_ALL_REDUCE ? TDIST__ALGO_AR_SHM
+                     : a->op == TDIST__OP_REDUCE    ? TDIST__ALGO_REDUCE_SHM
+                     : a->op == TDIST__OP_BROADCAST ? TDIST__ALGO_BCAST_SHM
+                                                    : TDIST__ALGO_OP;
         if (!c->g && (p.algo == TDIST__ALGO_NONE || p.algo == TDIST__ALGO_MONITORED))
             p.algo = TDIST__ALGO_OP;
         return p;
@@ -264,9 +301,11 @@ static inline tdist__coll_plan_t plan(const tdist__coll_ctx_t *c, const tdist__c
     p.algo = select_p2p(c, a);
     if (a->op == TDIST__OP_MONITORED_BARRIER) {
         p.route = TDIST__ROUTE_MONITORED;
-    } else if (a->op == TDIST__OP_ALL_REDUCE && chk && chk->on && c->size > 1 && a->count > 0 &&
-               c->g && args_bytes(a) <= c->g->fused_max) {
-        p.route = TDIST__ROUTE_FUSED_AR;
+    } else if (tdist__oneshot_op(a->op) && chk && chk->on && c->size > 1 && a->count > 0 &&
+               c->g && tdist__oneshot_bytes(a, c->size) <= c->g->fused_max) {
+        p.route = TDIST__ROUTE_FUSED;
+    } else if (a->op == TDIST__OP_BARRIER && chk && chk->on && c->size > 1) {
+        p.algo = TDIST__ALGO_NONE; /* pg's fingerprint exchange is a barrier itself */
     }
     return p;
 }
@@ -313,7 +352,6 @@ static tdist_status_t run_broadcast(const tdist__coll_ctx_t *c, tdist__coll_algo
     if (bytes == 0 || c->size == 1) return TDIST_OK;
     switch (algo) {
     case TDIST__ALGO_BCAST_SHM:
-    case TDIST__ALGO_BCAST_SHM_TINY:
         return tdist__shmc_broadcast(c, buf, count, dtype, root);
     case TDIST__ALGO_BCAST_CHAIN:
         return tdist__coll_broadcast_chain(c, buf, bytes, root);
@@ -368,6 +406,23 @@ static tdist_status_t run_all_to_allv(const tdist__coll_ctx_t *c, const tdist__c
     return st;
 }
 
+/* all_gather and all_to_all come without count vectors (pg/ fills them
+ * only for a backend): their v forms run with every entry a->count. */
+static tdist_status_t run_even(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a)
+{
+    size_t *counts = NULL;
+    TDIST_CHECK(tdist__coll_alloc(c, (size_t)c->size * sizeof *counts, tdist__op_name(a->op),
+                                  (void **)&counts));
+    for (int p = 0; p < c->size; p++) counts[p] = a->count;
+    tdist__coll_args_t v = *a;
+    v.sendcounts = v.recvcounts = counts;
+    tdist_status_t st = a->op == TDIST__OP_ALL_GATHER
+                            ? tdist__coll_all_gatherv(c, a->sendbuf, a->recvbuf, counts, a->dtype)
+                            : run_all_to_allv(c, &v);
+    free(counts);
+    return st;
+}
+
 tdist_status_t tdist__coll_run_algo(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
                                     const tdist__coll_check_t *chk, tdist__coll_algo_t algo)
 {
@@ -381,6 +436,7 @@ tdist_status_t tdist__coll_run_algo(const tdist__coll_ctx_t *c, const tdist__col
         return run_reduce(c, algo, a);
     case TDIST__OP_ALL_GATHER:
     case TDIST__OP_ALL_GATHERV:
+        if (!a->recvcounts) return run_even(c, a);
         return tdist__coll_all_gatherv(c, a->sendbuf, a->recvbuf, a->recvcounts, a->dtype);
     case TDIST__OP_GATHER:
         return tdist__coll_gather(c, a->sendbuf, a->recvbuf, a->count, a->dtype, a->root);
@@ -391,7 +447,7 @@ tdist_status_t tdist__coll_run_algo(const tdist__coll_ctx_t *c, const tdist__col
                                           a->redop, a->premul);
     case TDIST__OP_ALL_TO_ALL:
     case TDIST__OP_ALL_TO_ALLV:
-        return run_all_to_allv(c, a);
+        return a->recvcounts ? run_all_to_allv(c, a) : run_even(c, a);
     case TDIST__OP_BARRIER:
         return algo == TDIST__ALGO_NONE ? TDIST_OK : tdist__coll_barrier(c);
     case TDIST__OP_MONITORED_BARRIER:
@@ -435,8 +491,7 @@ static tdist_status_t divide_active(const tdist__coll_ctx_t *c, const tdist__col
 static bool single_wait(tdist__coll_plan_t p)
 {
     return p.route == TDIST__ROUTE_SHM_LINE &&
-           (p.algo == TDIST__ALGO_AR_SHM_TINY || p.algo == TDIST__ALGO_BCAST_SHM_TINY ||
-            p.algo == TDIST__ALGO_NONE);
+           (p.algo == TDIST__ALGO_SHM_IN_LINE || p.algo == TDIST__ALGO_NONE);
 }
 
 tdist_status_t tdist__coll_run(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
@@ -475,8 +530,8 @@ tdist_status_t tdist__coll_run(const tdist__coll_ctx_t *c, const tdist__coll_arg
         return c->g->hier_run(c->g->hier_arg, a, c->deadline_ms);
     case TDIST__ROUTE_SHM_LINE:
         return tdist__coll_shm_line(c, a, chk, p.algo);
-    case TDIST__ROUTE_FUSED_AR:
-        return tdist__coll_all_reduce_fused(c, a, chk);
+    case TDIST__ROUTE_FUSED:
+        return tdist__coll_fused(c, a, chk);
     case TDIST__ROUTE_MONITORED:
         return tdist__coll_monitored_barrier(c, chk);
     case TDIST__ROUTE_NATIVE:

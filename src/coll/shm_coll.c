@@ -14,8 +14,8 @@
  *          fingerprint, and a tiny all_reduce's data) and an aux part read
  *          only when needed (the whole fingerprint, for the mismatch message)
  *   4096   SLOTS (4) staging slots of CHUNK bytes (used in turn by chunk;
- *          a one-shot small all_reduce uses the slot of its exchange's
- *          sequence number)
+ *          a one-shot collective (oneshot.c) uses the slot of its
+ *          exchange's sequence number)
  *
  * Every counter and line sequence only grows (no resets, no shared
  * atomics: each is written by its owner alone). All ranks run the same
@@ -51,13 +51,13 @@
  * past its own cache, so a reader fetches them from memory instead of
  * pulling dirty lines out of a far cache one at a time. See pick_stream.
  *
- * A small all_reduce (up to CHUNK bytes) can instead go in one shot: each
- * rank copies its whole input into the slot of its next exchange
- * (sequence % SLOTS), once every peer has copied out every staged chunk
- * (out >= chunks), publishes the exchange, and after it reduces every
- * rank's slot in rank order itself (the same bits everywhere, and the
- * same as the staged protocol's). One wait instead of three; each rank
- * reduces all of it. A slot is written again SLOTS exchanges later, after
+ * A small collective (up to CHUNK bytes staged by a rank; oneshot.c)
+ * can instead go in one shot: each rank copies its whole input into the
+ * slot of its next exchange (sequence % SLOTS), once every peer has
+ * copied out every staged chunk (out >= chunks), publishes the exchange,
+ * and after it reads every rank's slot itself (an all_reduce reduces them
+ * in rank order: the same bits everywhere, and the same as the staged
+ * protocol's). One wait instead of three; each rank reduces all of it. A slot is written again SLOTS exchanges later, after
  * every peer has published the exchanges in between, i.e. finished
  * reading it; the next staged collective starts with an exchange too. A
  * line exchange needs no acknowledgement: a rank can only
@@ -747,26 +747,20 @@ tdist_status_t tdist__shmc_all_reduce(const tdist__coll_ctx_t *c, const void *se
 
 size_t tdist__shmc_small_max(void) { return CHUNK; }
 
-tdist_status_t tdist__shmc_stage_small(const tdist__coll_ctx_t *c, const void *src, size_t bytes)
+tdist_status_t tdist__shmc_stage_slot(const tdist__coll_ctx_t *c, uint8_t **slot)
 {
     tdist__shmc_t *s = c->shm;
-    if (bytes > CHUNK)
-        return tdist__error(TDIST_ERR_INTERNAL, "shm small all_reduce of %zu bytes", bytes);
     /* the peers may still copy out of this rank's slots after the last
      * staged collective: wait until they are done with every chunk */
     TDIST_CHECK(wait_for(c, W_OUT, s->chunks, -1));
-    memcpy(slot_of(s, s->rank, s->line_seq + 1), src, bytes);
+    *slot = slot_of(s, s->rank, s->line_seq + 1);
     return TDIST_OK;
 }
 
-void tdist__shmc_reduce_small(const tdist__coll_ctx_t *c, void *dst, size_t count,
-                              tdist_dtype_t dtype, tdist_redop_t op)
+const uint8_t *tdist__shmc_slot(const tdist__coll_ctx_t *c, int r)
 {
     const tdist__shmc_t *s = c->shm;
-    uint64_t x = s->line_seq; /* the exchange that published the slots */
-    tdist__reduce_unchecked(dst, slot_of(s, 0, x), slot_of(s, 1, x), count, dtype, op);
-    for (int r = 2; r < s->size; r++)
-        tdist__reduce_unchecked(dst, dst, slot_of(s, r, x), count, dtype, op);
+    return slot_of(s, r, s->line_seq); /* the exchange that published the slots */
 }
 
 tdist_status_t tdist__shmc_broadcast(const tdist__coll_ctx_t *c, void *buf, size_t count,

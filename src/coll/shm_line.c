@@ -4,11 +4,10 @@
  * which carries pg/'s check (a hash of the fingerprint in the blob every
  * rank reads, the whole fingerprint in the aux part, read only to word a
  * mismatch) and is a barrier too. Small collectives finish in it:
- *  - tiny all_reduce: every rank's payload rides in its blob after the
- *    hash, reduced in rank order by every rank (the same bits everywhere);
- *  - tiny broadcast: the root's payload rides in its blob;
- *  - small all_reduce: the input is staged in the slot of this exchange
- *    before it, and reduced in rank order after it;
+ *  - one-shot (oneshot.c: all_reduce, reduce, broadcast, all_gather, gather,
+ *    scatter, all_to_all, reduce_scatter): each rank's data rides in its
+ *    blob after the hash, or is staged in its slot of this exchange
+ *    before it, and every rank takes what it needs after it;
  *  - barrier: nothing more.
  * Anything else goes on to its algorithm. all_to_allv's per-pair counts
  * still go through pg's exchange; the monitored barrier goes on over the
@@ -24,16 +23,6 @@ static inline uint64_t line_hash(const uint8_t *blob)
     uint64_t v;
     memcpy(&v, blob, sizeof v);
     return v;
-}
-
-/* out = op over every rank's tiny payload (after the blob's hash), in rank
- * order, as every rank does: the same bits everywhere. */
-static void reduce_lines(const uint8_t *const *b, int size, void *out, size_t count,
-                         tdist_dtype_t dtype, tdist_redop_t op)
-{
-    const size_t hs = sizeof(uint64_t);
-    tdist__reduce_unchecked(out, b[0] + hs, b[1] + hs, count, dtype, op);
-    for (int r = 2; r < size; r++) tdist__reduce_unchecked(out, out, b[r] + hs, count, dtype, op);
 }
 
 /* The hashes in this exchange's blobs differ: every rank's whole
@@ -52,37 +41,46 @@ static tdist_status_t mismatch(const tdist__coll_ctx_t *c, const tdist__coll_che
     return tdist__error(TDIST_ERR_INTERNAL, "fingerprint hashes differ, fingerprints do not");
 }
 
-/* Write this rank's line: hash, fingerprint, and a payload that rides in
- * it; stage a small all_reduce's input. */
+/* Write this rank's line: hash, fingerprint, and a one-shot collective's
+ * data, in the blob or staged in the slot of this exchange. */
 static tdist_status_t post_line(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
                                 const tdist__coll_check_t *chk, tdist__coll_algo_t algo)
 {
     const size_t hs = sizeof(uint64_t);
-    size_t bytes = tdist__coll_bytes(a->count, a->dtype), len = hs;
+    size_t len = hs;
     uint8_t *aux = NULL, *blob = tdist__shmc_begin(c, &aux);
     uint64_t h = chk && chk->on ? chk->hash : 0;
     size_t fl = chk ? chk->len : 0;
     if (fl) memcpy(aux, chk->common, fl);
     memcpy(blob, &h, hs);
-    if (algo == TDIST__ALGO_AR_SHM_TINY) {
-        memcpy(blob + hs, a->sendbuf, bytes);
-        if (a->redop == TDIST_PREMUL_SUM)
-            TDIST_CHECK(tdist_scale(blob + hs, a->count, a->dtype, a->premul));
-        len += bytes;
-    } else if (algo == TDIST__ALGO_BCAST_SHM_TINY && c->rank == a->root) {
-        memcpy(blob + hs, a->recvbuf, bytes);
-        len += bytes;
-    } else if (algo == TDIST__ALGO_AR_SHM_SMALL) {
-        TDIST_CHECK(tdist__shmc_stage_small(c, a->sendbuf, bytes));
+    if (algo == TDIST__ALGO_SHM_IN_LINE || algo == TDIST__ALGO_SHM_ONE_SHOT) {
+        size_t bytes = 0;
+        const void *in = tdist__oneshot_input(c, a, &bytes);
+        uint8_t *to = blob + hs;
+        if (algo == TDIST__ALGO_SHM_ONE_SHOT) TDIST_CHECK(tdist__shmc_stage_slot(c, &to));
+        if (in) {
+            memcpy(to, in, bytes);
+            TDIST_CHECK(tdist__oneshot_scale(a, to, bytes));
+            if (algo == TDIST__ALGO_SHM_IN_LINE) len += bytes;
+        }
     }
     tdist__shmc_post(c, len, fl);
     return TDIST_OK;
 }
 
+/* A one-shot collective's result from every rank's staged data. */
+static tdist_status_t finish_oneshot(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
+                                     const uint8_t **b, tdist__coll_algo_t algo)
+{
+    const size_t hs = sizeof(uint64_t);
+    for (int r = 0; r < c->size; r++)
+        b[r] = algo == TDIST__ALGO_SHM_IN_LINE ? b[r] + hs : tdist__shmc_slot(c, r);
+    return tdist__oneshot_finish(c, a, b);
+}
+
 tdist_status_t tdist__coll_shm_line(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
                                     const tdist__coll_check_t *chk, tdist__coll_algo_t algo)
 {
-    const size_t hs = sizeof(uint64_t);
     TDIST_CHECK(post_line(c, a, chk, algo));
     /* Only rank 0 collects a monitored barrier (over the transport, to
      * name who is missing); the line just keeps every rank's exchange
@@ -95,23 +93,13 @@ tdist_status_t tdist__coll_shm_line(const tdist__coll_ctx_t *c, const tdist__col
             if (line_hash(b[r]) != chk->hash) return mismatch(c, chk);
         if (a->op == TDIST__OP_ALL_TO_ALLV) TDIST_CHECK(chk->exchange(chk->arg, c->deadline_ms));
     }
-    size_t bytes = tdist__coll_bytes(a->count, a->dtype);
     switch (algo) {
     case TDIST__ALGO_NONE:
         return TDIST_OK;
-    case TDIST__ALGO_BCAST_SHM_TINY:
-        if (c->rank != a->root) memcpy(a->recvbuf, b[a->root] + hs, bytes);
-        return TDIST_OK;
-    case TDIST__ALGO_AR_SHM_TINY:
-        reduce_lines(b, c->size, a->recvbuf, a->count, a->dtype, a->redop);
-        break;
-    case TDIST__ALGO_AR_SHM_SMALL:
-        tdist__shmc_reduce_small(c, a->recvbuf, a->count, a->dtype, a->redop);
-        break;
+    case TDIST__ALGO_SHM_IN_LINE:
+    case TDIST__ALGO_SHM_ONE_SHOT:
+        return finish_oneshot(c, a, b, algo);
     default:
         return tdist__coll_run_algo(c, a, chk, algo);
     }
-    if (a->redop == TDIST_AVG)
-        TDIST_CHECK(tdist_divide(a->recvbuf, a->count, a->dtype, c->size));
-    return TDIST_OK;
 }

@@ -95,19 +95,61 @@ static tdist_status_t chk_buf(const char *fn, const tdist_pg_t *pg, const void *
 
 static tdist_status_t no_mem(const char *fn) { return tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory", fn); }
 
-/* A new work for op over (sendbuf, recvbuf, count, dtype); NULL when out
- * of memory. */
-static struct tdist_work *new_work(tdist__op_t op, const tdist_coll_opts_t *opts,
-                                   const void *sendbuf, void *recvbuf, size_t count,
-                                   tdist_dtype_t dtype)
+/* w over (sendbuf, recvbuf, count, dtype), or NULL if w is. */
+static struct tdist_work *fill_work(struct tdist_work *w, const void *sendbuf, void *recvbuf,
+                                    size_t count, tdist_dtype_t dtype)
 {
-    struct tdist_work *w = tdist__work_new(op, opts);
     if (!w) return NULL;
     w->sendbuf = sendbuf;
     w->recvbuf = recvbuf;
     w->count = count;
     w->dtype = dtype;
     return w;
+}
+
+/* A new work for op over (sendbuf, recvbuf, count, dtype); NULL when out
+ * of memory. */
+static struct tdist_work *new_work(tdist__op_t op, const tdist_coll_opts_t *opts,
+                                   const void *sendbuf, void *recvbuf, size_t count,
+                                   tdist_dtype_t dtype)
+{
+    return fill_work(tdist__work_new(op, opts), sendbuf, recvbuf, count, dtype);
+}
+
+/* The same on the caller's stack (sw) for a blocking call without a
+ * callback (tdist__work_on_stack), for ops whose work owns no arrays. */
+static struct tdist_work *stack_work(struct tdist_work *sw, tdist__op_t op,
+                                     const tdist_coll_opts_t *opts, tdist_work_t **work,
+                                     const void *sendbuf, void *recvbuf, size_t count,
+                                     tdist_dtype_t dtype)
+{
+    return fill_work(tdist__work_on_stack(sw, op, opts, work), sendbuf, recvbuf, count, dtype);
+}
+
+/* Copy a size-entry count vector, checking it; *total = its sum. */
+static tdist_status_t copy_counts(const char *fn, const tdist_pg_t *pg, const size_t *c,
+                                  const char *name, tdist_dtype_t dt, size_t **out, size_t *total)
+{
+    if (!c) return arg_err(fn, pg, "%s is NULL", name);
+    size_t t = 0, es = tdist_dtype_size(dt);
+    for (int r = 0; r < pg->size; r++) {
+        if (c[r] > SIZE_MAX / es || t > SIZE_MAX / es - c[r])
+            return arg_err(fn, pg, "%s: the total overflows size_t bytes at entry %d", name, r);
+        t += c[r];
+    }
+    size_t *copy = malloc((size_t)pg->size * sizeof *copy);
+    if (!copy) return no_mem(fn);
+    memcpy(copy, c, (size_t)pg->size * sizeof *copy);
+    *out = copy;
+    *total = t;
+    return TDIST_OK;
+}
+
+static tdist_status_t reject(struct tdist_work *w, tdist_status_t st)
+{
+    atomic_store(&w->refs, 1);
+    tdist__work_release(w);
+    return st;
 }
 
 static size_t *fill_counts(size_t n, size_t v)
@@ -172,7 +214,8 @@ tdist_status_t tdist_reduce_to(tdist_pg_t *pg, const void *sendbuf, void *recvbu
     TDIST_CHECK(chk_size(fn, pg, count, 1, dtype, "buffers"));
     TDIST_CHECK(chk_buf(fn, pg, sendbuf, count, "sendbuf"));
     if (pg->rank == root) TDIST_CHECK(chk_buf(fn, pg, recvbuf, count, "recvbuf (on the root)"));
-    struct tdist_work *w = new_work(TDIST__OP_REDUCE, opts, sendbuf, recvbuf, count, dtype);
+    struct tdist_work sw,
+        *w = stack_work(&sw, TDIST__OP_REDUCE, opts, work, sendbuf, recvbuf, count, dtype);
     if (!w) return no_mem(fn);
     w->redop = op;
     w->root = root;
@@ -189,42 +232,20 @@ tdist_status_t tdist_all_gather(tdist_pg_t *pg, const void *sendbuf, void *recvb
     TDIST_CHECK(chk_size(fn, pg, count, (size_t)pg->size, dtype, "recvbuf"));
     TDIST_CHECK(chk_buf(fn, pg, sendbuf, count, "sendbuf"));
     TDIST_CHECK(chk_buf(fn, pg, recvbuf, count, "recvbuf"));
+    /* coll/ makes the count vector itself when it needs one; a backend's
+     * slot gets it here */
+    if (!pg->backend) {
+        struct tdist_work sw, *sk = stack_work(&sw, TDIST__OP_ALL_GATHER, opts, work, sendbuf,
+                                               recvbuf, count, dtype);
+        return sk ? tdist__pg_submit(pg, sk, work) : no_mem(fn);
+    }
     struct tdist_work *w = new_work(TDIST__OP_ALL_GATHER, opts, sendbuf, recvbuf, count, dtype);
     if (!w) return no_mem(fn);
     w->recvcounts = fill_counts((size_t)pg->size, count);
-    if (!w->recvcounts) {
-        atomic_store(&w->refs, 1);
-        tdist__work_release(w);
-        return no_mem(fn);
-    }
+    if (!w->recvcounts) return reject(w, no_mem(fn));
     return tdist__pg_submit(pg, w, work);
 }
 
-/* Copy a size-entry count vector, checking it; *total = its sum. */
-static tdist_status_t copy_counts(const char *fn, const tdist_pg_t *pg, const size_t *c,
-                                  const char *name, tdist_dtype_t dt, size_t **out, size_t *total)
-{
-    if (!c) return arg_err(fn, pg, "%s is NULL", name);
-    size_t t = 0, es = tdist_dtype_size(dt);
-    for (int r = 0; r < pg->size; r++) {
-        if (c[r] > SIZE_MAX / es || t > SIZE_MAX / es - c[r])
-            return arg_err(fn, pg, "%s: the total overflows size_t bytes at entry %d", name, r);
-        t += c[r];
-    }
-    size_t *copy = malloc((size_t)pg->size * sizeof *copy);
-    if (!copy) return no_mem(fn);
-    memcpy(copy, c, (size_t)pg->size * sizeof *copy);
-    *out = copy;
-    *total = t;
-    return TDIST_OK;
-}
-
-static tdist_status_t reject(struct tdist_work *w, tdist_status_t st)
-{
-    atomic_store(&w->refs, 1);
-    tdist__work_release(w);
-    return st;
-}
 
 tdist_status_t tdist_all_gatherv(tdist_pg_t *pg, const void *sendbuf, void *recvbuf,
                                  const size_t *recvcounts, tdist_dtype_t dtype,
@@ -259,7 +280,8 @@ tdist_status_t tdist_gather(tdist_pg_t *pg, const void *sendbuf, void *recvbuf, 
     TDIST_CHECK(chk_size(fn, pg, count, (size_t)pg->size, dtype, "recvbuf"));
     TDIST_CHECK(chk_buf(fn, pg, sendbuf, count, "sendbuf"));
     if (pg->rank == root) TDIST_CHECK(chk_buf(fn, pg, recvbuf, count, "recvbuf (on the root)"));
-    struct tdist_work *w = new_work(TDIST__OP_GATHER, opts, sendbuf, recvbuf, count, dtype);
+    struct tdist_work sw,
+        *w = stack_work(&sw, TDIST__OP_GATHER, opts, work, sendbuf, recvbuf, count, dtype);
     if (!w) return no_mem(fn);
     w->root = root;
     return tdist__pg_submit(pg, w, work);
@@ -276,7 +298,8 @@ tdist_status_t tdist_scatter(tdist_pg_t *pg, const void *sendbuf, void *recvbuf,
     TDIST_CHECK(chk_size(fn, pg, count, (size_t)pg->size, dtype, "sendbuf"));
     if (pg->rank == root) TDIST_CHECK(chk_buf(fn, pg, sendbuf, count, "sendbuf (on the root)"));
     TDIST_CHECK(chk_buf(fn, pg, recvbuf, count, "recvbuf"));
-    struct tdist_work *w = new_work(TDIST__OP_SCATTER, opts, sendbuf, recvbuf, count, dtype);
+    struct tdist_work sw,
+        *w = stack_work(&sw, TDIST__OP_SCATTER, opts, work, sendbuf, recvbuf, count, dtype);
     if (!w) return no_mem(fn);
     w->root = root;
     return tdist__pg_submit(pg, w, work);
@@ -293,7 +316,8 @@ tdist_status_t tdist_reduce_scatter(tdist_pg_t *pg, const void *sendbuf, void *r
     TDIST_CHECK(chk_size(fn, pg, recvcount, (size_t)pg->size, dtype, "sendbuf"));
     TDIST_CHECK(chk_buf(fn, pg, sendbuf, recvcount, "sendbuf"));
     TDIST_CHECK(chk_buf(fn, pg, recvbuf, recvcount, "recvbuf"));
-    struct tdist_work *w = new_work(TDIST__OP_REDUCE_SCATTER, opts, sendbuf, recvbuf, recvcount, dtype);
+    struct tdist_work sw,
+        *w = stack_work(&sw, TDIST__OP_REDUCE_SCATTER, opts, work, sendbuf, recvbuf, recvcount, dtype);
     if (!w) return no_mem(fn);
     w->redop = op;
     return tdist__pg_submit(pg, w, work);
@@ -309,6 +333,11 @@ tdist_status_t tdist_all_to_all(tdist_pg_t *pg, const void *sendbuf, void *recvb
     TDIST_CHECK(chk_size(fn, pg, count, (size_t)pg->size, dtype, "buffers"));
     TDIST_CHECK(chk_buf(fn, pg, sendbuf, count, "sendbuf"));
     TDIST_CHECK(chk_buf(fn, pg, recvbuf, count, "recvbuf"));
+    if (!pg->backend) { /* as all_gather */
+        struct tdist_work sw, *sk = stack_work(&sw, TDIST__OP_ALL_TO_ALL, opts, work, sendbuf,
+                                               recvbuf, count, dtype);
+        return sk ? tdist__pg_submit(pg, sk, work) : no_mem(fn);
+    }
     struct tdist_work *w = new_work(TDIST__OP_ALL_TO_ALL, opts, sendbuf, recvbuf, count, dtype);
     if (!w) return no_mem(fn);
     w->sendcounts = fill_counts((size_t)pg->size, count);
@@ -441,4 +470,134 @@ tdist_status_t tdist_recv(tdist_pg_t *pg, void *buf, size_t count, tdist_dtype_t
                           const tdist_coll_opts_t *opts, tdist_work_t **work)
 {
     return p2p("tdist_recv", pg, TDIST__OP_RECV, NULL, buf, count, dtype, src, opts, work);
+}
+
+/* ------------------------------------------------- multi-buffer forms */
+
+/* The k buffers' common checks: a list of k >= 1 non-NULL buffers. */
+static tdist_status_t chk_multi(const char *fn, const tdist_pg_t *pg, const void *const *bufs,
+                                size_t k, size_t count, const char *name)
+{
+    if (!bufs || k == 0) return arg_err(fn, pg, "%s: an empty list (%zu buffers)", name, k);
+    for (size_t i = 0; i < k; i++)
+        if (!bufs[i] && count > 0)
+            return arg_err(fn, pg, "%s[%zu] is NULL with %zu elements", name, i, count);
+    return TDIST_OK;
+}
+
+/* The reduce op of the local pass and of the group collective: AVG and
+ * PREMUL_SUM sum locally; AVG sums across the group too and divides by
+ * size x k after. */
+static tdist_redop_t local_op(tdist_redop_t op)
+{
+    return op == TDIST_AVG || op == TDIST_PREMUL_SUM ? TDIST_SUM : op;
+}
+
+/* *acc = op over bufs[0..k) in list order: bufs[0] itself when k == 1,
+ * else a new buffer the caller frees (*owned). */
+static tdist_status_t reduce_local(const char *fn, void *const *bufs, size_t k, size_t count,
+                                   tdist_dtype_t dt, tdist_redop_t op, void **acc, void **owned)
+{
+    *owned = NULL;
+    *acc = bufs[0];
+    if (k == 1 || count == 0) return TDIST_OK;
+    void *t = malloc(count * tdist_dtype_size(dt));
+    if (!t) return no_mem(fn);
+    tdist_status_t st = tdist_reduce(t, bufs[0], bufs[1], count, dt, local_op(op));
+    for (size_t i = 2; i < k && st == TDIST_OK; i++)
+        st = tdist_reduce(t, t, bufs[i], count, dt, local_op(op));
+    if (st != TDIST_OK) {
+        free(t);
+        return st;
+    }
+    *acc = *owned = t;
+    return TDIST_OK;
+}
+
+/* Copy src into every buffer of the list but src itself. */
+static void copy_out(void *const *bufs, size_t k, const void *src, size_t bytes)
+{
+    for (size_t i = 0; i < k; i++)
+        if (bufs[i] != src) memcpy(bufs[i], src, bytes);
+}
+
+tdist_status_t tdist_all_reduce_multi(tdist_pg_t *pg, void *const *bufs, size_t k, size_t count,
+                                      tdist_dtype_t dtype, tdist_redop_t op,
+                                      const tdist_coll_opts_t *opts)
+{
+    static const char *fn = "tdist_all_reduce_multi";
+    TDIST_CHECK(chk_common(fn, pg, opts));
+    TDIST_CHECK(chk_dtype(fn, pg, dtype));
+    TDIST_CHECK(chk_redop(fn, pg, op, dtype));
+    TDIST_CHECK(chk_size(fn, pg, count, 1, dtype, "buffers"));
+    TDIST_CHECK(chk_multi(fn, pg, (const void *const *)bufs, k, count, "bufs"));
+    void *acc, *owned;
+    TDIST_CHECK(reduce_local(fn, bufs, k, count, dtype, op, &acc, &owned));
+    tdist_redop_t gop = op == TDIST_AVG ? TDIST_SUM : op;
+    tdist_status_t st = tdist_all_reduce(pg, acc, acc, count, dtype, gop, opts, NULL);
+    if (st == TDIST_OK && op == TDIST_AVG && count > 0)
+        st = tdist_divide(acc, count, dtype, (int)((size_t)pg->size * k));
+    if (st == TDIST_OK) copy_out(bufs, k, acc, count * tdist_dtype_size(dtype));
+    free(owned);
+    return st;
+}
+
+tdist_status_t tdist_reduce_multi(tdist_pg_t *pg, void *const *bufs, size_t k, size_t count,
+                                  tdist_dtype_t dtype, tdist_redop_t op, int root,
+                                  size_t root_buf, const tdist_coll_opts_t *opts)
+{
+    static const char *fn = "tdist_reduce_multi";
+    TDIST_CHECK(chk_common(fn, pg, opts));
+    TDIST_CHECK(chk_dtype(fn, pg, dtype));
+    TDIST_CHECK(chk_redop(fn, pg, op, dtype));
+    TDIST_CHECK(chk_root(fn, pg, root));
+    TDIST_CHECK(chk_size(fn, pg, count, 1, dtype, "buffers"));
+    TDIST_CHECK(chk_multi(fn, pg, (const void *const *)bufs, k, count, "bufs"));
+    if (root_buf >= k) return arg_err(fn, pg, "root_buf %zu of %zu buffers", root_buf, k);
+    void *acc, *owned;
+    TDIST_CHECK(reduce_local(fn, bufs, k, count, dtype, op, &acc, &owned));
+    tdist_redop_t gop = op == TDIST_AVG ? TDIST_SUM : op;
+    void *out = pg->rank == root ? bufs[root_buf] : NULL;
+    tdist_status_t st = tdist_reduce_to(pg, acc, out, count, dtype, gop, root, opts, NULL);
+    if (st == TDIST_OK && out && op == TDIST_AVG && count > 0)
+        st = tdist_divide(out, count, dtype, (int)((size_t)pg->size * k));
+    free(owned);
+    return st;
+}
+
+tdist_status_t tdist_broadcast_multi(tdist_pg_t *pg, void *const *bufs, size_t k, size_t count,
+                                     tdist_dtype_t dtype, int root, size_t root_buf,
+                                     const tdist_coll_opts_t *opts)
+{
+    static const char *fn = "tdist_broadcast_multi";
+    TDIST_CHECK(chk_common(fn, pg, opts));
+    TDIST_CHECK(chk_dtype(fn, pg, dtype));
+    TDIST_CHECK(chk_root(fn, pg, root));
+    TDIST_CHECK(chk_size(fn, pg, count, 1, dtype, "buffers"));
+    TDIST_CHECK(chk_multi(fn, pg, (const void *const *)bufs, k, count, "bufs"));
+    if (root_buf >= k) return arg_err(fn, pg, "root_buf %zu of %zu buffers", root_buf, k);
+    void *src = bufs[pg->rank == root ? root_buf : 0];
+    TDIST_CHECK(tdist_broadcast(pg, src, count, dtype, root, opts, NULL));
+    copy_out(bufs, k, src, count * tdist_dtype_size(dtype));
+    return TDIST_OK;
+}
+
+tdist_status_t tdist_all_gather_multi(tdist_pg_t *pg, const void *const *sendbufs,
+                                      void *const *recvbufs, size_t k, size_t count,
+                                      tdist_dtype_t dtype, const tdist_coll_opts_t *opts)
+{
+    static const char *fn = "tdist_all_gather_multi";
+    TDIST_CHECK(chk_common(fn, pg, opts));
+    TDIST_CHECK(chk_dtype(fn, pg, dtype));
+    TDIST_CHECK(chk_size(fn, pg, count, (size_t)pg->size * k, dtype, "recvbufs"));
+    TDIST_CHECK(chk_multi(fn, pg, sendbufs, k, count, "sendbufs"));
+    TDIST_CHECK(chk_multi(fn, pg, (const void *const *)recvbufs, k, count, "recvbufs"));
+    size_t bytes = count * tdist_dtype_size(dtype);
+    uint8_t *packed = malloc(k * bytes > 0 ? k * bytes : 1);
+    if (!packed) return no_mem(fn);
+    for (size_t i = 0; i < k; i++) memcpy(packed + i * bytes, sendbufs[i], bytes);
+    tdist_status_t st = tdist_all_gather(pg, packed, recvbufs[0], k * count, dtype, opts, NULL);
+    if (st == TDIST_OK) copy_out(recvbufs, k, recvbufs[0], (size_t)pg->size * k * bytes);
+    free(packed);
+    return st;
 }

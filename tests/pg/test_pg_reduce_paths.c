@@ -12,7 +12,8 @@
  * algorithms. Every dtype x valid reduce op, in place and out of place,
  * world sizes 2, 3 and 5, against a reference each rank computes from
  * every rank's seeded input (tests/harness/gen.h: small integers, exact in
- * any summation order). */
+ * any summation order). Then the same for the other one-shot collectives
+ * (below). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -178,3 +179,147 @@ static void tiny_paths_body(int rank, int n, void *arg)
 
 TEST(pg_tiny_fast_and_general_paths_agree_2_ranks, 60) { tdist_test_run_ranks(2, tiny_paths_body, NULL); }
 TEST(pg_tiny_fast_and_general_paths_agree_3_ranks, 60) { tdist_test_run_ranks(3, tiny_paths_body, NULL); }
+
+/* Broadcast, all_gather, gather,
+ * scatter, all_to_all and reduce_scatter through the public API at the
+ * sizes where their paths change: on shared memory the data riding in the
+ * line (up to 392 bytes staged by a rank: the blob after the 8-byte
+ * fingerprint hash), the one-shot through the staging slot just above it
+ * (up to 256 KiB staged by a rank; all_to_all, scatter and
+ * reduce_scatter stage a whole buffer of size blocks), and each op's own
+ * algorithm above that; a staged all_reduce between the calls reuses the
+ * slots. On TCP (the __tcp twins) the same calls check the fused exchange
+ * (data behind the fingerprint, up to 16 KiB a rank) and the
+ * point-to-point algorithms above it. In place and out of place, several dtypes and reduce ops,
+ * against a reference each rank computes from every rank's seeded input
+ * (tests/harness/gen.h). */
+/* Block sizes (elements per rank) for n ranks and elements of es bytes:
+ * around the line (392 B staged), TCP's fused exchange (16 KiB) and the
+ * slot (256 KiB staged), for the ops that stage one block and for those
+ * that stage n. */
+static size_t blocks_for(size_t es, int n, size_t *out)
+{
+    size_t k = 0, line = 392 / es, slot = (256u << 10) / es, fused = (16u << 10) / es;
+    size_t nn = (size_t)n;
+    out[k++] = 1;
+    out[k++] = line / nn;
+    out[k++] = line / nn + 1;
+    out[k++] = line;
+    out[k++] = line + 1;
+    out[k++] = fused / nn; /* TCP: data behind the fingerprint up to 16 KiB a rank */
+    out[k++] = fused / nn + 1;
+    out[k++] = slot / nn;
+    out[k++] = slot / nn + 1;
+    out[k++] = slot;
+    out[k++] = slot + 3;
+    return k;
+}
+
+typedef struct bufs {
+    uint8_t *in, *out, *want, *tmp;
+} bufs_t;
+
+/* all_gather and gather (root n - 1): block r = rank r's input. */
+static void check_gathers(tdist_pg_t *pg, int rank, int n, tdist_dtype_t dt, size_t blk,
+                          uint64_t seed, bufs_t *b)
+{
+    size_t bb = blk * tdist_dtype_size(dt), nn = (size_t)n;
+    for (int r = 0; r < n; r++) tgen_fill(b->want + (size_t)r * bb, blk, dt, TDIST_SUM, r, seed);
+    memcpy(b->in, b->want + (size_t)rank * bb, bb);
+    memset(b->out, 0x5a, nn * bb);
+    ASSERT_OK(tdist_all_gather(pg, b->in, b->out, blk, dt, NULL, NULL));
+    expect_eq(b->out, b->want, nn * blk, dt, "all_gather", TDIST_SUM, 0);
+    memset(b->out, 0x5a, nn * bb);
+    memcpy(b->out, b->in, bb);
+    ASSERT_OK(tdist_all_gather(pg, b->out, b->out, blk, dt, NULL, NULL));
+    expect_eq(b->out, b->want, nn * blk, dt, "all_gather", TDIST_SUM, 1);
+    memset(b->out, 0x5a, nn * bb);
+    ASSERT_OK(tdist_gather(pg, b->in, b->out, blk, dt, n - 1, NULL, NULL));
+    if (rank == n - 1) expect_eq(b->out, b->want, nn * blk, dt, "gather", TDIST_SUM, 0);
+}
+
+/* scatter (root 1 % n) and all_to_all: rank r's send buffer is r's input
+ * of n blocks; block p goes to rank p. */
+static void check_scatters(tdist_pg_t *pg, int rank, int n, tdist_dtype_t dt, size_t blk,
+                           uint64_t seed, bufs_t *b)
+{
+    size_t bb = blk * tdist_dtype_size(dt), nn = (size_t)n;
+    int root = 1 % n;
+    tgen_fill(b->in, nn * blk, dt, TDIST_SUM, rank, seed);
+    tgen_fill(b->tmp, nn * blk, dt, TDIST_SUM, root, seed);
+    memset(b->out, 0x5a, bb);
+    ASSERT_OK(tdist_scatter(pg, b->in, b->out, blk, dt, root, NULL, NULL));
+    expect_eq(b->out, b->tmp + (size_t)rank * bb, blk, dt, "scatter", TDIST_SUM, 0);
+    for (int r = 0; r < n; r++) {
+        tgen_fill(b->tmp, nn * blk, dt, TDIST_SUM, r, seed);
+        memcpy(b->want + (size_t)r * bb, b->tmp + (size_t)rank * bb, bb);
+    }
+    memset(b->out, 0x5a, nn * bb);
+    ASSERT_OK(tdist_all_to_all(pg, b->in, b->out, blk, dt, NULL, NULL));
+    expect_eq(b->out, b->want, nn * blk, dt, "all_to_all", TDIST_SUM, 0);
+    ASSERT_OK(tdist_all_to_all(pg, b->in, b->in, blk, dt, NULL, NULL));
+    expect_eq(b->in, b->want, nn * blk, dt, "all_to_all", TDIST_SUM, 1);
+}
+
+/* reduce_scatter: block `rank` of the op over every rank's input. */
+static void check_reduce_scatter(tdist_pg_t *pg, int rank, int n, tdist_dtype_t dt,
+                                 tdist_redop_t op, size_t blk, uint64_t seed, bufs_t *b)
+{
+    size_t bb = blk * tdist_dtype_size(dt), nn = (size_t)n;
+    tdist_coll_opts_t co;
+    tdist_coll_opts_init(&co);
+    co.premul_factor = PREMUL;
+    tgen_reference(b->want, nn * blk, dt, op, n, seed, PREMUL);
+    tgen_fill(b->in, nn * blk, dt, op, rank, seed);
+    memset(b->out, 0x5a, bb);
+    ASSERT_OK(tdist_reduce_scatter(pg, b->in, b->out, blk, dt, op, &co, NULL));
+    expect_eq(b->out, b->want + (size_t)rank * bb, blk, dt, "reduce_scatter", op, 0);
+}
+
+static void oneshot_body(int rank, int n, void *arg)
+{
+    (void)arg;
+    static const tdist_dtype_t dts[] = {TDIST_F32, TDIST_I8, TDIST_BF16, TDIST_F64};
+    static const tdist_redop_t ops[] = {TDIST_SUM, TDIST_AVG, TDIST_PREMUL_SUM, TDIST_MAX};
+    tdist_world_t *w;
+    tdist_pg_t *pg;
+    open_world(&w, &pg);
+    size_t big = (size_t)n * ((256u << 10) + 64) + 64;
+    bufs_t b = {malloc(big), malloc(big), malloc(big), malloc(big)};
+    float *stage = malloc((300u << 10) * sizeof(float));
+    ASSERT_TRUE(b.in && b.out && b.want && b.tmp && stage);
+    memset(stage, 0, (300u << 10) * sizeof(float));
+    uint64_t seed = 7;
+    for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++) {
+        tdist_dtype_t dt = dts[d];
+        size_t blks[16], nb = blocks_for(tdist_dtype_size(dt), n, blks);
+        for (size_t i = 0; i < nb; i++, seed++) {
+            /* a broadcast of the same bytes from rank n - 1 */
+            size_t bytes = blks[i] * tdist_dtype_size(dt);
+            tgen_fill(b.want, blks[i], dt, TDIST_SUM, n - 1, seed);
+            if (rank == n - 1) memcpy(b.out, b.want, bytes);
+            else memset(b.out, 0x33, bytes);
+            ASSERT_OK(tdist_broadcast(pg, b.out, blks[i], dt, n - 1, NULL, NULL));
+            expect_eq(b.out, b.want, blks[i], dt, "broadcast", TDIST_SUM, 1);
+            check_gathers(pg, rank, n, dt, blks[i], seed, &b);
+            check_scatters(pg, rank, n, dt, blks[i], seed, &b);
+            for (size_t o = 0; o < sizeof ops / sizeof ops[0]; o++)
+                if (tgen_op_valid(ops[o], dt))
+                    check_reduce_scatter(pg, rank, n, dt, ops[o], blks[i], seed, &b);
+            if (i % 3 == 2) /* a staged all_reduce between them: the slots are reused */
+                ASSERT_OK(tdist_all_reduce(pg, stage, stage, 300u << 10, TDIST_F32, TDIST_MAX,
+                                           NULL, NULL));
+        }
+    }
+    free(b.in);
+    free(b.out);
+    free(b.want);
+    free(b.tmp);
+    free(stage);
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
+}
+
+TEST(pg_oneshot_paths_2_ranks, 90) { tdist_test_run_ranks(2, oneshot_body, NULL); }
+TEST(pg_oneshot_paths_3_ranks, 120) { tdist_test_run_ranks(3, oneshot_body, NULL); }
+TEST(pg_oneshot_paths_4_ranks, 120) { tdist_test_run_ranks(4, oneshot_body, NULL); }
