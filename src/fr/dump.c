@@ -93,6 +93,27 @@ static void dump_header(FILE *f, const tdist__fr_header_t *h, const char *reason
             (unsigned long long)tdist__now_ns());
 }
 
+/* *out = ring entry e if it still holds entry id. The recording thread
+ * may be writing e meanwhile (a dump of a live process): the reader takes
+ * a copy word by word and checks the id before and after, so a copy torn
+ * by a newer entry is dropped, and a field written during the copy is
+ * either value, each a whole word. That race is the design, so this
+ * function alone is not instrumented for ThreadSanitizer (and copies
+ * through volatile words, not memcpy, which it would intercept). */
+#if defined(__GNUC__)
+__attribute__((no_sanitize("thread")))
+#endif
+static bool read_entry(const tdist__fr_entry_t *e, uint64_t id, tdist__fr_entry_t *out)
+{
+    _Static_assert(sizeof *e % sizeof(uint64_t) == 0, "an entry is whole words");
+    const volatile uint64_t *src = (const volatile uint64_t *)(const void *)e;
+    uint64_t words[sizeof *e / sizeof(uint64_t)];
+    if (e->id != id) return false;
+    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++) words[i] = src[i];
+    memcpy(out, words, sizeof *out);
+    return out->id == id;
+}
+
 static tdist_status_t dump_one(tdist__fr_t *fr, const char *reason)
 {
     tdist__fr_header_t *h = fr->hdr;
@@ -112,9 +133,8 @@ static tdist_status_t dump_one(tdist__fr_t *fr, const char *reason)
     for (uint64_t id = from; id < next; id++) {
         const tdist__fr_entry_t *e = &fr->ring[id % fr->cap];
         uint32_t state = atomic_load_explicit((_Atomic uint32_t *)&e->state, memory_order_acquire);
-        if (state == TDIST__FR_EMPTY || e->id != id) continue;
-        tdist__fr_entry_t copy = *e;
-        if (copy.id != id) continue;
+        tdist__fr_entry_t copy;
+        if (state == TDIST__FR_EMPTY || !read_entry(e, id, &copy)) continue;
         dump_entry(f, &copy, state, first, h, tsc_now, mono_now);
         first = false;
     }

@@ -597,8 +597,9 @@ static int bench_size(const cfg_t *c, tdist_pg_t *pg, size_t bytes, double *time
         fail_coll(rank, "barrier");
         goto out;
     }
-    /* warm-up calls are timed only for -k auto; their times go into
-     * times[] (at most ITERS of them), which the timed loop overwrites */
+    /* warm-up calls are timed only for -k auto: the last ITERS of them
+     * (the first ones are cold) go into times[], which the timed loop
+     * overwrites */
     int wt = 0;
     for (int i = 0; i < c->warmup; i++) {
         double t0 = now_us();
@@ -606,11 +607,12 @@ static int bench_size(const cfg_t *c, tdist_pg_t *pg, size_t bytes, double *time
             fail_coll(rank, op_names[c->op]);
             goto out;
         }
-        if (wt < c->iters) times[wt++] = now_us() - t0;
+        times[wt++ % c->iters] = now_us() - t0;
     }
     int batch = c->batch;
     if (batch == 0) {
-        double call_us = wt ? median_of(times, wt) : 0, max_us = 0;
+        int nt = wt < c->iters ? wt : c->iters;
+        double call_us = nt ? median_of(times, nt) : 0, max_us = 0;
         if (tdist_all_reduce(pg, &call_us, &max_us, 1, TDIST_F64, TDIST_MAX, NULL, NULL) !=
             TDIST_OK) {
             fail_coll(rank, "all_reduce of the warm-up time");
