@@ -625,7 +625,12 @@ static void destroy_pending_body(int rank, int n, void *arg)
             ASSERT_STATUS(tdist_work_wait(ws[i], 1000), TDIST_ERR_ABORTED);
             tdist_work_free(ws[i]);
         }
+        ASSERT_OK(tdist_store_set(tdist_world_store(w), "destroyed0", "", 0));
     } else {
+        /* rank 1 leaves only after rank 0's destroy: leaving first would
+         * fail rank 0's running work with the closed connection instead */
+        const char *k = "destroyed0";
+        ASSERT_OK(tdist_store_wait(tdist_world_store(w), &k, 1, 20000));
         tdist_pg_destroy(pg);
     }
     tdist_world_destroy(w);
