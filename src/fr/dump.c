@@ -131,7 +131,7 @@ static tdist_status_t dump_one(tdist__fr_t *fr, const char *reason)
     uint64_t from = next > fr->cap ? next - fr->cap : 0;
     bool first = true;
     for (uint64_t id = from; id < next; id++) {
-        const tdist__fr_entry_t *e = &fr->ring[id % fr->cap];
+        const tdist__fr_entry_t *e = &fr->ring[id & (fr->cap - 1)];
         uint32_t state = atomic_load_explicit((_Atomic uint32_t *)&e->state, memory_order_acquire);
         tdist__fr_entry_t copy;
         if (state == TDIST__FR_EMPTY || !read_entry(e, id, &copy)) continue;

@@ -71,7 +71,11 @@ static void read_config(void)
 {
     int64_t n = FR_DEFAULT_SIZE;
     if (tdist__env_int("TDIST_FR_SIZE", 0, FR_MAX_SIZE, &n) != TDIST_OK) n = FR_DEFAULT_SIZE;
-    cfg_size = (uint32_t)n;
+    /* a power of two: the ring's slot is a mask, not a division, on every
+     * collective's path */
+    uint32_t pow2 = 1;
+    while (n > 0 && pow2 < (uint64_t)n) pow2 <<= 1;
+    cfg_size = n > 0 ? pow2 : 0;
     const char *d = getenv("TDIST_FR_DIR");
     if (d && d[0]) {
         snprintf(cfg_dir, sizeof cfg_dir, "%s", d);
@@ -324,7 +328,7 @@ uint64_t tdist__fr_begin(tdist__fr_t *fr, uint32_t kind, int op, uint64_t seq, u
     _Atomic uint64_t *next = (_Atomic uint64_t *)&fr->hdr->next;
     uint64_t id = atomic_load_explicit(next, memory_order_relaxed);
     atomic_store_explicit(next, id + 1, memory_order_relaxed);
-    tdist__fr_entry_t *e = &fr->ring[id % fr->cap];
+    tdist__fr_entry_t *e = &fr->ring[id & (fr->cap - 1)];
     /* a reader that sees state EMPTY skips the entry while it is rewritten */
     atomic_store_explicit((_Atomic uint32_t *)&e->state, TDIST__FR_EMPTY, memory_order_relaxed);
     atomic_signal_fence(memory_order_release);

@@ -69,7 +69,7 @@ uint64_t tdist__fr_begin(tdist__fr_t *fr, uint32_t kind, int op, uint64_t seq, u
 static inline tdist__fr_entry_t *tdist__fr_at(tdist__fr_t *fr, uint64_t id)
 {
     if (!fr || id == UINT64_MAX) return NULL;
-    tdist__fr_entry_t *e = &fr->ring[id % fr->cap];
+    tdist__fr_entry_t *e = &fr->ring[id & (fr->cap - 1)]; /* cap: a power of two */
     return e->id == id ? e : NULL; /* overwritten by a later entry: nothing to do */
 }
 
