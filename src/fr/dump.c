@@ -15,6 +15,7 @@
  *     "dtype":"f32","count":2,"root":-1,"redop":"sum","splits_hash":0,
  *     "route":"shm_line","algo":"shm_tiny","state":"completed",
  *     "status":0,"t_ns":{"queued":..,"started":..,"completed":..}}, ...]}
+ * ("peer": the rank a wait was on, while it waited: only then.)
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -55,6 +56,7 @@ static void dump_entry(FILE *f, tdist__fr_entry_t *e, uint32_t state, bool first
                 e->route == 255 ? "none" : TDIST__FR_NAME(tdist__fr_route_names, e->route),
                 e->route == 255 ? "none" : TDIST__FR_NAME(tdist__fr_algo_names, e->algo));
     }
+    if (e->peer >= 0) fprintf(f, ",\"peer\":%d", e->peer);
     fprintf(f, ",\"state\":\"%s\",\"status\":%d,\"t_ns\":{",
             TDIST__FR_NAME(tdist__fr_state_names, (int)state), e->status);
     bool any = false;
@@ -69,7 +71,7 @@ static void dump_entry(FILE *f, tdist__fr_entry_t *e, uint32_t state, bool first
 
 static void dump_header(FILE *f, const tdist__fr_header_t *h, const char *reason)
 {
-    fprintf(f, "{\"version\":%u,\"reason\":\"", h->version);
+    fprintf(f, "{\"version\":%u,\"reason\":\"", TDIST__FR_JSON_VERSION);
     for (const char *p = reason; *p; p++) {
         if (*p == '"' || *p == '\\') fputc('\\', f);
         fputc((unsigned char)*p < 0x20 ? ' ' : *p, f);
@@ -103,15 +105,18 @@ static void dump_header(FILE *f, const tdist__fr_header_t *h, const char *reason
 #if defined(__GNUC__)
 __attribute__((no_sanitize("thread")))
 #endif
-static bool read_entry(const tdist__fr_entry_t *e, uint64_t id, tdist__fr_entry_t *out)
+static bool read_entry(const tdist__fr_slot_t *e, uint64_t id, tdist__fr_entry_t *out)
 {
     _Static_assert(sizeof *e % sizeof(uint64_t) == 0, "an entry is whole words");
     const volatile uint64_t *src = (const volatile uint64_t *)(const void *)e;
     uint64_t words[sizeof *e / sizeof(uint64_t)];
-    if (e->id != id) return false;
+    if (e->id != (uint32_t)id) return false;
     for (size_t i = 0; i < sizeof words / sizeof words[0]; i++) words[i] = src[i];
-    memcpy(out, words, sizeof *out);
-    return out->id == id;
+    tdist__fr_slot_t copy;
+    memcpy(&copy, words, sizeof copy);
+    if (copy.id != (uint32_t)id || copy.state == TDIST__FR_EMPTY) return false;
+    tdist__fr_decode(&copy, id, out);
+    return true;
 }
 
 static tdist_status_t dump_one(tdist__fr_t *fr, const char *reason)
@@ -131,11 +136,11 @@ static tdist_status_t dump_one(tdist__fr_t *fr, const char *reason)
     uint64_t from = next > fr->cap ? next - fr->cap : 0;
     bool first = true;
     for (uint64_t id = from; id < next; id++) {
-        const tdist__fr_entry_t *e = &fr->ring[id & (fr->cap - 1)];
-        uint32_t state = atomic_load_explicit((_Atomic uint32_t *)&e->state, memory_order_acquire);
+        const tdist__fr_slot_t *e = &fr->ring[id & (fr->cap - 1)];
+        uint32_t state = atomic_load_explicit((_Atomic uint8_t *)&e->state, memory_order_acquire);
         tdist__fr_entry_t copy;
         if (state == TDIST__FR_EMPTY || !read_entry(e, id, &copy)) continue;
-        dump_entry(f, &copy, state, first, h, tsc_now, mono_now);
+        dump_entry(f, &copy, copy.state, first, h, tsc_now, mono_now);
         first = false;
     }
     fputs("\n]}\n", f);

@@ -18,7 +18,8 @@
 #include <stdint.h>
 
 #define TDIST__FR_MAGIC "TDISTFR"
-#define TDIST__FR_VERSION 1u
+#define TDIST__FR_VERSION 2u      /* of the ring file */
+#define TDIST__FR_JSON_VERSION 1u /* of the JSON dumps (fr/dump.c) */
 
 /* What an entry records. */
 enum {
@@ -37,8 +38,44 @@ enum {
     TDIST__FR_FAILED = 4,
 };
 
+/* An entry as the ring stores it: one cache line, so a call writes one
+ * line of the ring (a bigger entry, or a ring bigger than about a quarter
+ * of a CPU's L2, showed as tens of ns on an 8-byte all_reduce). */
+typedef struct tdist__fr_slot {
+    uint8_t state;        /* TDIST__FR_*; stored last (atomic release) */
+    uint8_t kind;         /* TDIST__FR_COLL ... */
+    uint8_t route;        /* coll/'s route (route_name), 255: not chosen yet */
+    uint8_t algo;         /* coll/'s algorithm (algo_name) */
+    uint8_t op;           /* the op's number (names in op_name below) */
+    int8_t dtype;         /* tdist_dtype_t, -1: none */
+    int8_t redop;         /* tdist_redop_t, -1: none */
+    uint8_t pad;
+    int32_t root;         /* root, or the peer of send / recv; -1: none */
+    int32_t peer;         /* while waiting: the peer waited on; -1: none */
+    uint32_t id;          /* low 32 bits of the entry's index since the ring began */
+    int32_t status;       /* tdist_status_t when failed */
+    uint64_t seq;         /* group seq (coll), per-pair seq (p2p), event argument a */
+    uint64_t count;       /* elements (total for v / coalesced forms); events: argument b */
+    uint64_t t_queued;    /* when queued, in the header's clock */
+    union {
+        struct {
+            uint64_t splits_hash; /* hash of the split sizes / counts (0: none) */
+            /* when started / ended, after t_queued in the header's clock
+             * (a float keeps 24 bits: exact to a tick up to 2^24 ticks,
+             * then to 6e-8 of the span); meaningful once state says so */
+            float dt_started, dt_ended;
+        };
+        char what[16];    /* events: what happened ("bucket_ready", ...), not terminated
+                             when 16 long */
+    };
+} tdist__fr_slot_t;
+
+_Static_assert(sizeof(tdist__fr_slot_t) == 64, "a ring entry is one cache line");
+
+/* An entry as readers use it (dumps, tdist-fr): a slot decoded
+ * (tdist__fr_decode), with one time per state. */
 typedef struct tdist__fr_entry {
-    uint32_t state;       /* TDIST__FR_*; stored last (atomic release) */
+    uint32_t state;       /* TDIST__FR_* */
     uint32_t kind;        /* TDIST__FR_COLL ... */
     uint64_t id;          /* index of the entry since the ring began (0, 1, ...) */
     uint64_t seq;         /* group seq (coll), per-pair seq (p2p), event argument */
@@ -48,6 +85,7 @@ typedef struct tdist__fr_entry {
     int32_t dtype;        /* tdist_dtype_t, -1: none */
     int32_t root;         /* root, or the peer of send / recv; -1: none */
     int32_t redop;        /* tdist_redop_t, -1: none */
+    int32_t peer;         /* while waiting: the peer waited on; -1: none */
     uint8_t route;        /* coll/'s route (route_name), 255: not chosen yet */
     uint8_t algo;         /* coll/'s algorithm (algo_name) */
     uint8_t pad[2];
@@ -57,10 +95,30 @@ typedef struct tdist__fr_entry {
     char what[24];        /* events: what happened ("bucket_ready", ...) */
 } tdist__fr_entry_t;
 
+/* Entry id's slot s (a copy), decoded into *e. */
+static inline void tdist__fr_decode(const tdist__fr_slot_t *s, uint64_t id, tdist__fr_entry_t *e)
+{
+    *e = (tdist__fr_entry_t){.state = s->state, .kind = s->kind, .id = id, .seq = s->seq,
+                             .count = s->count, .op = s->op, .dtype = s->dtype,
+                             .root = s->root, .redop = s->redop, .peer = s->peer,
+                             .route = s->route, .algo = s->algo, .status = s->status};
+    e->t_ns[TDIST__FR_QUEUED] = s->t_queued;
+    if (s->kind == TDIST__FR_EVENT) { /* recorded as completed when queued */
+        for (int i = 0; i < 16 && s->what[i]; i++) e->what[i] = s->what[i];
+        e->t_ns[TDIST__FR_COMPLETED] = s->t_queued;
+        return;
+    }
+    e->splits_hash = s->splits_hash;
+    if (s->state >= TDIST__FR_STARTED)
+        e->t_ns[TDIST__FR_STARTED] = s->t_queued + (uint64_t)s->dt_started;
+    if (s->state >= TDIST__FR_COMPLETED && s->state <= TDIST__FR_FAILED)
+        e->t_ns[s->state] = s->t_queued + (uint64_t)s->dt_ended;
+}
+
 typedef struct tdist__fr_header {
     char magic[8];        /* TDIST__FR_MAGIC */
     uint32_t version;
-    uint32_t entry_size;  /* sizeof(tdist__fr_entry_t) */
+    uint32_t entry_size;  /* sizeof(tdist__fr_slot_t) */
     uint32_t capacity;    /* entries in the ring */
     int32_t rank;         /* rank in the group */
     int32_t size;         /* group size */

@@ -29,7 +29,7 @@
 #include "fr/fr.h"
 #include "fr/internal.h"
 
-#define FR_DEFAULT_SIZE 4096
+#define FR_DEFAULT_SIZE 2048 /* 128 KiB of 64-byte entries */
 #define FR_MAX_SIZE (1 << 22)
 
 static pthread_once_t cfg_once = PTHREAD_ONCE_INIT;
@@ -204,7 +204,7 @@ static void fill_header(tdist__fr_header_t *h, const tdist__fr_ident_t *id, uint
 {
     memcpy(h->magic, TDIST__FR_MAGIC, sizeof TDIST__FR_MAGIC);
     h->version = TDIST__FR_VERSION;
-    h->entry_size = sizeof(tdist__fr_entry_t);
+    h->entry_size = sizeof(tdist__fr_slot_t);
     h->capacity = cap;
     h->rank = id->rank;
     h->size = id->size;
@@ -233,7 +233,7 @@ static void fill_header(tdist__fr_header_t *h, const tdist__fr_ident_t *id, uint
 static tdist__fr_t *map_ring(const char *path, uint32_t cap)
 {
     static atomic_uint serial;
-    size_t len = sizeof(tdist__fr_header_t) + (size_t)cap * sizeof(tdist__fr_entry_t);
+    size_t len = sizeof(tdist__fr_header_t) + (size_t)cap * sizeof(tdist__fr_slot_t);
     char tmp[600];
     snprintf(tmp, sizeof tmp, "%s.new.%d.%u", path, (int)getpid(), atomic_fetch_add(&serial, 1));
     int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -263,7 +263,7 @@ static tdist__fr_t *map_ring(const char *path, uint32_t cap)
         return NULL;
     }
     fr->hdr = p;
-    fr->ring = (tdist__fr_entry_t *)((char *)p + sizeof(tdist__fr_header_t));
+    fr->ring = (tdist__fr_slot_t *)((char *)p + sizeof(tdist__fr_header_t));
     fr->cap = cap;
     fr->map_len = len;
     return fr;
@@ -328,35 +328,33 @@ uint64_t tdist__fr_begin(tdist__fr_t *fr, uint32_t kind, int op, uint64_t seq, u
     _Atomic uint64_t *next = (_Atomic uint64_t *)&fr->hdr->next;
     uint64_t id = atomic_load_explicit(next, memory_order_relaxed);
     atomic_store_explicit(next, id + 1, memory_order_relaxed);
-    tdist__fr_entry_t *e = &fr->ring[id & (fr->cap - 1)];
+    tdist__fr_slot_t *e = &fr->ring[id & (fr->cap - 1)];
     /* a reader that sees state EMPTY skips the entry while it is rewritten */
-    atomic_store_explicit((_Atomic uint32_t *)&e->state, TDIST__FR_EMPTY, memory_order_relaxed);
+    atomic_store_explicit((_Atomic uint8_t *)&e->state, TDIST__FR_EMPTY, memory_order_relaxed);
     atomic_signal_fence(memory_order_release);
-    e->kind = kind;
-    e->id = id;
-    e->seq = seq;
-    e->count = count;
-    e->splits_hash = splits_hash;
-    e->op = op;
-    e->dtype = dtype;
-    e->root = root;
-    e->redop = redop;
+    e->kind = (uint8_t)kind;
     e->route = 255;
     e->algo = 0;
+    e->op = (uint8_t)op;
+    e->dtype = (int8_t)dtype;
+    e->redop = (int8_t)redop;
+    e->root = root;
+    e->peer = -1;
+    e->id = (uint32_t)id;
     e->status = 0;
-    e->t_ns[TDIST__FR_QUEUED] = tdist__fr_now();
-    e->t_ns[TDIST__FR_STARTED] = 0;
-    e->t_ns[TDIST__FR_COMPLETED] = 0;
-    e->t_ns[TDIST__FR_FAILED] = 0;
-    atomic_store_explicit((_Atomic uint32_t *)&e->state, TDIST__FR_QUEUED, memory_order_release);
+    e->seq = seq;
+    e->count = count;
+    e->t_queued = tdist__fr_now();
+    e->splits_hash = splits_hash;
+    atomic_store_explicit((_Atomic uint8_t *)&e->state, TDIST__FR_QUEUED, memory_order_release);
     return id;
 }
 
 void tdist__fr_event(tdist__fr_t *fr, const char *what, uint64_t a, uint64_t b)
 {
     uint64_t id = tdist__fr_begin(fr, TDIST__FR_EVENT, 0, a, b, -1, -1, -1, 0);
-    tdist__fr_entry_t *e = tdist__fr_at(fr, id);
+    tdist__fr_slot_t *e = tdist__fr_at(fr, id);
     if (!e) return;
-    snprintf(e->what, sizeof e->what, "%s", what);
-    tdist__fr_state(fr, id, TDIST__FR_COMPLETED, 0);
+    strncpy(e->what, what, sizeof e->what); /* not terminated when it fills the field */
+    atomic_store_explicit((_Atomic uint8_t *)&e->state, TDIST__FR_COMPLETED, memory_order_release);
 }

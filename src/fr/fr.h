@@ -37,7 +37,7 @@ static inline uint64_t tdist__fr_now(void)
 
 struct tdist__fr {
     tdist__fr_header_t *hdr;   /* the mapping */
-    tdist__fr_entry_t *ring;   /* hdr->capacity entries after it */
+    tdist__fr_slot_t *ring;    /* hdr->capacity entries after it */
     uint32_t cap;
     size_t map_len;
     char *path;
@@ -66,24 +66,28 @@ void tdist__fr_close(tdist__fr_t *fr);
 uint64_t tdist__fr_begin(tdist__fr_t *fr, uint32_t kind, int op, uint64_t seq, uint64_t count,
                          int dtype, int root, int redop, uint64_t splits_hash);
 
-static inline tdist__fr_entry_t *tdist__fr_at(tdist__fr_t *fr, uint64_t id)
+static inline tdist__fr_slot_t *tdist__fr_at(tdist__fr_t *fr, uint64_t id)
 {
     if (!fr || id == UINT64_MAX) return NULL;
-    tdist__fr_entry_t *e = &fr->ring[id & (fr->cap - 1)]; /* cap: a power of two */
-    return e->id == id ? e : NULL; /* overwritten by a later entry: nothing to do */
+    tdist__fr_slot_t *e = &fr->ring[id & (fr->cap - 1)]; /* cap: a power of two */
+    return e->id == (uint32_t)id ? e : NULL; /* overwritten by a later entry: nothing to do */
 }
 
-/* The entry reached state (STARTED, COMPLETED, FAILED): its timestamp
- * (now; or, with same_as_queued, the queued one: a call run at once on
- * the caller's thread saves a clock read), then the state (release). */
+/* The entry reached state (STARTED, COMPLETED, FAILED): its time (now;
+ * or, with same_as_queued, the queued one: a call run at once on the
+ * caller's thread saves a clock read), then the state (release). */
 static inline void tdist__fr_state_at(tdist__fr_t *fr, uint64_t id, uint32_t state, int status,
                                       bool same_as_queued)
 {
-    tdist__fr_entry_t *e = tdist__fr_at(fr, id);
+    tdist__fr_slot_t *e = tdist__fr_at(fr, id);
     if (!e) return;
-    e->t_ns[state] = same_as_queued ? e->t_ns[TDIST__FR_QUEUED] : tdist__fr_now();
+    float dt = same_as_queued ? 0.0f : (float)(int64_t)(tdist__fr_now() - e->t_queued);
+    if (state == TDIST__FR_STARTED)
+        e->dt_started = dt;
+    else
+        e->dt_ended = dt;
     if (state == TDIST__FR_FAILED) e->status = status;
-    atomic_store_explicit((_Atomic uint32_t *)&e->state, state, memory_order_release);
+    atomic_store_explicit((_Atomic uint8_t *)&e->state, (uint8_t)state, memory_order_release);
 }
 
 static inline void tdist__fr_state(tdist__fr_t *fr, uint64_t id, uint32_t state, int status)
@@ -94,10 +98,19 @@ static inline void tdist__fr_state(tdist__fr_t *fr, uint64_t id, uint32_t state,
 /* The route and algorithm coll/ chose for the entry. */
 static inline void tdist__fr_route(tdist__fr_t *fr, uint64_t id, int route, int algo)
 {
-    tdist__fr_entry_t *e = tdist__fr_at(fr, id);
+    tdist__fr_slot_t *e = tdist__fr_at(fr, id);
     if (!e) return;
     e->route = (uint8_t)route;
     e->algo = (uint8_t)algo;
+}
+
+/* The peer the entry's wait is on (-1: none any more). Written by the
+ * thread that runs the operation, when a wait stops spinning, so a live
+ * dump can say whom a stuck collective waits for. */
+static inline void tdist__fr_wait_peer(tdist__fr_t *fr, uint64_t id, int peer)
+{
+    tdist__fr_slot_t *e = tdist__fr_at(fr, id);
+    if (e) e->peer = peer;
 }
 
 /* A one-off event (DDP bucket ready / launched / reduced, a Join

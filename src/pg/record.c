@@ -31,13 +31,13 @@ void tdist__pg_fr_queue(tdist_pg_t *pg, struct tdist_work *w, uint32_t kind)
 void tdist__pg_fr_start(tdist_pg_t *pg, struct tdist_work *w, const tdist__fp_t *fp,
                         tdist__coll_ctx_t *c)
 {
-    tdist__fr_entry_t *e = tdist__fr_at(pg->fr, w->fr_id);
+    tdist__fr_slot_t *e = tdist__fr_at(pg->fr, w->fr_id);
     if (!e) return;
     e->seq = fp->seq;
     e->count = fp->count;
-    e->dtype = fp->dtype;
+    e->dtype = (int8_t)fp->dtype;
     e->root = fp->root;
-    e->redop = fp->redop;
+    e->redop = (int8_t)fp->redop;
     e->splits_hash = fp->vec_hash;
     c->chosen = &e->route;
     tdist__fr_state_at(pg->fr, w->fr_id, TDIST__FR_STARTED, 0, w->inline_run);
@@ -48,16 +48,18 @@ static void trace_line(tdist_pg_t *pg, const struct tdist_work *w, tdist_status_
 {
     char d[200], took[64] = "";
     tdist__work_describe(w, d, sizeof d);
-    const tdist__fr_entry_t *e = tdist__fr_at(pg->fr, w->fr_id);
+    const tdist__fr_slot_t *slot = tdist__fr_at(pg->fr, w->fr_id);
     const char *route = "-", *algo = "-";
-    if (e) {
+    if (slot) {
+        tdist__fr_entry_t e;
+        tdist__fr_decode(slot, w->fr_id, &e);
         uint64_t tsc = tdist__fr_rdtsc(), now = tdist__now_ns();
-        uint64_t t0 = tdist__fr_to_ns(pg->fr->hdr, e->t_ns[TDIST__FR_QUEUED], tsc, now);
-        uint64_t t1 = tdist__fr_to_ns(pg->fr->hdr, e->t_ns[e->state], tsc, now);
+        uint64_t t0 = tdist__fr_to_ns(pg->fr->hdr, e.t_ns[TDIST__FR_QUEUED], tsc, now);
+        uint64_t t1 = tdist__fr_to_ns(pg->fr->hdr, e.t_ns[e.state], tsc, now);
         snprintf(took, sizeof took, " %.1f us", t1 > t0 ? (double)(t1 - t0) / 1e3 : 0.0);
-        if (e->route != 255) {
-            route = TDIST__FR_NAME(tdist__fr_route_names, e->route);
-            algo = TDIST__FR_NAME(tdist__fr_algo_names, e->algo);
+        if (e.route != 255) {
+            route = TDIST__FR_NAME(tdist__fr_route_names, e.route);
+            algo = TDIST__FR_NAME(tdist__fr_algo_names, e.algo);
         }
     }
     tdist__log(TDIST_LOG_TRACE, __FILE__, __LINE__, "rank %d group %s seq %llu %s %s/%s%s %s",

@@ -82,14 +82,14 @@ static int load_ring(const char *path, rec_t *r)
     if (!b) return -1;
     const tdist__fr_header_t *h = (const void *)b;
     if (len < sizeof *h || memcmp(h->magic, TDIST__FR_MAGIC, sizeof TDIST__FR_MAGIC) != 0 ||
-        h->version != TDIST__FR_VERSION || h->entry_size != sizeof(tdist__fr_entry_t) ||
-        len < sizeof *h + (size_t)h->capacity * sizeof(tdist__fr_entry_t) || h->capacity == 0) {
+        h->version != TDIST__FR_VERSION || h->entry_size != sizeof(tdist__fr_slot_t) ||
+        len < sizeof *h + (size_t)h->capacity * sizeof(tdist__fr_slot_t) || h->capacity == 0) {
         free(b);
         return -1;
     }
     memset(r, 0, sizeof *r);
     r->hdr = *h;
-    const tdist__fr_entry_t *ring = (const void *)(b + sizeof *h);
+    const tdist__fr_slot_t *ring = (const void *)(b + sizeof *h);
     uint64_t next = h->next, from = next > h->capacity ? next - h->capacity : 0;
     r->e = calloc((size_t)(next - from) + 1, sizeof *r->e);
     if (!r->e) {
@@ -98,10 +98,10 @@ static int load_ring(const char *path, rec_t *r)
     }
     uint64_t tsc_now = tdist__fr_rdtsc(), mono = mono_now();
     for (uint64_t id = from; id < next; id++) {
-        const tdist__fr_entry_t *e = &ring[id % h->capacity];
-        if (e->state == TDIST__FR_EMPTY || e->id != id) continue;
+        const tdist__fr_slot_t *e = &ring[id % h->capacity];
+        if (e->state == TDIST__FR_EMPTY || e->id != (uint32_t)id) continue;
         tdist__fr_entry_t *c = &r->e[r->n++];
-        *c = *e;
+        tdist__fr_decode(e, id, c);
         for (int s = TDIST__FR_QUEUED; s <= TDIST__FR_FAILED; s++)
             c->t_ns[s] = tdist__fr_to_ns(h, c->t_ns[s], tsc_now, mono);
     }
@@ -188,6 +188,7 @@ static void json_entry(const char *s, const char *end, tdist__fr_entry_t *e)
         e->root = (int32_t)jint(s, end, "root");
         e->splits_hash = jnum(s, end, "splits_hash");
     }
+    e->peer = jval(s, end, "peer") ? (int32_t)jint(s, end, "peer") : -1;
     for (uint32_t st = TDIST__FR_QUEUED; st <= TDIST__FR_FAILED; st++)
         e->t_ns[st] = jnum(s, end, tdist__fr_state_names[st]);
 }
@@ -200,7 +201,9 @@ static int load_json(const char *path, rec_t *r)
     char *b = slurp(path, &len);
     if (!b) return -1;
     char *nl = strchr(b, '\n');
-    if (strncmp(b, "{\"version\":1,", 13) != 0 || !nl) {
+    char head[32];
+    snprintf(head, sizeof head, "{\"version\":%u,", TDIST__FR_JSON_VERSION);
+    if (strncmp(b, head, strlen(head)) != 0 || !nl) {
         free(b);
         return -1;
     }
