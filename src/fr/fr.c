@@ -320,36 +320,6 @@ void tdist__fr_close(tdist__fr_t *fr)
     if (last) thread_stop_if_idle();
 }
 
-uint64_t tdist__fr_begin(tdist__fr_t *fr, uint32_t kind, int op, uint64_t seq, uint64_t count,
-                         int dtype, int root, int redop, uint64_t splits_hash)
-{
-    if (!fr) return UINT64_MAX;
-    /* callers serialise begin on a ring (fr.h): no locked instruction */
-    _Atomic uint64_t *next = (_Atomic uint64_t *)&fr->hdr->next;
-    uint64_t id = atomic_load_explicit(next, memory_order_relaxed);
-    atomic_store_explicit(next, id + 1, memory_order_relaxed);
-    tdist__fr_slot_t *e = &fr->ring[id & (fr->cap - 1)];
-    /* a reader that sees state EMPTY skips the entry while it is rewritten */
-    atomic_store_explicit((_Atomic uint8_t *)&e->state, TDIST__FR_EMPTY, memory_order_relaxed);
-    atomic_signal_fence(memory_order_release);
-    e->kind = (uint8_t)kind;
-    e->route = 255;
-    e->algo = 0;
-    e->op = (uint8_t)op;
-    e->dtype = (int8_t)dtype;
-    e->redop = (int8_t)redop;
-    e->root = root;
-    e->peer = -1;
-    e->id = (uint32_t)id;
-    e->status = 0;
-    e->seq = seq;
-    e->count = count;
-    e->t_queued = tdist__fr_now();
-    e->splits_hash = splits_hash;
-    atomic_store_explicit((_Atomic uint8_t *)&e->state, TDIST__FR_QUEUED, memory_order_release);
-    return id;
-}
-
 void tdist__fr_event(tdist__fr_t *fr, const char *what, uint64_t a, uint64_t b)
 {
     uint64_t id = tdist__fr_begin(fr, TDIST__FR_EVENT, 0, a, b, -1, -1, -1, 0);

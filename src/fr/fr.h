@@ -9,10 +9,9 @@
  * every call below takes NULL and does nothing). Configuration
  * (TDIST_FR_SIZE, TDIST_FR_DIR) is read once per process.
  *
- * Threads: the caller serialises tdist__fr_begin and tdist__fr_event on
- * one ring (pg calls them under the group's lock), so claiming an entry
- * needs no locked instruction; an entry is then written only by the thread
- * that runs its operation. Open / close / dump take the registry's lock;
+ * Threads: tdist__fr_begin and tdist__fr_event claim an entry with one
+ * atomic increment (any thread); an entry is then written only by the
+ * thread that runs its operation. Open / close / dump take the registry's lock;
  * a dump reads entries being written and skips those it catches midway.
  */
 #ifndef TDIST_FR_FR_H
@@ -61,10 +60,38 @@ tdist__fr_t *tdist__fr_open(const tdist__fr_ident_t *id);
  * removed (a clean exit leaves nothing behind). NULL does nothing. */
 void tdist__fr_close(tdist__fr_t *fr);
 
-/* Claim the next entry (serialised by the caller) and record it as queued; its index (for the calls
- * below), or UINT64_MAX when fr is NULL. */
-uint64_t tdist__fr_begin(tdist__fr_t *fr, uint32_t kind, int op, uint64_t seq, uint64_t count,
-                         int dtype, int root, int redop, uint64_t splits_hash);
+/* Claim the next entry (thread-safe) and record it as queued; its index
+ * (for the calls below), or UINT64_MAX when fr is NULL. */
+static inline uint64_t tdist__fr_begin(tdist__fr_t *fr, uint32_t kind, int op, uint64_t seq,
+                                       uint64_t count, int dtype, int root, int redop,
+                                       uint64_t splits_hash)
+{
+    if (!fr) return UINT64_MAX;
+    /* a group's collectives, its point-to-point operations and marks may
+     * begin on different threads */
+    uint64_t id = atomic_fetch_add_explicit((_Atomic uint64_t *)&fr->hdr->next, 1,
+                                            memory_order_relaxed);
+    tdist__fr_slot_t *e = &fr->ring[id & (fr->cap - 1)];
+    /* a reader that sees state EMPTY skips the entry while it is rewritten */
+    atomic_store_explicit((_Atomic uint8_t *)&e->state, TDIST__FR_EMPTY, memory_order_relaxed);
+    atomic_signal_fence(memory_order_release);
+    e->kind = (uint8_t)kind;
+    e->route = 255;
+    e->algo = 0;
+    e->op = (uint8_t)op;
+    e->dtype = (int8_t)dtype;
+    e->redop = (int8_t)redop;
+    e->root = root;
+    e->peer = -1;
+    e->id = (uint32_t)id;
+    e->status = 0;
+    e->seq = seq;
+    e->count = count;
+    e->t_queued = tdist__fr_now();
+    e->splits_hash = splits_hash;
+    atomic_store_explicit((_Atomic uint8_t *)&e->state, TDIST__FR_QUEUED, memory_order_release);
+    return id;
+}
 
 static inline tdist__fr_slot_t *tdist__fr_at(tdist__fr_t *fr, uint64_t id)
 {

@@ -314,13 +314,82 @@ char *tdist__pg_fail(tdist_pg_t *pg, tdist_status_t st, const char *prefix, cons
 static void run_work(tdist_pg_t *pg, struct tdist_work *w);
 static tdist_status_t run_work_status(tdist_pg_t *pg, struct tdist_work *w, char **msg);
 
+/* ------------------------------------------------------------------ gate
+ *
+ * pg->gate orders the group's works without the lock on the latency
+ * path. Its bits (pg/internal.h): RUN while a work runs (the engine's, or
+ * one on its caller's thread), QUEUED while the queue holds works (set by
+ * the submit that queues, cleared by the engine when it takes the last;
+ * both under mu), SLOW while every submit must look at the group under
+ * mu (a Join is active), and above them the last sequence number. A
+ * submit takes its sequence number and its place in one atomic update,
+ * so numbers follow the order works run in:
+ *  - fast path (a blocking call without a callback): one compare-and-swap
+ *    from a gate with none of the three bits takes the next number and
+ *    RUN; the call runs on the caller's thread and clears RUN;
+ *  - locked path (anything else, and the fast path's fallback): under mu,
+ *    the next number and QUEUED (the work goes to the queue), or RUN when
+ *    the group is idle and the call may run inline.
+ * The engine sets RUN (under mu) only when no one holds it. Whoever
+ * clears RUN while QUEUED is set wakes the engine (under mu, so the wake
+ * cannot fall between the engine's check and its wait). */
+
+#define GATE_SEQ1 ((uint64_t)1 << TDIST__GATE_SEQ_SHIFT)
+
+void tdist__pg_gate_slow(tdist_pg_t *pg, bool on)
+{
+    if (on)
+        atomic_fetch_or(&pg->gate, TDIST__GATE_SLOW);
+    else
+        atomic_fetch_and(&pg->gate, ~(uint64_t)TDIST__GATE_SLOW);
+}
+
+/* Fast path: w's seq and RUN, if the group is idle (false if not). */
+static inline bool gate_enter_idle(tdist_pg_t *pg, struct tdist_work *w)
+{
+    uint64_t g = atomic_load_explicit(&pg->gate, memory_order_relaxed);
+    const uint64_t busy = TDIST__GATE_RUN | TDIST__GATE_QUEUED | TDIST__GATE_SLOW;
+    if ((g & busy) || !atomic_compare_exchange_strong_explicit(&pg->gate, &g,
+                                                               g + GATE_SEQ1 + TDIST__GATE_RUN,
+                                                               memory_order_acquire,
+                                                               memory_order_relaxed))
+        return false;
+    w->seq = (g >> TDIST__GATE_SEQ_SHIFT) + 1;
+    return true;
+}
+
+/* Locked path (mu held): w's seq, and RUN when it may run now (*run_now:
+ * may_run and the group idle), else QUEUED when it is to be queued
+ * (queue). false, having taken nothing, when w lives on the caller's
+ * stack and the group is busy: it must move to the heap first. */
+static bool gate_take_locked(tdist_pg_t *pg, struct tdist_work *w, bool may_run, bool queue,
+                             bool *run_now)
+{
+    uint64_t g = atomic_load_explicit(&pg->gate, memory_order_relaxed), n;
+    do {
+        *run_now = may_run && !(g & (TDIST__GATE_RUN | TDIST__GATE_QUEUED));
+        if (!*run_now && queue && w->on_stack) return false;
+        n = g + GATE_SEQ1;
+        if (*run_now)
+            n |= TDIST__GATE_RUN;
+        else if (queue)
+            n |= TDIST__GATE_QUEUED;
+    } while (!atomic_compare_exchange_weak_explicit(&pg->gate, &g, n, memory_order_acq_rel,
+                                                    memory_order_relaxed));
+    w->seq = (g >> TDIST__GATE_SEQ_SHIFT) + 1;
+    return true;
+}
+
 /* A work run on the caller's thread is over: the engine may go on. */
 static void end_inline(tdist_pg_t *pg)
 {
+    uint64_t g = atomic_fetch_and_explicit(&pg->gate, ~(uint64_t)TDIST__GATE_RUN,
+                                           memory_order_release);
+    /* Only the engine waits on cv, and only for queued work (or the stop,
+     * which sets SLOW): waking it after every inline call would cost a
+     * context switch. */
+    if (!(g & (TDIST__GATE_QUEUED | TDIST__GATE_SLOW))) return;
     pthread_mutex_lock(&pg->mu);
-    pg->busy = false;
-    /* Only the engine waits on cv, and only for queued work (or the
-     * stop): waking it after every inline call costs a context switch. */
     if (pg->head || pg->stop) pthread_cond_broadcast(&pg->cv);
     pthread_mutex_unlock(&pg->mu);
 }
@@ -336,13 +405,65 @@ static struct tdist_work *to_heap(struct tdist_work *w)
     return h;
 }
 
+/* w, which holds RUN and its seq, runs on the caller's thread; the call's
+ * status. */
+static tdist_status_t run_inline(tdist_pg_t *pg, struct tdist_work *w)
+{
+    w->inline_run = true;
+    tdist_status_t st = TDIST_OK;
+    char *msg = NULL;
+    if (w->on_stack) /* nobody else sees it: no finish, no wake-up */
+        st = run_work_status(pg, w, &msg);
+    else
+        run_work(pg, w);
+    end_inline(pg);
+    if (w->on_stack) {
+        if (st != TDIST_OK) tdist__error(st, "%s", msg ? msg : "out of memory");
+        free(msg);
+        work_free_owned(w); /* a stack work: its storage is the caller's */
+        return st;
+    }
+    st = tdist_work_wait(w, -1);
+    tdist__work_release(w);
+    return st;
+}
+
 tdist_status_t tdist__pg_submit(tdist_pg_t *pg, struct tdist_work *w, tdist_work_t **work)
 {
     w->nranks = pg->size;
+    /* A blocking call without a callback on an idle group runs at once on
+     * the caller's thread: same order (nothing is queued or running), no
+     * lock and no thread hand-off on the latency path. */
+    if (w->on_stack && gate_enter_idle(pg, w)) {
+        tdist__pg_fr_queue(pg, w, TDIST__FR_COLL);
+        return run_inline(pg, w);
+    }
     pthread_mutex_lock(&pg->mu);
-    if (w->on_stack && (pg->head || pg->busy)) {
+    tdist_status_t st;
+    char *why;
+    bool run_now;
+    for (;;) {
+        if (pg->join.mode != TDIST__JOIN_NONE) {
+            tdist_status_t jst = tdist__pg_join_check(pg, w);
+            if (jst != TDIST_OK) {
+                pthread_mutex_unlock(&pg->mu);
+                atomic_store(&w->refs, 1);
+                tdist__work_release(w);
+                return jst;
+            }
+        }
+        st = TDIST_OK;
+        why = NULL;
+        if (atomic_load(&pg->aborted)) {
+            st = TDIST_ERR_ABORTED;
+        } else if (pg->err != TDIST_OK) {
+            st = pg->err;
+            why = tdist__strdup(pg->errmsg);
+        }
+        bool may_run = st == TDIST_OK && !work && !w->on_complete;
+        if (gate_take_locked(pg, w, may_run, st == TDIST_OK, &run_now)) break;
         /* it will wait in the queue, past this call's frame on other
-         * threads' stacks: move it to the heap */
+         * threads' stacks: move it to the heap, and look again */
         pthread_mutex_unlock(&pg->mu);
         struct tdist_work *h = to_heap(w);
         if (!h) {
@@ -354,33 +475,8 @@ tdist_status_t tdist__pg_submit(tdist_pg_t *pg, struct tdist_work *w, tdist_work
         w = h;
         pthread_mutex_lock(&pg->mu);
     }
-    if (pg->join.mode != TDIST__JOIN_NONE) {
-        tdist_status_t jst = tdist__pg_join_check(pg, w);
-        if (jst != TDIST_OK) {
-            pthread_mutex_unlock(&pg->mu);
-            atomic_store(&w->refs, 1);
-            tdist__work_release(w);
-            return jst;
-        }
-    }
-    w->seq = ++pg->next_seq;
     tdist__pg_fr_queue(pg, w, TDIST__FR_COLL);
-    tdist_status_t st = TDIST_OK;
-    char *why = NULL;
-    if (atomic_load(&pg->aborted)) {
-        st = TDIST_ERR_ABORTED;
-    } else if (pg->err != TDIST_OK) {
-        st = pg->err;
-        why = tdist__strdup(pg->errmsg);
-    }
-    /* A blocking call without a callback, on an idle engine, runs inline
-     * on the caller's thread: same order (nothing is queued or running),
-     * and no thread hand-off on the latency path. */
-    bool inline_run = false;
-    if (st == TDIST_OK && !work && !w->on_complete && !pg->head && !pg->busy) {
-        pg->busy = true;
-        inline_run = true;
-    } else if (st == TDIST_OK) {
+    if (st == TDIST_OK && !run_now) {
         if (pg->tail)
             pg->tail->next = w;
         else
@@ -389,24 +485,7 @@ tdist_status_t tdist__pg_submit(tdist_pg_t *pg, struct tdist_work *w, tdist_work
         pthread_cond_broadcast(&pg->cv);
     }
     pthread_mutex_unlock(&pg->mu);
-    if (inline_run) {
-        w->inline_run = true;
-        char *msg = NULL;
-        if (w->on_stack) /* nobody else sees it: no finish, no wake-up */
-            st = run_work_status(pg, w, &msg);
-        else
-            run_work(pg, w);
-        end_inline(pg);
-        if (w->on_stack) {
-            if (st != TDIST_OK) tdist__error(st, "%s", msg ? msg : "out of memory");
-            free(msg);
-            work_free_owned(w); /* a stack work: its storage is the caller's */
-            return st;
-        }
-        st = tdist_work_wait(w, -1);
-        tdist__work_release(w);
-        return st;
-    }
+    if (run_now) return run_inline(pg, w);
     if (st != TDIST_OK) {
         tdist__pg_fr_end(pg, w, st);
         char d[200];
@@ -627,23 +706,43 @@ static void run_work(tdist_pg_t *pg, struct tdist_work *w)
     free(msg);
 }
 
+/* The engine's next work (mu held), with RUN taken; NULL when stopped and
+ * drained. Waits while the queue is empty or a caller runs one inline. */
+static struct tdist_work *engine_next(tdist_pg_t *pg)
+{
+    for (;;) {
+        uint64_t g = atomic_load_explicit(&pg->gate, memory_order_relaxed);
+        if (!(g & TDIST__GATE_RUN)) {
+            if (pg->head) {
+                if (!atomic_compare_exchange_weak_explicit(&pg->gate, &g, g | TDIST__GATE_RUN,
+                                                           memory_order_acquire,
+                                                           memory_order_relaxed))
+                    continue;
+                struct tdist_work *w = pg->head;
+                pg->head = w->next;
+                w->next = NULL;
+                if (!pg->head) {
+                    pg->tail = NULL;
+                    atomic_fetch_and(&pg->gate, ~(uint64_t)TDIST__GATE_QUEUED);
+                }
+                return w;
+            }
+            if (pg->stop) return NULL;
+        }
+        pthread_cond_wait(&pg->cv, &pg->mu);
+    }
+}
+
 static void *engine_main(void *arg)
 {
     tdist_pg_t *pg = arg;
     pthread_mutex_lock(&pg->mu);
-    for (;;) {
-        while ((!pg->head || pg->busy) && !(pg->stop && !pg->busy))
-            pthread_cond_wait(&pg->cv, &pg->mu);
-        struct tdist_work *w = pg->head;
-        if (!w) break; /* stop, queue drained */
-        pg->head = w->next;
-        if (!pg->head) pg->tail = NULL;
-        w->next = NULL;
-        pg->busy = true;
+    struct tdist_work *w;
+    while ((w = engine_next(pg))) {
         pthread_mutex_unlock(&pg->mu);
         run_work(pg, w);
         pthread_mutex_lock(&pg->mu);
-        pg->busy = false;
+        atomic_fetch_and_explicit(&pg->gate, ~(uint64_t)TDIST__GATE_RUN, memory_order_release);
     }
     pthread_mutex_unlock(&pg->mu);
     return NULL;
@@ -662,6 +761,7 @@ void tdist__pg_stop_engine(tdist_pg_t *pg)
     if (!pg->engine_started) return;
     pthread_mutex_lock(&pg->mu);
     pg->stop = true;
+    tdist__pg_gate_slow(pg, true); /* a call still running inline wakes the engine at its end */
     pthread_cond_broadcast(&pg->cv);
     pthread_mutex_unlock(&pg->mu);
     pthread_join(pg->engine, NULL);

@@ -120,7 +120,7 @@ typedef struct tdist__fp_shape {
  *  - identity: set at creation, read-only after;
  *  - engine: the ordered queue, the sticky error, the meshes (mu);
  *  - chk: the fingerprint check's scratch (engine side: whoever runs
- *    works, serialised by busy);
+ *    works, one at a time: the gate's RUN);
  *  - coll: coll/'s state and the shared-memory collectives (engine side);
  *  - join: rule 4's state (set by join/ under mu, read at submit; the
  *    shift is engine side);
@@ -150,10 +150,15 @@ struct tdist_pg {
     tdist__tp_t *tp;      /* collective mesh; NULL once failed and destroyed */
     tdist__tp_t *p2p_tp;  /* point-to-point mesh */
     struct tdist_work *head, *tail;
-    uint64_t next_seq;
+    /* The gate (engine.c): the last sequence number given out (bits 3..)
+     * and whether a work runs (engine or inline: TDIST__GATE_RUN), works
+     * are queued (TDIST__GATE_QUEUED, set and cleared under mu) or every
+     * submit must take the locked path (TDIST__GATE_SLOW: Join). A
+     * blocking call on an idle group takes its seq and the right to run in
+     * one compare-and-swap, without mu. */
+    _Atomic uint64_t gate;
     atomic_bool aborted;
     bool stop;
-    bool busy;            /* a work is running (engine, or inline on the caller) */
     tdist_status_t err;   /* sticky */
     atomic_bool failed;   /* err != TDIST_OK (read without the lock) */
     char *errmsg;
@@ -214,11 +219,41 @@ struct tdist_pg {
 /* The flight recorder's view of a group (rule 5): open its ring, record a
  * work as queued (after it got its sequence number), and its end. */
 void tdist__pg_fr_open(tdist_pg_t *pg);
-void tdist__pg_fr_queue(tdist_pg_t *pg, struct tdist_work *w, uint32_t kind);
-/* w runs now: the fingerprint's fields (fp), and where coll/ writes its route (c). */
-void tdist__pg_fr_start(tdist_pg_t *pg, struct tdist_work *w, const tdist__fp_t *fp,
-                        tdist__coll_ctx_t *c);
-void tdist__pg_fr_end(tdist_pg_t *pg, const struct tdist_work *w, tdist_status_t st);
+/* TDIST_LOG=trace: one line for w, which ended with st. */
+void tdist__pg_fr_trace_line(tdist_pg_t *pg, const struct tdist_work *w, tdist_status_t st);
+
+/* Inline: they are on every collective's path. */
+static inline void tdist__pg_fr_queue(tdist_pg_t *pg, struct tdist_work *w, uint32_t kind)
+{
+    w->fr_id = tdist__fr_begin(pg->fr, kind, (int)w->op, w->seq, w->count, (int)w->dtype,
+                               w->root, (int)w->redop, 0);
+}
+
+/* w runs now: the fingerprint's fields (fp: a Join's shift moves seq, v
+ * forms have totals and a split hash), and where coll/ writes its route
+ * (c). A call run on its caller's thread started when it was queued. */
+static inline void tdist__pg_fr_start(tdist_pg_t *pg, struct tdist_work *w, const tdist__fp_t *fp,
+                                      tdist__coll_ctx_t *c)
+{
+    tdist__fr_slot_t *e = tdist__fr_at(pg->fr, w->fr_id);
+    if (!e) return;
+    e->seq = fp->seq;
+    e->count = fp->count;
+    e->dtype = (int8_t)fp->dtype;
+    e->root = fp->root;
+    e->redop = (int8_t)fp->redop;
+    e->splits_hash = fp->vec_hash;
+    c->chosen = &e->route;
+    tdist__fr_state_at(pg->fr, w->fr_id, TDIST__FR_STARTED, 0, w->inline_run);
+}
+
+static inline void tdist__pg_fr_end(tdist_pg_t *pg, const struct tdist_work *w,
+                                    tdist_status_t st)
+{
+    tdist__fr_state(pg->fr, w->fr_id, st == TDIST_OK ? TDIST__FR_COMPLETED : TDIST__FR_FAILED,
+                    (int)st);
+    if (tdist_log_level() >= TDIST_LOG_TRACE) tdist__pg_fr_trace_line(pg, w, st);
+}
 
 /* ---------------------------------------------------------------- check.c */
 
@@ -297,6 +332,18 @@ void tdist__work_shift_seq(struct tdist_work *w, uint64_t by);
 /* Queue w (owned by the engine from now on) and return it to the caller
  * (async), or wait for it (work == NULL). Assigns the sequence number. */
 tdist_status_t tdist__pg_submit(tdist_pg_t *pg, struct tdist_work *w, tdist_work_t **work);
+#define TDIST__GATE_RUN 1u
+#define TDIST__GATE_QUEUED 2u
+#define TDIST__GATE_SLOW 4u
+#define TDIST__GATE_SEQ_SHIFT 3
+/* The last sequence number given out on pg (thread-safe). */
+static inline uint64_t tdist__pg_last_seq(const tdist_pg_t *pg)
+{
+    return atomic_load_explicit(&pg->gate, memory_order_relaxed) >> TDIST__GATE_SEQ_SHIFT;
+}
+/* Every submit of pg takes the locked path (on) or may run at once on an
+ * idle group (off); under pg->mu. */
+void tdist__pg_gate_slow(tdist_pg_t *pg, bool on);
 tdist_status_t tdist__pg_start_engine(tdist_pg_t *pg);
 void tdist__pg_stop_engine(tdist_pg_t *pg);
 /* The sticky error, copied (or TDIST_OK). Caller frees *msg. */

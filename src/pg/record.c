@@ -22,29 +22,8 @@ void tdist__pg_fr_open(tdist_pg_t *pg)
     pg->fr = tdist__fr_open(&id);
 }
 
-void tdist__pg_fr_queue(tdist_pg_t *pg, struct tdist_work *w, uint32_t kind)
-{
-    w->fr_id = tdist__fr_begin(pg->fr, kind, (int)w->op, w->seq, w->count, (int)w->dtype,
-                               w->root, (int)w->redop, 0);
-}
-
-void tdist__pg_fr_start(tdist_pg_t *pg, struct tdist_work *w, const tdist__fp_t *fp,
-                        tdist__coll_ctx_t *c)
-{
-    tdist__fr_slot_t *e = tdist__fr_at(pg->fr, w->fr_id);
-    if (!e) return;
-    e->seq = fp->seq;
-    e->count = fp->count;
-    e->dtype = (int8_t)fp->dtype;
-    e->root = fp->root;
-    e->redop = (int8_t)fp->redop;
-    e->splits_hash = fp->vec_hash;
-    c->chosen = &e->route;
-    tdist__fr_state_at(pg->fr, w->fr_id, TDIST__FR_STARTED, 0, w->inline_run);
-}
-
 /* TDIST_LOG=trace: one line for w, which ended with st. */
-static void trace_line(tdist_pg_t *pg, const struct tdist_work *w, tdist_status_t st)
+void tdist__pg_fr_trace_line(tdist_pg_t *pg, const struct tdist_work *w, tdist_status_t st)
 {
     char d[200], took[64] = "";
     tdist__work_describe(w, d, sizeof d);
@@ -67,20 +46,11 @@ static void trace_line(tdist_pg_t *pg, const struct tdist_work *w, tdist_status_
                st == TDIST_OK ? "ok" : tdist_status_str(st));
 }
 
-void tdist__pg_fr_end(tdist_pg_t *pg, const struct tdist_work *w, tdist_status_t st)
-{
-    tdist__fr_state(pg->fr, w->fr_id, st == TDIST_OK ? TDIST__FR_COMPLETED : TDIST__FR_FAILED,
-                    (int)st);
-    if (tdist_log_level() >= TDIST_LOG_TRACE) trace_line(pg, w, st);
-}
-
 tdist_status_t tdist_pg_mark(tdist_pg_t *pg, const char *what, uint64_t arg)
 {
     if (!pg || !what) return tdist__error(TDIST_ERR_INVALID_ARG, "tdist_pg_mark: %s is NULL",
                                           pg ? "what" : "pg");
-    pthread_mutex_lock(&pg->mu); /* serialises the ring's begin (fr.h) */
-    tdist__fr_event(pg->fr, what, pg->next_seq, arg);
-    pthread_mutex_unlock(&pg->mu);
+    tdist__fr_event(pg->fr, what, tdist__pg_last_seq(pg), arg);
     return TDIST_OK;
 }
 

@@ -38,6 +38,7 @@ void tdist__pg_join_set(tdist_pg_t *pg, int mode, const uint8_t *joined, int lea
 {
     pthread_mutex_lock(&pg->mu);
     pg->join.mode = mode;
+    tdist__pg_gate_slow(pg, mode != TDIST__JOIN_NONE); /* submit checks rule 4 under mu */
     pg->join.out = joined;
     pg->join.leader = leader;
     pg->join.divisor = divisor;
@@ -82,7 +83,7 @@ static tdist_status_t refuse(const tdist_pg_t *pg, const struct tdist_work *w, c
     return tdist__error(TDIST_ERR_JOINED,
                         "rank %d group %s %s (not issued; next seq %llu), Join iteration %llu: "
                         "%s",
-                        pg->rank, pg->name, d, (unsigned long long)(pg->next_seq + 1),
+                        pg->rank, pg->name, d, (unsigned long long)(tdist__pg_last_seq(pg) + 1),
                         (unsigned long long)pg->join.iter, why);
 }
 
