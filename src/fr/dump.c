@@ -95,30 +95,6 @@ static void dump_header(FILE *f, const tdist__fr_header_t *h, const char *reason
             (unsigned long long)tdist__now_ns());
 }
 
-/* *out = ring entry e if it still holds entry id. The recording thread
- * may be writing e meanwhile (a dump of a live process): the reader takes
- * a copy word by word and checks the id before and after, so a copy torn
- * by a newer entry is dropped, and a field written during the copy is
- * either value, each a whole word. That race is the design, so this
- * function alone is not instrumented for ThreadSanitizer (and copies
- * through volatile words, not memcpy, which it would intercept). */
-#if defined(__GNUC__)
-__attribute__((no_sanitize("thread")))
-#endif
-static bool read_entry(const tdist__fr_slot_t *e, uint64_t id, tdist__fr_entry_t *out)
-{
-    _Static_assert(sizeof *e % sizeof(uint64_t) == 0, "an entry is whole words");
-    const volatile uint64_t *src = (const volatile uint64_t *)(const void *)e;
-    uint64_t words[sizeof *e / sizeof(uint64_t)];
-    if (e->id != (uint32_t)id) return false;
-    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++) words[i] = src[i];
-    tdist__fr_slot_t copy;
-    memcpy(&copy, words, sizeof copy);
-    if (copy.id != (uint32_t)id || copy.state == TDIST__FR_EMPTY) return false;
-    tdist__fr_decode(&copy, id, out);
-    return true;
-}
-
 static tdist_status_t dump_one(tdist__fr_t *fr, const char *reason)
 {
     tdist__fr_header_t *h = fr->hdr;
@@ -132,17 +108,11 @@ static tdist_status_t dump_one(tdist__fr_t *fr, const char *reason)
     if (!f) return tdist__error_errno(errno, "flight recorder: cannot write %s", tmp);
     dump_header(f, h, reason);
     uint64_t tsc_now = tdist__fr_rdtsc(), mono_now = tdist__now_ns();
-    uint64_t next = atomic_load_explicit((_Atomic uint64_t *)&h->next, memory_order_acquire);
-    uint64_t from = next > fr->cap ? next - fr->cap : 0;
-    bool first = true;
-    for (uint64_t id = from; id < next; id++) {
-        const tdist__fr_slot_t *e = &fr->ring[id & (fr->cap - 1)];
-        uint32_t state = atomic_load_explicit((_Atomic uint8_t *)&e->state, memory_order_acquire);
-        tdist__fr_entry_t copy;
-        if (state == TDIST__FR_EMPTY || !read_entry(e, id, &copy)) continue;
-        dump_entry(f, &copy, copy.state, first, h, tsc_now, mono_now);
-        first = false;
-    }
+    tdist__fr_entry_t *es = malloc(2 * (size_t)fr->cap * sizeof *es);
+    size_t n = es ? tdist__fr_collect(h, fr->ring, es) : 0;
+    for (size_t i = 0; i < n; i++)
+        dump_entry(f, &es[i], es[i].state, i == 0, h, tsc_now, mono_now);
+    free(es);
     fputs("\n]}\n", f);
     bool bad = ferror(f) != 0;
     if (fclose(f) != 0 || bad || rename(tmp, path) != 0) {

@@ -2,8 +2,11 @@
  * fr/format.h — the flight recorder's file: what a recorder writes into
  * its mapping and what tdist-fr reads back, live, stopped or dead.
  *
- * One file per group per process: a header, then a ring of fixed-size
- * entries. The writer only ever stores into the mapping (no system call
+ * One file per group per process: a header, then two rings of fixed-size
+ * entries (capacity each): the group's collectives, at slot seq %
+ * capacity (the group's sequence number places them: no shared counter
+ * on a collective's path), then point-to-point operations and marked
+ * events, at slot id % capacity of a counter (next). The writer only ever stores into the mapping (no system call
  * on the collective's path); the kernel keeps the pages when the process
  * dies, so a reader sees every entry stored before the death. An entry's
  * state is stored last (release), so a reader that sees a state sees the
@@ -15,10 +18,13 @@
 #ifndef TDIST_FR_FORMAT_H
 #define TDIST_FR_FORMAT_H
 
+#include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define TDIST__FR_MAGIC "TDISTFR"
-#define TDIST__FR_VERSION 2u      /* of the ring file */
+#define TDIST__FR_VERSION 3u      /* of the ring file */
 #define TDIST__FR_JSON_VERSION 1u /* of the JSON dumps (fr/dump.c) */
 
 /* What an entry records. */
@@ -52,7 +58,8 @@ typedef struct tdist__fr_slot {
     uint8_t pad;
     int32_t root;         /* root, or the peer of send / recv; -1: none */
     int32_t peer;         /* while waiting: the peer waited on; -1: none */
-    uint32_t id;          /* low 32 bits of the entry's index since the ring began */
+    uint32_t id;          /* low 32 bits of the entry's id: the group's sequence number
+                             (collectives) or the counter's value (p2p, events) */
     int32_t status;       /* tdist_status_t when failed */
     uint64_t seq;         /* group seq (coll), per-pair seq (p2p), event argument a */
     uint64_t count;       /* elements (total for v / coalesced forms); events: argument b */
@@ -119,7 +126,7 @@ typedef struct tdist__fr_header {
     char magic[8];        /* TDIST__FR_MAGIC */
     uint32_t version;
     uint32_t entry_size;  /* sizeof(tdist__fr_slot_t) */
-    uint32_t capacity;    /* entries in the ring */
+    uint32_t capacity;    /* entries in each of the two rings (a power of two) */
     int32_t rank;         /* rank in the group */
     int32_t size;         /* group size */
     int32_t world_rank;
@@ -128,7 +135,7 @@ typedef struct tdist__fr_header {
     int32_t closed;       /* 1: the group was destroyed (the process did not die in it) */
     uint64_t mono0_ns;    /* CLOCK_MONOTONIC when the recorder opened */
     uint64_t real0_ns;    /* CLOCK_REALTIME at the same moment */
-    uint64_t next;        /* entries started so far (atomic): ring slot = id % capacity */
+    uint64_t next;        /* p2p and events started so far (atomic): slot capacity + id % capacity */
     uint32_t clock;       /* entries' times: 0 CLOCK_MONOTONIC ns; 1 TSC ticks */
     uint32_t pad;
     uint64_t tsc0;        /* TSC ticks at mono0_ns (clock 1) */
@@ -163,6 +170,50 @@ static inline uint64_t tdist__fr_to_ns(const tdist__fr_header_t *h, uint64_t t, 
     double ns_per_tick = (double)(mono_now - h->mono0_ns) / (double)(tsc_now - h->tsc0);
     double d = (double)(int64_t)(t - h->tsc0) * ns_per_tick;
     return (uint64_t)((double)h->mono0_ns + d);
+}
+
+/* Slot e of a ring that may be written meanwhile (a live process),
+ * decoded into *out: copied word by word and kept only if its id did not
+ * change during the copy (a field written during it is either value,
+ * each a whole word); false if empty or torn. That race is the design,
+ * so this function alone is not instrumented for ThreadSanitizer (and
+ * copies through volatile words, not memcpy, which it would intercept). */
+#if defined(__GNUC__)
+__attribute__((no_sanitize("thread")))
+#endif
+static inline bool tdist__fr_read_slot(const tdist__fr_slot_t *e, tdist__fr_entry_t *out)
+{
+    _Static_assert(sizeof *e % sizeof(uint64_t) == 0, "an entry is whole words");
+    const volatile tdist__fr_slot_t *v = e;
+    const volatile uint64_t *src = (const volatile uint64_t *)(const volatile void *)e;
+    uint64_t words[sizeof *e / sizeof(uint64_t)];
+    uint32_t id = v->id;
+    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++) words[i] = src[i];
+    tdist__fr_slot_t copy;
+    memcpy(&copy, words, sizeof copy);
+    if (copy.state == TDIST__FR_EMPTY || copy.id != id || v->id != id) return false;
+    tdist__fr_decode(&copy, id, out);
+    return true;
+}
+
+static inline int tdist__fr_by_time(const void *x, const void *y)
+{
+    const tdist__fr_entry_t *a = x, *b = y;
+    uint64_t ta = a->t_ns[TDIST__FR_QUEUED], tb = b->t_ns[TDIST__FR_QUEUED];
+    if (ta != tb) return ta < tb ? -1 : 1;
+    return a->kind != b->kind ? (a->kind < b->kind ? -1 : 1) : (a->id > b->id) - (a->id < b->id);
+}
+
+/* Every entry of the two rings after header h (ring: 2 x h->capacity
+ * slots) into out (room for as many), oldest first; how many. */
+static inline size_t tdist__fr_collect(const tdist__fr_header_t *h, const tdist__fr_slot_t *ring,
+                                       tdist__fr_entry_t *out)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < 2 * (size_t)h->capacity; i++)
+        if (tdist__fr_read_slot(&ring[i], &out[n])) n++;
+    qsort(out, n, sizeof *out, tdist__fr_by_time);
+    return n;
 }
 
 /* Names (the recorder's numbers are coll/'s enums, kept in step here). */

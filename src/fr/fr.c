@@ -29,7 +29,7 @@
 #include "fr/fr.h"
 #include "fr/internal.h"
 
-#define FR_DEFAULT_SIZE 2048 /* 128 KiB of 64-byte entries */
+#define FR_DEFAULT_SIZE 2048 /* 64-byte entries: 128 KiB for the collectives */
 #define FR_MAX_SIZE (1 << 22)
 
 static pthread_once_t cfg_once = PTHREAD_ONCE_INIT;
@@ -233,7 +233,7 @@ static void fill_header(tdist__fr_header_t *h, const tdist__fr_ident_t *id, uint
 static tdist__fr_t *map_ring(const char *path, uint32_t cap)
 {
     static atomic_uint serial;
-    size_t len = sizeof(tdist__fr_header_t) + (size_t)cap * sizeof(tdist__fr_slot_t);
+    size_t len = sizeof(tdist__fr_header_t) + 2 * (size_t)cap * sizeof(tdist__fr_slot_t);
     char tmp[600];
     snprintf(tmp, sizeof tmp, "%s.new.%d.%u", path, (int)getpid(), atomic_fetch_add(&serial, 1));
     int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -322,7 +322,7 @@ void tdist__fr_close(tdist__fr_t *fr)
 
 void tdist__fr_event(tdist__fr_t *fr, const char *what, uint64_t a, uint64_t b)
 {
-    uint64_t id = tdist__fr_begin(fr, TDIST__FR_EVENT, 0, a, b, -1, -1, -1, 0);
+    uint64_t id = tdist__fr_begin(fr, TDIST__FR_EVENT, 0, a, b, -1, -1, -1);
     tdist__fr_slot_t *e = tdist__fr_at(fr, id);
     if (!e) return;
     strncpy(e->what, what, sizeof e->what); /* not terminated when it fills the field */

@@ -36,7 +36,7 @@ static inline uint64_t tdist__fr_now(void)
 
 struct tdist__fr {
     tdist__fr_header_t *hdr;   /* the mapping */
-    tdist__fr_slot_t *ring;    /* hdr->capacity entries after it */
+    tdist__fr_slot_t *ring;    /* 2 x hdr->capacity entries after it (format.h) */
     uint32_t cap;
     size_t map_len;
     char *path;
@@ -60,18 +60,21 @@ tdist__fr_t *tdist__fr_open(const tdist__fr_ident_t *id);
  * removed (a clean exit leaves nothing behind). NULL does nothing. */
 void tdist__fr_close(tdist__fr_t *fr);
 
-/* Claim the next entry (thread-safe) and record it as queued; its index
- * (for the calls below), or UINT64_MAX when fr is NULL. */
-static inline uint64_t tdist__fr_begin(tdist__fr_t *fr, uint32_t kind, int op, uint64_t seq,
-                                       uint64_t count, int dtype, int root, int redop,
-                                       uint64_t splits_hash)
+/* Entry ids: a collective's is its sequence number with this bit set;
+ * p2p operations' and events' are the counter's values. */
+#define TDIST__FR_COLL_ID ((uint64_t)1 << 63)
+
+/* The slot of entry id. */
+static inline tdist__fr_slot_t *tdist__fr_slot_of(tdist__fr_t *fr, uint64_t id)
 {
-    if (!fr) return UINT64_MAX;
-    /* a group's collectives, its point-to-point operations and marks may
-     * begin on different threads */
-    uint64_t id = atomic_fetch_add_explicit((_Atomic uint64_t *)&fr->hdr->next, 1,
-                                            memory_order_relaxed);
-    tdist__fr_slot_t *e = &fr->ring[id & (fr->cap - 1)];
+    uint64_t mask = fr->cap - 1; /* cap: a power of two */
+    return (id & TDIST__FR_COLL_ID) ? &fr->ring[id & mask] : &fr->ring[fr->cap + (id & mask)];
+}
+
+/* Record entry id as queued in slot e. */
+static inline void tdist__fr_fill(tdist__fr_slot_t *e, uint64_t id, uint32_t kind, int op,
+                                  uint64_t seq, uint64_t count, int dtype, int root, int redop)
+{
     /* a reader that sees state EMPTY skips the entry while it is rewritten */
     atomic_store_explicit((_Atomic uint8_t *)&e->state, TDIST__FR_EMPTY, memory_order_relaxed);
     atomic_signal_fence(memory_order_release);
@@ -88,15 +91,40 @@ static inline uint64_t tdist__fr_begin(tdist__fr_t *fr, uint32_t kind, int op, u
     e->seq = seq;
     e->count = count;
     e->t_queued = tdist__fr_now();
-    e->splits_hash = splits_hash;
+    e->splits_hash = 0;
     atomic_store_explicit((_Atomic uint8_t *)&e->state, TDIST__FR_QUEUED, memory_order_release);
+}
+
+/* A collective of the group, sequence number seq (unique in the group),
+ * queued: its entry id, or UINT64_MAX when fr is NULL. Called by the
+ * thread that gave out seq; no shared counter. */
+static inline uint64_t tdist__fr_begin_coll(tdist__fr_t *fr, int op, uint64_t seq,
+                                            uint64_t count, int dtype, int root, int redop)
+{
+    if (!fr) return UINT64_MAX;
+    uint64_t id = seq | TDIST__FR_COLL_ID;
+    tdist__fr_fill(tdist__fr_slot_of(fr, id), id, TDIST__FR_COLL, op, seq, count, dtype, root,
+                   redop);
+    return id;
+}
+
+/* A p2p operation (kind TDIST__FR_SEND / _RECV) queued: its entry id (one
+ * atomic increment of the counter; any thread), or UINT64_MAX when fr is
+ * NULL. */
+static inline uint64_t tdist__fr_begin(tdist__fr_t *fr, uint32_t kind, int op, uint64_t seq,
+                                       uint64_t count, int dtype, int root, int redop)
+{
+    if (!fr) return UINT64_MAX;
+    uint64_t id = atomic_fetch_add_explicit((_Atomic uint64_t *)&fr->hdr->next, 1,
+                                            memory_order_relaxed) & ~TDIST__FR_COLL_ID;
+    tdist__fr_fill(tdist__fr_slot_of(fr, id), id, kind, op, seq, count, dtype, root, redop);
     return id;
 }
 
 static inline tdist__fr_slot_t *tdist__fr_at(tdist__fr_t *fr, uint64_t id)
 {
     if (!fr || id == UINT64_MAX) return NULL;
-    tdist__fr_slot_t *e = &fr->ring[id & (fr->cap - 1)]; /* cap: a power of two */
+    tdist__fr_slot_t *e = tdist__fr_slot_of(fr, id);
     return e->id == (uint32_t)id ? e : NULL; /* overwritten by a later entry: nothing to do */
 }
 

@@ -225,8 +225,11 @@ void tdist__pg_fr_trace_line(tdist_pg_t *pg, const struct tdist_work *w, tdist_s
 /* Inline: they are on every collective's path. */
 static inline void tdist__pg_fr_queue(tdist_pg_t *pg, struct tdist_work *w, uint32_t kind)
 {
-    w->fr_id = tdist__fr_begin(pg->fr, kind, (int)w->op, w->seq, w->count, (int)w->dtype,
-                               w->root, (int)w->redop, 0);
+    w->fr_id = kind == TDIST__FR_COLL
+                   ? tdist__fr_begin_coll(pg->fr, (int)w->op, w->seq, w->count, (int)w->dtype,
+                                          w->root, (int)w->redop)
+                   : tdist__fr_begin(pg->fr, kind, (int)w->op, w->seq, w->count, (int)w->dtype,
+                                     w->root, (int)w->redop);
 }
 
 /* w runs now: the fingerprint's fields (fp: a Join's shift moves seq, v

@@ -83,28 +83,24 @@ static int load_ring(const char *path, rec_t *r)
     const tdist__fr_header_t *h = (const void *)b;
     if (len < sizeof *h || memcmp(h->magic, TDIST__FR_MAGIC, sizeof TDIST__FR_MAGIC) != 0 ||
         h->version != TDIST__FR_VERSION || h->entry_size != sizeof(tdist__fr_slot_t) ||
-        len < sizeof *h + (size_t)h->capacity * sizeof(tdist__fr_slot_t) || h->capacity == 0) {
+        len < sizeof *h + 2 * (size_t)h->capacity * sizeof(tdist__fr_slot_t) ||
+        h->capacity == 0) {
         free(b);
         return -1;
     }
     memset(r, 0, sizeof *r);
     r->hdr = *h;
     const tdist__fr_slot_t *ring = (const void *)(b + sizeof *h);
-    uint64_t next = h->next, from = next > h->capacity ? next - h->capacity : 0;
-    r->e = calloc((size_t)(next - from) + 1, sizeof *r->e);
+    r->e = calloc(2 * (size_t)h->capacity + 1, sizeof *r->e);
     if (!r->e) {
         free(b);
         return -1;
     }
+    r->n = tdist__fr_collect(h, ring, r->e);
     uint64_t tsc_now = tdist__fr_rdtsc(), mono = mono_now();
-    for (uint64_t id = from; id < next; id++) {
-        const tdist__fr_slot_t *e = &ring[id % h->capacity];
-        if (e->state == TDIST__FR_EMPTY || e->id != (uint32_t)id) continue;
-        tdist__fr_entry_t *c = &r->e[r->n++];
-        tdist__fr_decode(e, id, c);
+    for (size_t i = 0; i < r->n; i++)
         for (int s = TDIST__FR_QUEUED; s <= TDIST__FR_FAILED; s++)
-            c->t_ns[s] = tdist__fr_to_ns(h, c->t_ns[s], tsc_now, mono);
-    }
+            r->e[i].t_ns[s] = tdist__fr_to_ns(h, r->e[i].t_ns[s], tsc_now, mono);
     free(b);
     r->proc = proc_state(&r->hdr);
     r->now_mono = mono_now();
