@@ -71,9 +71,11 @@ static inline tdist__fr_slot_t *tdist__fr_slot_of(tdist__fr_t *fr, uint64_t id)
     return (id & TDIST__FR_COLL_ID) ? &fr->ring[id & mask] : &fr->ring[fr->cap + (id & mask)];
 }
 
-/* Record entry id as queued in slot e. */
+/* Record entry id in slot e, in state QUEUED, or STARTED at the time it
+ * was queued (a call run at once on its caller's thread). */
 static inline void tdist__fr_fill(tdist__fr_slot_t *e, uint64_t id, uint32_t kind, int op,
-                                  uint64_t seq, uint64_t count, int dtype, int root, int redop)
+                                  uint64_t seq, uint64_t count, int dtype, int root, int redop,
+                                  uint64_t splits_hash, uint32_t state)
 {
     /* a reader that sees state EMPTY skips the entry while it is rewritten */
     atomic_store_explicit((_Atomic uint8_t *)&e->state, TDIST__FR_EMPTY, memory_order_relaxed);
@@ -91,8 +93,9 @@ static inline void tdist__fr_fill(tdist__fr_slot_t *e, uint64_t id, uint32_t kin
     e->seq = seq;
     e->count = count;
     e->t_queued = tdist__fr_now();
-    e->splits_hash = 0;
-    atomic_store_explicit((_Atomic uint8_t *)&e->state, TDIST__FR_QUEUED, memory_order_release);
+    e->splits_hash = splits_hash;
+    e->dt_started = 0.0f;
+    atomic_store_explicit((_Atomic uint8_t *)&e->state, (uint8_t)state, memory_order_release);
 }
 
 /* A collective of the group, sequence number seq (unique in the group),
@@ -104,7 +107,7 @@ static inline uint64_t tdist__fr_begin_coll(tdist__fr_t *fr, int op, uint64_t se
     if (!fr) return UINT64_MAX;
     uint64_t id = seq | TDIST__FR_COLL_ID;
     tdist__fr_fill(tdist__fr_slot_of(fr, id), id, TDIST__FR_COLL, op, seq, count, dtype, root,
-                   redop);
+                   redop, 0, TDIST__FR_QUEUED);
     return id;
 }
 
@@ -117,7 +120,8 @@ static inline uint64_t tdist__fr_begin(tdist__fr_t *fr, uint32_t kind, int op, u
     if (!fr) return UINT64_MAX;
     uint64_t id = atomic_fetch_add_explicit((_Atomic uint64_t *)&fr->hdr->next, 1,
                                             memory_order_relaxed) & ~TDIST__FR_COLL_ID;
-    tdist__fr_fill(tdist__fr_slot_of(fr, id), id, kind, op, seq, count, dtype, root, redop);
+    tdist__fr_fill(tdist__fr_slot_of(fr, id), id, kind, op, seq, count, dtype, root, redop, 0,
+                   TDIST__FR_QUEUED);
     return id;
 }
 

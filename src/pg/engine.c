@@ -435,7 +435,7 @@ tdist_status_t tdist__pg_submit(tdist_pg_t *pg, struct tdist_work *w, tdist_work
      * the caller's thread: same order (nothing is queued or running), no
      * lock and no thread hand-off on the latency path. */
     if (w->on_stack && gate_enter_idle(pg, w)) {
-        tdist__pg_fr_queue(pg, w, TDIST__FR_COLL);
+        tdist__pg_fr_defer(pg, w);
         return run_inline(pg, w);
     }
     pthread_mutex_lock(&pg->mu);
@@ -666,6 +666,7 @@ static tdist_status_t run_work_status(tdist_pg_t *pg, struct tdist_work *w, char
     char prefix[400];
     *msg = NULL;
     if (atomic_load(&pg->aborted)) {
+        tdist__pg_fr_settle(pg, w);
         tdist__pg_fr_end(pg, w, TDIST_ERR_ABORTED);
         work_prefix(pg, w, prefix, sizeof prefix);
         *msg = tdist__asprintf("%s: the group was aborted", prefix);
@@ -674,6 +675,7 @@ static tdist_status_t run_work_status(tdist_pg_t *pg, struct tdist_work *w, char
     char *sticky = NULL;
     tdist_status_t st = atomic_load(&pg->failed) ? tdist__pg_sticky(pg, &sticky) : TDIST_OK;
     if (st != TDIST_OK) {
+        tdist__pg_fr_settle(pg, w);
         tdist__pg_fr_end(pg, w, st);
         work_prefix(pg, w, prefix, sizeof prefix);
         *msg = tdist__asprintf("%s: the group failed earlier: %s", prefix, sticky);
@@ -690,6 +692,7 @@ static tdist_status_t run_work_status(tdist_pg_t *pg, struct tdist_work *w, char
     if (pg->join.seq_shift) tdist__work_shift_seq(w, pg->join.seq_shift);
     if (w->shadow_leader >= 0) st = tdist__pg_shadow_until(pg, w, deadline);
     if (st == TDIST_OK) st = tdist__pg_run_body(pg, w, timeout, deadline);
+    tdist__pg_fr_settle(pg, w); /* a body that failed before it started */
     pg->chk.have = -1;
     tdist__pg_fr_end(pg, w, st);
     if (st == TDIST_OK) return TDIST_OK;

@@ -80,6 +80,7 @@ struct tdist_work {
     size_t nbufs;
     int nranks;         /* group size (entries of the count arrays) */
     uint64_t fr_id;     /* this call's flight-recorder entry (UINT64_MAX: none) */
+    bool fr_deferred;   /* its entry is written when it starts (record.c) */
     int64_t timeout_ms; /* < 0: the group's */
     int64_t deadline_ms;
     void (*on_complete)(tdist_status_t status, void *user_data);
@@ -232,12 +233,38 @@ static inline void tdist__pg_fr_queue(tdist_pg_t *pg, struct tdist_work *w, uint
                                      w->root, (int)w->redop);
 }
 
+/* A blocking call about to run at once on its caller's thread: its entry
+ * (by its seq) is written once, when it starts, as queued and started at
+ * the same time. */
+static inline void tdist__pg_fr_defer(tdist_pg_t *pg, struct tdist_work *w)
+{
+    w->fr_id = pg->fr ? w->seq | TDIST__FR_COLL_ID : UINT64_MAX;
+    w->fr_deferred = pg->fr != NULL;
+}
+
+/* A deferred entry, written as queued (w ends before it starts). */
+static inline void tdist__pg_fr_settle(tdist_pg_t *pg, struct tdist_work *w)
+{
+    if (!w->fr_deferred) return;
+    w->fr_deferred = false;
+    tdist__fr_fill(tdist__fr_slot_of(pg->fr, w->fr_id), w->fr_id, TDIST__FR_COLL, (int)w->op,
+                   w->seq, w->count, (int)w->dtype, w->root, (int)w->redop, 0, TDIST__FR_QUEUED);
+}
+
 /* w runs now: the fingerprint's fields (fp: a Join's shift moves seq, v
  * forms have totals and a split hash), and where coll/ writes its route
  * (c). A call run on its caller's thread started when it was queued. */
 static inline void tdist__pg_fr_start(tdist_pg_t *pg, struct tdist_work *w, const tdist__fp_t *fp,
                                       tdist__coll_ctx_t *c)
 {
+    if (w->fr_deferred) {
+        w->fr_deferred = false;
+        tdist__fr_slot_t *e = tdist__fr_slot_of(pg->fr, w->fr_id);
+        tdist__fr_fill(e, w->fr_id, TDIST__FR_COLL, (int)w->op, fp->seq, fp->count, fp->dtype,
+                       fp->root, fp->redop, fp->vec_hash, TDIST__FR_STARTED);
+        c->chosen = &e->route;
+        return;
+    }
     tdist__fr_slot_t *e = tdist__fr_at(pg->fr, w->fr_id);
     if (!e) return;
     e->seq = fp->seq;
