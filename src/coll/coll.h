@@ -129,6 +129,15 @@ typedef struct tdist__coll_check {
     void *arg;
 } tdist__coll_check_t;
 
+/* A selection and what it was made from (select.c's cache). */
+typedef struct tdist__coll_last_plan {
+    bool valid, chk_on;
+    int op, dtype, redop, ar_forced;
+    size_t count;
+    const void *shm, *slots;
+    int route, algo;
+} tdist__coll_last_plan_t;
+
 /* coll/'s state of one group, kept between collectives (pg/ embeds it in
  * the group; tdist__coll_group_init / _free). Used by one collective at a
  * time (pg/ serialises them). */
@@ -149,6 +158,9 @@ typedef struct tdist__coll_group {
     size_t hier_min;
     tdist_status_t (*hier_run)(void *arg, const tdist__coll_args_t *a, int64_t deadline_ms);
     void *hier_arg;
+    /* the last selection and what it was made from (select.c): a call of
+     * the same shape (a training loop's) skips the selection */
+    tdist__coll_last_plan_t last;
 } tdist__coll_group_t;
 
 /* Set up g for a group of size ranks (TDIST_ALGO_ALLREDUCE read here).

@@ -316,6 +316,28 @@ tdist__coll_plan_t tdist__coll_select(const tdist__coll_ctx_t *c, const tdist__c
     return plan(c, a, chk);
 }
 
+/* plan(), or the group's last plan when this call has its shape (every
+ * input of plan() but the group's constants). */
+static inline tdist__coll_plan_t plan_cached(const tdist__coll_ctx_t *c,
+                                             const tdist__coll_args_t *a,
+                                             const tdist__coll_check_t *chk)
+{
+    /* v and coalesced forms: their bytes are not count's */
+    if (!c->g || a->sendcounts || a->recvcounts || a->bufs) return plan(c, a, chk);
+    tdist__coll_last_plan_t *l = &c->g->last;
+    bool on = chk && chk->on;
+    if (l->valid && l->op == (int)a->op && l->count == a->count && l->dtype == (int)a->dtype &&
+        l->redop == (int)a->redop && l->ar_forced == (int)c->ar_forced && l->chk_on == on &&
+        l->shm == (const void *)c->shm && l->slots == (const void *)c->slots)
+        return (tdist__coll_plan_t){(tdist__coll_route_t)l->route, (tdist__coll_algo_t)l->algo};
+    tdist__coll_plan_t p = plan(c, a, chk);
+    *l = (tdist__coll_last_plan_t){.valid = true, .chk_on = on, .op = (int)a->op, .dtype = (int)a->dtype,
+                                   .redop = (int)a->redop, .ar_forced = (int)c->ar_forced,
+                                   .count = a->count, .shm = c->shm, .slots = c->slots,
+                                   .route = (int)p.route, .algo = (int)p.algo};
+    return p;
+}
+
 /* ----------------------------------------------------------- dispatch */
 
 static tdist_status_t run_all_reduce(const tdist__coll_ctx_t *c, tdist__coll_algo_t algo,
@@ -504,7 +526,7 @@ tdist_status_t tdist__coll_run(const tdist__coll_ctx_t *c, const tdist__coll_arg
         TDIST_CHECK(tdist__coll_run(c, &sum, chk));
         return divide_active(c, a);
     }
-    tdist__coll_plan_t p = plan(c, a, chk);
+    tdist__coll_plan_t p = plan_cached(c, a, chk);
     if (c->chosen) {
         c->chosen[0] = (uint8_t)p.route;
         c->chosen[1] = (uint8_t)p.algo;
