@@ -29,11 +29,9 @@
 static const char *const kind_names[] = {"?", "coll", "send", "recv", "event"};
 static const char *const transport_names[] = {"shm", "tcp", "backend"};
 
-static void dump_entry(FILE *f, tdist__fr_entry_t *e, uint32_t state, bool first,
-                       const tdist__fr_header_t *h, uint64_t tsc_now, uint64_t mono_now)
+static void dump_entry(FILE *f, const tdist__fr_entry_t *e, bool first)
 {
-    for (uint32_t s = TDIST__FR_QUEUED; s <= TDIST__FR_FAILED; s++)
-        e->t_ns[s] = tdist__fr_to_ns(h, e->t_ns[s], tsc_now, mono_now);
+    uint32_t state = e->state;
     fprintf(f, "%s\n  {\"id\":%llu,\"kind\":\"%s\",\"seq\":%llu", first ? "" : ",",
             (unsigned long long)e->id, TDIST__FR_NAME(kind_names, (int)e->kind),
             (unsigned long long)e->seq);
@@ -54,6 +52,9 @@ static void dump_entry(FILE *f, tdist__fr_entry_t *e, uint32_t state, bool first
                 (unsigned long long)e->splits_hash,
                 e->route == 255 ? "none" : TDIST__FR_NAME(tdist__fr_route_names, e->route),
                 e->route == 255 ? "none" : TDIST__FR_NAME(tdist__fr_algo_names, e->algo));
+        if (tdist__fr_waited(e))
+            fprintf(f, ",\"wait_peer\":%d,\"wait_ns\":%llu", e->wait.peer,
+                    (unsigned long long)e->wait.t_ns);
     }
     fprintf(f, ",\"state\":\"%s\",\"status\":%d,\"t_ns\":{",
             TDIST__FR_NAME(tdist__fr_state_names, (int)state), e->status);
@@ -114,6 +115,27 @@ static bool read_entry(const tdist__fr_entry_t *e, uint64_t id, tdist__fr_entry_
     return out->id == id;
 }
 
+size_t tdist__fr_snapshot(tdist__fr_t *fr, tdist__fr_entry_t *out)
+{
+    const tdist__fr_header_t *h = fr->hdr;
+    uint64_t tsc_now = tdist__fr_rdtsc(), mono_now = tdist__now_ns();
+    uint64_t next = atomic_load_explicit((_Atomic uint64_t *)&h->next, memory_order_acquire);
+    uint64_t from = next > fr->cap ? next - fr->cap : 0;
+    size_t n = 0;
+    for (uint64_t id = from; id < next; id++) {
+        const tdist__fr_entry_t *e = &fr->ring[id & (fr->cap - 1)];
+        uint32_t state = atomic_load_explicit((_Atomic uint32_t *)&e->state, memory_order_acquire);
+        tdist__fr_entry_t *c = &out[n];
+        if (state == TDIST__FR_EMPTY || !read_entry(e, id, c)) continue;
+        c->state = state;
+        for (uint32_t s = TDIST__FR_QUEUED; s <= TDIST__FR_FAILED; s++)
+            c->t_ns[s] = tdist__fr_to_ns(h, c->t_ns[s], tsc_now, mono_now);
+        if (tdist__fr_waited(c)) c->wait.t_ns = tdist__fr_to_ns(h, c->wait.t_ns, tsc_now, mono_now);
+        n++;
+    }
+    return n;
+}
+
 static tdist_status_t dump_one(tdist__fr_t *fr, const char *reason)
 {
     tdist__fr_header_t *h = fr->hdr;
@@ -125,19 +147,16 @@ static tdist_status_t dump_one(tdist__fr_t *fr, const char *reason)
     snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid());
     FILE *f = fopen(tmp, "we");
     if (!f) return tdist__error_errno(errno, "flight recorder: cannot write %s", tmp);
-    dump_header(f, h, reason);
-    uint64_t tsc_now = tdist__fr_rdtsc(), mono_now = tdist__now_ns();
-    uint64_t next = atomic_load_explicit((_Atomic uint64_t *)&h->next, memory_order_acquire);
-    uint64_t from = next > fr->cap ? next - fr->cap : 0;
-    bool first = true;
-    for (uint64_t id = from; id < next; id++) {
-        const tdist__fr_entry_t *e = &fr->ring[id & (fr->cap - 1)];
-        uint32_t state = atomic_load_explicit((_Atomic uint32_t *)&e->state, memory_order_acquire);
-        tdist__fr_entry_t copy;
-        if (state == TDIST__FR_EMPTY || !read_entry(e, id, &copy)) continue;
-        dump_entry(f, &copy, state, first, h, tsc_now, mono_now);
-        first = false;
+    tdist__fr_entry_t *es = malloc((size_t)fr->cap * sizeof *es);
+    if (!es) {
+        fclose(f);
+        unlink(tmp);
+        return tdist__error(TDIST_ERR_NO_MEMORY, "flight recorder: out of memory for %s", path);
     }
+    dump_header(f, h, reason);
+    size_t n = tdist__fr_snapshot(fr, es);
+    for (size_t i = 0; i < n; i++) dump_entry(f, &es[i], i == 0);
+    free(es);
     fputs("\n]}\n", f);
     bool bad = ferror(f) != 0;
     if (fclose(f) != 0 || bad || rename(tmp, path) != 0) {
@@ -166,5 +185,6 @@ int tdist__fr_dump_all(const char *reason, bool force)
             st = s;
     }
     pthread_mutex_unlock(&tdist__fr_lock);
+    (void)tdist__fr_timeline_write(); /* TDIST_TRACE: a timeline at every dump */
     return st == TDIST_OK ? n : -1;
 }

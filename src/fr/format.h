@@ -15,6 +15,7 @@
 #ifndef TDIST_FR_FORMAT_H
 #define TDIST_FR_FORMAT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #define TDIST__FR_MAGIC "TDISTFR"
@@ -54,8 +55,21 @@ typedef struct tdist__fr_entry {
     int32_t status;       /* tdist_status_t when failed */
     uint64_t t_ns[5];     /* time of each state (index: state), 0: not reached; in the
                              header's clock (tdist__fr_to_ns makes it CLOCK_MONOTONIC ns) */
-    char what[24];        /* events: what happened ("bucket_ready", ...) */
+    union {
+        char what[24];    /* events: what happened ("bucket_ready", ...) */
+        /* collectives: the peer a wait of this entry was last on, noted
+         * when the wait stopped spinning (tdist__fr_note_wait) */
+        struct {
+            uint64_t tag;     /* id + 1 when peer and t_ns are this entry's; anything
+                                 else (0, an older entry's, an event's text): no wait */
+            int32_t peer;     /* group rank */
+            uint32_t pad;
+            uint64_t t_ns;    /* when, in the header's clock like t_ns above */
+        } wait;
+    };
 } tdist__fr_entry_t;
+
+_Static_assert(sizeof(tdist__fr_entry_t) == 128, "an entry is two cache lines");
 
 typedef struct tdist__fr_header {
     char magic[8];        /* TDIST__FR_MAGIC */
@@ -79,6 +93,12 @@ typedef struct tdist__fr_header {
     char host[64];
     char backend[16];     /* "native" or the backend's name */
 } tdist__fr_header_t;
+
+/* Whether e's wait fields are its own (a wait of it noted its peer). */
+static inline bool tdist__fr_waited(const tdist__fr_entry_t *e)
+{
+    return e->kind != TDIST__FR_EVENT && e->wait.tag == e->id + 1;
+}
 
 /* The time-stamp counter (clock 1): invariant and shared by every CPU
  * where the recorder uses it (x86-64 with constant_tsc and nonstop_tsc).

@@ -42,6 +42,8 @@ struct tdist__fr {
     size_t map_len;
     char *path;
     bool unlink_at_close;      /* the file is in the per-process directory */
+    uint64_t wait_from;        /* tdist__fr_note_wait: where its search starts (the
+                                  last entry it found; only its caller touches it) */
     struct tdist__fr *next;    /* the registry of open recorders */
 };
 
@@ -103,6 +105,14 @@ static inline void tdist__fr_route(tdist__fr_t *fr, uint64_t id, int route, int 
 /* A one-off event (DDP bucket ready / launched / reduced, a Join
  * notification, the program's own marks): recorded as completed. */
 void tdist__fr_event(tdist__fr_t *fr, const char *what, uint64_t a, uint64_t b);
+
+/* A wait of the group's running collective stopped spinning: note the
+ * peer (group rank) it waits on in that collective's entry (the oldest
+ * started, not ended one), with the time. Slow path only (the transport
+ * calls it, through pg, before it yields or sleeps), on the thread that
+ * runs the collective; a dump or tdist-fr then says "waiting on rank N".
+ * fr NULL, or no such entry: nothing. */
+void tdist__fr_note_wait(tdist__fr_t *fr, int peer);
 
 /* Write one JSON file per open recorder into the dump directory
  * (TDIST_FR_DIR, else the per-process one): "<dir>/tdist-fr.r<world

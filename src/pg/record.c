@@ -13,6 +13,10 @@
 
 #include "pg/internal.h"
 
+/* tdist__tp_on_wait's hook: the running collective's entry names the
+ * peer its wait is on (slow path only; fr/wait.c). */
+static void note_wait(void *fr, int peer) { tdist__fr_note_wait(fr, peer); }
+
 void tdist__pg_fr_open(tdist_pg_t *pg)
 {
     tdist__fr_ident_t id = {.group = pg->name, .uid = pg->uid, .rank = pg->rank,
@@ -20,6 +24,7 @@ void tdist__pg_fr_open(tdist_pg_t *pg)
                             .backend = pg->backend ? pg->backend->name : "native",
                             .transport = pg->backend ? 2 : pg->kind == TDIST__TP_SHM ? 0 : 1};
     pg->fr = tdist__fr_open(&id);
+    if (pg->fr && pg->tp) tdist__tp_on_wait(pg->tp, note_wait, pg->fr);
 }
 
 void tdist__pg_fr_queue(tdist_pg_t *pg, struct tdist_work *w, uint32_t kind)
