@@ -33,7 +33,7 @@
 #include "fr/trace.h"
 
 #define DAY_NS (86400ull * 1000000000ull)
-#define KEEP_MAX_ENTRIES (1u << 20) /* destroyed groups' entries kept, at most */
+#define KEEP_MAX_ENTRIES (1u << 18) /* destroyed groups' entries kept, at most (32 MiB) */
 
 typedef struct kept {
     tdist__fr_header_t hdr;
