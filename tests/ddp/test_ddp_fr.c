@@ -5,8 +5,9 @@
  * writes its own Chrome trace (TDIST_TRACE), and tdist-fr --trace turns
  * the rings into one: a JSON parser (/usr/bin/python3's, in
  * tools/trace_kinds.py) reads both, with spans that nest and are ordered
- * per thread, the backward span with a compute span per bucket, and every
- * bucket's three events on both ranks. */
+ * per thread, the backward span with a compute span per bucket, every
+ * bucket's three events on both ranks, and the optimizer step the test
+ * marks as a span. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,6 +82,7 @@ static void check_traces(void)
     ASSERT_CONTAINS(own, "span backward 2\n");
     ASSERT_CONTAINS(own, "span compute bucket 8\n");
     ASSERT_CONTAINS(own, "span all_reduce_coalesced 8\n");
+    ASSERT_CONTAINS(own, "span optim_step 2\n");
     ASSERT_TRUE(strcmp(tool, own) == 0);
     free(tool);
     free(own);
@@ -108,6 +110,11 @@ static void ddp_fr_body(int rank, int n, void *arg)
     for (int i = NP - 1; i >= 0; i--) ASSERT_OK(tdist_ddp_grad_ready(d, (size_t)i));
     ASSERT_OK(tdist_ddp_backward_end(d));
     ASSERT_TRUE(grad[0][0] == 0.5f); /* (0 + 1) / 2: the reduction happened */
+    /* the program's own span: the optimizer's step, marked */
+    ASSERT_OK(tdist_pg_mark(pg, "optim_step_begin", 1));
+    for (int i = 0; i < NP; i++)
+        for (int k = 0; k < COUNT; k++) data[i][k] -= 0.1f * grad[i][k];
+    ASSERT_OK(tdist_pg_mark(pg, "optim_step_end", 1));
     int files = 0;
     ASSERT_OK(tdist_flight_dump("test", &files));
     ASSERT_GE(files, 1);
