@@ -239,6 +239,8 @@ tdist_status_t tdist_ddp_grad_ready(tdist_ddp_t *ddp, size_t index)
     ddp->order[ddp->norder++] = (int32_t)index;
     ddp->t_last_ready_ns = tdist__now_ns();
     if (ddp->iter_no_sync) return TDIST_OK;
+    /* the flight recorder's backward span starts at the first gradient */
+    if (ddp->nready == 1) (void)tdist_pg_mark(ddp->pg, "backward_begin", ddp->iteration);
     if (!ddp->opts.gradient_as_bucket_view && !tdist__ddp_direct(ddp))
         memcpy(tdist__ddp_slot(ddp, index), p->grad, p->bytes);
     ddp_bucket_t *b = &ddp->buckets[p->bucket];

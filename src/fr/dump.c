@@ -30,11 +30,9 @@
 static const char *const kind_names[] = {"?", "coll", "send", "recv", "event"};
 static const char *const transport_names[] = {"shm", "tcp", "backend"};
 
-static void dump_entry(FILE *f, tdist__fr_entry_t *e, uint32_t state, bool first,
-                       const tdist__fr_header_t *h, uint64_t tsc_now, uint64_t mono_now)
+static void dump_entry(FILE *f, const tdist__fr_entry_t *e, bool first)
 {
-    for (uint32_t s = TDIST__FR_QUEUED; s <= TDIST__FR_FAILED; s++)
-        e->t_ns[s] = tdist__fr_to_ns(h, e->t_ns[s], tsc_now, mono_now);
+    uint32_t state = e->state;
     fprintf(f, "%s\n  {\"id\":%llu,\"kind\":\"%s\",\"seq\":%llu", first ? "" : ",",
             (unsigned long long)e->id, TDIST__FR_NAME(kind_names, (int)e->kind),
             (unsigned long long)e->seq);
@@ -55,8 +53,10 @@ static void dump_entry(FILE *f, tdist__fr_entry_t *e, uint32_t state, bool first
                 (unsigned long long)e->splits_hash,
                 e->route == 255 ? "none" : TDIST__FR_NAME(tdist__fr_route_names, e->route),
                 e->route == 255 ? "none" : TDIST__FR_NAME(tdist__fr_algo_names, e->algo));
+        if (tdist__fr_waited(e))
+            fprintf(f, ",\"wait_peer\":%d,\"wait_ns\":%llu", e->wait.peer,
+                    (unsigned long long)e->wait.t_ns);
     }
-    if (e->peer >= 0) fprintf(f, ",\"peer\":%d", e->peer);
     fprintf(f, ",\"state\":\"%s\",\"status\":%d,\"t_ns\":{",
             TDIST__FR_NAME(tdist__fr_state_names, (int)state), e->status);
     bool any = false;
@@ -95,6 +95,21 @@ static void dump_header(FILE *f, const tdist__fr_header_t *h, const char *reason
             (unsigned long long)tdist__now_ns());
 }
 
+size_t tdist__fr_snapshot(tdist__fr_t *fr, tdist__fr_entry_t *out)
+{
+    const tdist__fr_header_t *h = fr->hdr;
+    uint64_t tsc_now = tdist__fr_rdtsc(), mono_now = tdist__now_ns();
+    size_t n = tdist__fr_collect(h, fr->ring, out);
+    for (size_t i = 0; i < n; i++) {
+        tdist__fr_entry_t *c = &out[i];
+        for (uint32_t s = TDIST__FR_QUEUED; s <= TDIST__FR_FAILED; s++)
+            c->t_ns[s] = tdist__fr_to_ns(h, c->t_ns[s], tsc_now, mono_now);
+        if (tdist__fr_waited(c) && c->wait.t_ns)
+            c->wait.t_ns = tdist__fr_to_ns(h, c->wait.t_ns, tsc_now, mono_now);
+    }
+    return n;
+}
+
 static tdist_status_t dump_one(tdist__fr_t *fr, const char *reason)
 {
     tdist__fr_header_t *h = fr->hdr;
@@ -106,12 +121,15 @@ static tdist_status_t dump_one(tdist__fr_t *fr, const char *reason)
     snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid());
     FILE *f = fopen(tmp, "we");
     if (!f) return tdist__error_errno(errno, "flight recorder: cannot write %s", tmp);
-    dump_header(f, h, reason);
-    uint64_t tsc_now = tdist__fr_rdtsc(), mono_now = tdist__now_ns();
     tdist__fr_entry_t *es = malloc(2 * (size_t)fr->cap * sizeof *es);
-    size_t n = es ? tdist__fr_collect(h, fr->ring, es) : 0;
-    for (size_t i = 0; i < n; i++)
-        dump_entry(f, &es[i], es[i].state, i == 0, h, tsc_now, mono_now);
+    if (!es) {
+        fclose(f);
+        unlink(tmp);
+        return tdist__error(TDIST_ERR_NO_MEMORY, "flight recorder: out of memory for %s", path);
+    }
+    dump_header(f, h, reason);
+    size_t n = tdist__fr_snapshot(fr, es);
+    for (size_t i = 0; i < n; i++) dump_entry(f, &es[i], i == 0);
     free(es);
     fputs("\n]}\n", f);
     bool bad = ferror(f) != 0;
@@ -141,5 +159,6 @@ int tdist__fr_dump_all(const char *reason, bool force)
             st = s;
     }
     pthread_mutex_unlock(&tdist__fr_lock);
+    (void)tdist__fr_timeline_write(); /* TDIST_TRACE: a timeline at every dump */
     return st == TDIST_OK ? n : -1;
 }

@@ -57,10 +57,15 @@ typedef struct tdist__fr_slot {
     int8_t redop;         /* tdist_redop_t, -1: none */
     uint8_t pad;
     int32_t root;         /* root, or the peer of send / recv; -1: none */
-    int32_t peer;         /* while waiting: the peer waited on; -1: none */
+    int32_t peer;         /* the peer a wait of this entry was last on (noted when the
+                             wait stopped spinning); -1: none */
     uint32_t id;          /* low 32 bits of the entry's id: the group's sequence number
                              (collectives) or the counter's value (p2p, events) */
-    int32_t status;       /* tdist_status_t when failed */
+    union {
+        int32_t status;   /* tdist_status_t when failed */
+        float dt_wait;    /* before that, with peer >= 0: when the wait on peer stopped
+                             spinning, after t_queued in the header's clock */
+    };
     uint64_t seq;         /* group seq (coll), per-pair seq (p2p), event argument a */
     uint64_t count;       /* elements (total for v / coalesced forms); events: argument b */
     uint64_t t_queued;    /* when queued, in the header's clock */
@@ -92,14 +97,24 @@ typedef struct tdist__fr_entry {
     int32_t dtype;        /* tdist_dtype_t, -1: none */
     int32_t root;         /* root, or the peer of send / recv; -1: none */
     int32_t redop;        /* tdist_redop_t, -1: none */
-    int32_t peer;         /* while waiting: the peer waited on; -1: none */
     uint8_t route;        /* coll/'s route (route_name), 255: not chosen yet */
     uint8_t algo;         /* coll/'s algorithm (algo_name) */
     uint8_t pad[2];
     int32_t status;       /* tdist_status_t when failed */
     uint64_t t_ns[5];     /* time of each state (index: state), 0: not reached; in the
                              header's clock (tdist__fr_to_ns makes it CLOCK_MONOTONIC ns) */
-    char what[24];        /* events: what happened ("bucket_ready", ...) */
+    union {
+        char what[24];    /* events: what happened ("bucket_ready", ...) */
+        /* collectives: the peer a wait of this entry was last on, noted
+         * when the wait stopped spinning (tdist__fr_note_wait) */
+        struct {
+            uint64_t tag;     /* id + 1 when peer and t_ns are this entry's; anything
+                                 else (0, an older entry's, an event's text): no wait */
+            int32_t peer;     /* group rank */
+            uint32_t pad;
+            uint64_t t_ns;    /* when, in the header's clock like t_ns above */
+        } wait;
+    };
 } tdist__fr_entry_t;
 
 /* Entry id's slot s (a copy), decoded into *e. */
@@ -107,8 +122,9 @@ static inline void tdist__fr_decode(const tdist__fr_slot_t *s, uint64_t id, tdis
 {
     *e = (tdist__fr_entry_t){.state = s->state, .kind = s->kind, .id = id, .seq = s->seq,
                              .count = s->count, .op = s->op, .dtype = s->dtype,
-                             .root = s->root, .redop = s->redop, .peer = s->peer,
-                             .route = s->route, .algo = s->algo, .status = s->status};
+                             .root = s->root, .redop = s->redop, .route = s->route,
+                             .algo = s->algo,
+                             .status = s->state == TDIST__FR_FAILED ? s->status : 0};
     e->t_ns[TDIST__FR_QUEUED] = s->t_queued;
     if (s->kind == TDIST__FR_EVENT) { /* recorded as completed when queued */
         for (int i = 0; i < 16 && s->what[i]; i++) e->what[i] = s->what[i];
@@ -116,6 +132,11 @@ static inline void tdist__fr_decode(const tdist__fr_slot_t *s, uint64_t id, tdis
         return;
     }
     e->splits_hash = s->splits_hash;
+    if (s->peer >= 0) { /* a failed entry keeps the peer, not the time */
+        e->wait.tag = id + 1;
+        e->wait.peer = s->peer;
+        e->wait.t_ns = s->state == TDIST__FR_FAILED ? 0 : s->t_queued + (uint64_t)s->dt_wait;
+    }
     if (s->state >= TDIST__FR_STARTED)
         e->t_ns[TDIST__FR_STARTED] = s->t_queued + (uint64_t)s->dt_started;
     if (s->state >= TDIST__FR_COMPLETED && s->state <= TDIST__FR_FAILED)
@@ -144,6 +165,12 @@ typedef struct tdist__fr_header {
     char host[64];
     char backend[16];     /* "native" or the backend's name */
 } tdist__fr_header_t;
+
+/* Whether e's wait fields are its own (a wait of it noted its peer). */
+static inline bool tdist__fr_waited(const tdist__fr_entry_t *e)
+{
+    return e->kind != TDIST__FR_EVENT && e->wait.tag == e->id + 1;
+}
 
 /* The time-stamp counter (clock 1): invariant and shared by every CPU
  * where the recorder uses it (x86-64 with constant_tsc and nonstop_tsc).

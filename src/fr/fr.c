@@ -295,6 +295,7 @@ tdist__fr_t *tdist__fr_open(const tdist__fr_ident_t *id)
     tdist__fr_open_list = fr;
     pthread_mutex_unlock(&tdist__fr_lock);
     thread_start();
+    tdist__fr_timeline_opened(fr);
     return fr;
 }
 
@@ -309,6 +310,7 @@ void tdist__fr_close(tdist__fr_t *fr)
         }
     bool last = tdist__fr_open_list == NULL;
     pthread_mutex_unlock(&tdist__fr_lock);
+    tdist__fr_timeline_closing(fr, last);
     atomic_store_explicit((_Atomic int32_t *)&fr->hdr->closed, 1, memory_order_release);
     munmap(fr->hdr, fr->map_len);
     if (fr->unlink_at_close) {

@@ -163,18 +163,17 @@ static inline void tdist__fr_route(tdist__fr_t *fr, uint64_t id, int route, int 
     e->algo = (uint8_t)algo;
 }
 
-/* The peer the entry's wait is on (-1: none any more). Written by the
- * thread that runs the operation, when a wait stops spinning, so a live
- * dump can say whom a stuck collective waits for. */
-static inline void tdist__fr_wait_peer(tdist__fr_t *fr, uint64_t id, int peer)
-{
-    tdist__fr_slot_t *e = tdist__fr_at(fr, id);
-    if (e) e->peer = peer;
-}
-
 /* A one-off event (DDP bucket ready / launched / reduced, a Join
  * notification, the program's own marks): recorded as completed. */
 void tdist__fr_event(tdist__fr_t *fr, const char *what, uint64_t a, uint64_t b);
+
+/* A wait of the group's running collective (entry id) stopped spinning:
+ * note the peer (group rank) it waits on in that entry, with the time.
+ * Slow path only (the transport calls it, through pg, before it yields or
+ * sleeps), on the thread that runs the collective; a dump or tdist-fr
+ * then says "waiting on rank N". fr NULL, or id no longer started:
+ * nothing. */
+void tdist__fr_note_wait(tdist__fr_t *fr, uint64_t id, int peer);
 
 /* Write one JSON file per open recorder into the dump directory
  * (TDIST_FR_DIR, else the per-process one): "<dir>/tdist-fr.r<world

@@ -144,6 +144,7 @@ struct tdist_pg {
     bool check_fp;        /* TDIST_CHECK_FINGERPRINT (measurement only) */
     int n_children;       /* creation counter for subgroup uids */
     tdist__fr_t *fr;      /* the flight recorder's ring (NULL: off) */
+    uint64_t fr_running;  /* the entry of the collective running (engine side; record.c) */
 
     /* engine */
     pthread_mutex_t mu;
@@ -263,6 +264,7 @@ static inline void tdist__pg_fr_start(tdist_pg_t *pg, struct tdist_work *w, cons
         tdist__fr_fill(e, w->fr_id, TDIST__FR_COLL, (int)w->op, fp->seq, fp->count, fp->dtype,
                        fp->root, fp->redop, fp->vec_hash, TDIST__FR_STARTED);
         c->chosen = &e->route;
+        pg->fr_running = w->fr_id;
         return;
     }
     tdist__fr_slot_t *e = tdist__fr_at(pg->fr, w->fr_id);
@@ -274,6 +276,7 @@ static inline void tdist__pg_fr_start(tdist_pg_t *pg, struct tdist_work *w, cons
     e->redop = (int8_t)fp->redop;
     e->splits_hash = fp->vec_hash;
     c->chosen = &e->route;
+    pg->fr_running = w->fr_id;
     tdist__fr_state_at(pg->fr, w->fr_id, TDIST__FR_STARTED, 0, w->inline_run);
 }
 

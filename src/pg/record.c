@@ -13,6 +13,14 @@
 
 #include "pg/internal.h"
 
+/* tdist__tp_on_wait's hook: the running collective's entry names the
+ * peer its wait is on (slow path only; fr/wait.c). */
+static void note_wait(void *arg, int peer)
+{
+    tdist_pg_t *pg = arg;
+    tdist__fr_note_wait(pg->fr, pg->fr_running, peer);
+}
+
 void tdist__pg_fr_open(tdist_pg_t *pg)
 {
     tdist__fr_ident_t id = {.group = pg->name, .uid = pg->uid, .rank = pg->rank,
@@ -20,6 +28,7 @@ void tdist__pg_fr_open(tdist_pg_t *pg)
                             .backend = pg->backend ? pg->backend->name : "native",
                             .transport = pg->backend ? 2 : pg->kind == TDIST__TP_SHM ? 0 : 1};
     pg->fr = tdist__fr_open(&id);
+    if (pg->fr && pg->tp) tdist__tp_on_wait(pg->tp, note_wait, pg);
 }
 
 /* TDIST_LOG=trace: one line for w, which ended with st. */

@@ -47,7 +47,15 @@ struct tdist__tp {
     int *pfd_peer;         /* which peer each pfd entry is (-1: none) */
     char addr[96];         /* this rank's address, tdist__tp_address */
     char errmsg[TDIST__TP_ERRMSG_LEN];
+    /* tdist__tp_on_wait's hook (NULL: none), called by the slow path only */
+    void (*on_wait)(void *arg, int peer);
+    void *on_wait_arg;
 };
+
+/* A wait on tp stops spinning: tell the hook the peer it waits on (a
+ * channel's pending receive first, else a send; peer >= 0 given: that
+ * one). Slow path only; cheap when no hook is set. */
+void tdist__tp_waiting_on(tdist__tp_t *tp, int peer);
 
 /* A kind's functions. Each is called by transport.c only, with a non-NULL
  * tp of that kind. */

@@ -836,6 +836,7 @@ tdist_status_t tdist__shm_progress(tdist__tp_t *t, int timeout_ms)
         if (sweep(tp) || tp->b.err != TDIST_OK) goto out;
         if (atomic_load_explicit(&tp->b.aborted, memory_order_relaxed)) goto out;
     }
+    tdist__tp_waiting_on(&tp->b, -1); /* done spinning: say on whom */
     /* 2: yield the CPU (a peer sharing this core may be the one we wait
      * for) for up to ~1 ms. */
     for (;;) {
@@ -943,6 +944,20 @@ void tdist__shm_notify(tdist__tp_t *t)
     }
 }
 
+/* A collective wait stopped spinning: tell the hook (tdist__tp_on_wait)
+ * the first rank it still needs, if that is not told already; that rank
+ * (-1: none). */
+static int note_waiting(shm_tp_t *tp, bool (*needs)(void *arg, int peer), void *arg, int told)
+{
+    if (!tp->b.on_wait || !needs) return -1;
+    for (int p = 0; p < tp->b.size; p++)
+        if (p != tp->b.rank && needs(arg, p)) {
+            if (p != told) tdist__tp_waiting_on(&tp->b, p);
+            return p;
+        }
+    return -1;
+}
+
 /* A lost peer fails a collective wait if the wait still needs it (it may
  * have done its part and left). */
 static tdist_status_t check_lost(shm_tp_t *tp, bool (*needs)(void *arg, int peer), void *arg)
@@ -972,6 +987,7 @@ tdist_status_t tdist__shm_wait_until(tdist__tp_t *t, bool (*cond)(void *arg),
      * hundred ns behind arrives within it */
     if ((flags & TDIST__WAIT_SPIN) && !tp->oversubscribed && spin_for(cond, arg, COLL_SPIN_NS))
         return TDIST_OK;
+    int told = note_waiting(tp, needs, arg, -1);
     /* not from a background thread: its spinning would take the CPU from
      * the caller's own computation */
     bool elsewhere = (flags & TDIST__WAIT_SPIN) && (flags & TDIST__WAIT_SELF_MADE) &&
@@ -990,7 +1006,10 @@ tdist_status_t tdist__shm_wait_until(tdist__tp_t *t, bool (*cond)(void *arg),
         if (atomic_load_explicit(&tp->b.aborted, memory_order_relaxed))
             return tdist__tp_fail_aborted(&tp->b);
         uint64_t now = tdist__now_ns();
-        if (now - tp->last_check_ns >= LIVENESS_NS) TDIST_CHECK(check_lost(tp, needs, arg));
+        if (now - tp->last_check_ns >= LIVENESS_NS) {
+            TDIST_CHECK(check_lost(tp, needs, arg));
+            told = note_waiting(tp, needs, arg, told); /* the one awaited may have come */
+        }
         if (now >= end) return TDIST_ERR_TIMEOUT;
         if (now - start < YIELD_NS) {
             if (elsewhere && !needed_here(tp, note_cpu(tp), needs, arg) &&

@@ -842,6 +842,7 @@ tdist_status_t tdist__tcp_progress(tdist__tp_t *tp, int timeout_ms)
      * goes straight into the socket. */
     bool moved = false;
     uint64_t spin_until = 0;
+    bool noted = false; /* tdist__tp_waiting_on was told */
     for (int round = 0;; round++) {
         if (round == 0) {
             for (int p = 0; p < tp->size && tp->err == TDIST_OK; p++) {
@@ -868,10 +869,15 @@ tdist_status_t tdist__tcp_progress(tdist__tp_t *tp, int timeout_ms)
         uint64_t now = tdist__now_ns();
         if (round == 0) spin_until = now + SPIN_NS;
         if (now >= spin_until || atomic_load(&tp->aborted)) break;
-        if (round >= 4) sched_yield(); /* let a peer sharing this core run */
+        if (round >= 4) {
+            if (!noted) tdist__tp_waiting_on(tp, -1); /* done spinning: say on whom */
+            noted = true;
+            sched_yield(); /* let a peer sharing this core run */
+        }
     }
 
     /* Then sleep in one poll (fill_pfd says what it watches). */
+    if (!noted) tdist__tp_waiting_on(tp, -1);
     int n = fill_pfd(t);
     int rc = poll(tp->pfd, (nfds_t)n, timeout_ms < 0 ? -1 : timeout_ms);
     if (rc < 0) {

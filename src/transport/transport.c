@@ -255,6 +255,23 @@ static _Thread_local int owed_peer = -1;
 int tdist__tp_owed_peer(void) { return owed_peer; }
 void tdist__tp_set_owed_peer(int peer) { owed_peer = peer; }
 
+void tdist__tp_on_wait(tdist__tp_t *tp, void (*fn)(void *arg, int peer), void *arg)
+{
+    if (!tp) return;
+    tp->on_wait = fn;
+    tp->on_wait_arg = arg;
+}
+
+void tdist__tp_waiting_on(tdist__tp_t *tp, int peer)
+{
+    if (!tp->on_wait) return;
+    for (int p = 0; p < tp->size && peer < 0; p++)
+        if (p != tp->rank && tp->chan[p].rq_head) peer = p;
+    for (int p = 0; p < tp->size && peer < 0; p++)
+        if (p != tp->rank && tp->chan[p].sq_head) peer = p;
+    if (peer >= 0) tp->on_wait(tp->on_wait_arg, peer);
+}
+
 /* The deadline passed: name every peer still owed bytes by reqs. */
 static tdist_status_t wait_timeout(const tdist__tp_t *tp, tdist__tp_req_t *const *reqs, size_t n,
                                    int64_t start)

@@ -171,6 +171,14 @@ void *tdist__tp_shm_area(tdist__tp_t *tp, int r, size_t *bytes);
 int tdist__tp_owed_peer(void);
 void tdist__tp_set_owed_peer(int peer);
 
+/* Who is waited on, while the wait lasts (the flight recorder): once a
+ * wait on tp stops spinning and is about to yield or sleep, the waiting
+ * thread calls fn(arg, peer) with the peer it waits on (a receive's peer
+ * first, else a send's; for tdist__tp_wait_until the first rank needs()
+ * names), never on a wait that its spin satisfied. fn must not block.
+ * Set once, before the mesh is used; NULL fn: none. Not thread-safe. */
+void tdist__tp_on_wait(tdist__tp_t *tp, void (*fn)(void *arg, int peer), void *arg);
+
 /* tdist__tp_wait_until's flags. */
 #define TDIST__WAIT_SPIN 1u /* the caller's own thread waits on a blocking call */
 /* Every rank the condition waits for makes its move on its own, needing no

@@ -1,10 +1,13 @@
 /* tests/ddp/test_ddp_fr.c — DDP's buckets in the flight recorder: one
  * iteration over four single-parameter buckets leaves, in the group's
  * ring, each bucket's ready, launched and reduced events in that order
- * around its all_reduce; tdist_flight_dump writes them as JSON, and
- * tdist-fr --trace turns the rings into a Chrome trace that a JSON parser
- * (/usr/bin/python3's) reads, with spans that nest and are ordered per
- * thread, and every bucket's three events on both ranks. */
+ * around its all_reduce; tdist_flight_dump writes them as JSON. Each rank
+ * writes its own Chrome trace (TDIST_TRACE), and tdist-fr --trace turns
+ * the rings into one: a JSON parser (/usr/bin/python3's, in
+ * tools/trace_kinds.py) reads both, with spans that nest and are ordered
+ * per thread, the backward span with a compute span per bucket, every
+ * bucket's three events on both ranks, and the optimizer step the test
+ * marks as a span. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,22 +20,7 @@
 
 #define FR_TOOL TDIST_BIN_DIR "/tools/tdist-fr/tdist-fr"
 
-/* Checks the trace: valid JSON; per (rank, thread) the spans, by start,
- * each end before the next begins or contain it; counts per kind. */
-static const char *const TRACE_CHECK =
-    "import json,sys,collections\n"
-    "t=json.load(open(sys.argv[1]))['traceEvents']\n"
-    "spans=collections.defaultdict(list); kinds=collections.Counter()\n"
-    "for e in t:\n"
-    "  if e['ph']=='X': spans[(e['pid'],e['tid'])].append((e['ts'],e['ts']+e['dur'])); kinds['span '+e['name']]+=1\n"
-    "  elif e['ph']=='i': kinds['event '+e['name']]+=1\n"
-    "for k,v in spans.items():\n"
-    "  v.sort(); stack=[]\n"
-    "  for a,b in v:\n"
-    "    while stack and stack[-1]<=a: stack.pop()\n"
-    "    assert not stack or b<=stack[-1]+1e-3, ('spans cross',k,a,b,stack)\n"
-    "    stack.append(b)\n"
-    "for k in sorted(kinds): print(k, kinds[k])\n";
+#define KINDS "/usr/bin/python3", TDIST_SOURCE_DIR "/tools/trace_kinds.py"
 
 #define NP 4
 #define COUNT 64
@@ -50,34 +38,54 @@ static long find_line(const char *j, long from, const char *a, const char *b)
     return -1;
 }
 
-static void check_trace(void)
+/* tools/trace_kinds.py over the trace files: it checks them (JSON, spans
+ * nest, collectives in order, compute spans inside backward) and counts
+ * their kinds; the counts (malloc'd). */
+static char *kinds_of(const char *a, const char *b)
+{
+    const char *argv[] = {KINDS, a, b, NULL};
+    run_t r;
+    run(argv, 60, "trace_kinds", &r);
+    printf("trace_kinds %s%s:\n%s%s", a, b ? " and the other rank's" : "", r.out, r.err);
+    ASSERT_TRUE(r.exited && r.code == 0);
+    char *out = strdup(r.out);
+    run_free(&r);
+    return out;
+}
+
+/* After both ranks destroyed their groups: the timeline each wrote
+ * (TDIST_TRACE) and tdist-fr --trace over their rings hold the same
+ * spans and events, among them the iteration's backward with one compute
+ * span and the three events per bucket, and each bucket's reduction. */
+static void check_traces(void)
 {
     char dir[600];
     snprintf(dir, sizeof dir, "%s/fr", tdist_test_tmpdir());
-    const char *trace = tmp_path("trace.json");
+    const char *trace = tmp_path("tool_trace.json");
     const char *argv[] = {FR_TOOL, "--trace", trace, dir, NULL};
     run_t r;
     run(argv, 30, "trace", &r);
     ASSERT_TRUE(r.exited && r.code == 0); /* both ranks completed the same collectives */
     run_free(&r);
     if (access("/usr/bin/python3", X_OK) != 0) {
-        printf("no /usr/bin/python3: the trace is written, not parsed\n");
+        printf("no /usr/bin/python3: the traces are written, not parsed\n");
         return;
     }
-    const char *script = tmp_path("check_trace.py");
-    FILE *f = fopen(script, "w");
-    ASSERT_TRUE(f != NULL);
-    fputs(TRACE_CHECK, f);
-    fclose(f);
-    const char *py[] = {"/usr/bin/python3", script, trace, NULL};
-    run(py, 60, "pytrace", &r);
-    printf("%s%s", r.out, r.err);
-    ASSERT_TRUE(r.exited && r.code == 0);
-    ASSERT_CONTAINS(r.out, "event bucket_ready 8\n");    /* 4 buckets x 2 ranks */
-    ASSERT_CONTAINS(r.out, "event bucket_launched 8\n");
-    ASSERT_CONTAINS(r.out, "event bucket_reduced 8\n");
-    ASSERT_CONTAINS(r.out, "span all_reduce_coalesced 8\n");
-    run_free(&r);
+    char own0[700], own1[700];
+    snprintf(own0, sizeof own0, "%s/trace.r0.json", tdist_test_tmpdir());
+    snprintf(own1, sizeof own1, "%s/trace.r1.json", tdist_test_tmpdir());
+    char *tool = kinds_of(trace, NULL), *own = kinds_of(own0, own1);
+    ASSERT_CONTAINS(own, "event bucket_ready 8\n"); /* 4 buckets x 2 ranks */
+    ASSERT_CONTAINS(own, "event bucket_launched 8\n");
+    ASSERT_CONTAINS(own, "event bucket_reduced 8\n");
+    ASSERT_CONTAINS(own, "event backward_begin 2\n");
+    ASSERT_CONTAINS(own, "span backward 2\n");
+    ASSERT_CONTAINS(own, "span compute bucket 8\n");
+    ASSERT_CONTAINS(own, "span all_reduce_coalesced 8\n");
+    ASSERT_CONTAINS(own, "span optim_step 2\n");
+    ASSERT_TRUE(strcmp(tool, own) == 0);
+    free(tool);
+    free(own);
 }
 
 static void ddp_fr_body(int rank, int n, void *arg)
@@ -102,6 +110,11 @@ static void ddp_fr_body(int rank, int n, void *arg)
     for (int i = NP - 1; i >= 0; i--) ASSERT_OK(tdist_ddp_grad_ready(d, (size_t)i));
     ASSERT_OK(tdist_ddp_backward_end(d));
     ASSERT_TRUE(grad[0][0] == 0.5f); /* (0 + 1) / 2: the reduction happened */
+    /* the program's own span: the optimizer's step, marked */
+    ASSERT_OK(tdist_pg_mark(pg, "optim_step_begin", 1));
+    for (int i = 0; i < NP; i++)
+        for (int k = 0; k < COUNT; k++) data[i][k] -= 0.1f * grad[i][k];
+    ASSERT_OK(tdist_pg_mark(pg, "optim_step_end", 1));
     int files = 0;
     ASSERT_OK(tdist_flight_dump("test", &files));
     ASSERT_GE(files, 1);
@@ -124,7 +137,6 @@ static void ddp_fr_body(int rank, int n, void *arg)
         if (!(coll > launched)) FAIL("bucket %d: no all_reduce after launch (%ld vs %ld) in %s", b, coll, launched, j);
     }
     free(j);
-    if (rank == 0) check_trace();
     tdist_ddp_destroy(d);
     tdist_pg_destroy(pg);
     tdist_world_destroy(w);
@@ -132,9 +144,10 @@ static void ddp_fr_body(int rank, int n, void *arg)
 
 TEST(ddp_fr_bucket_events_recorded, 60)
 {
-    char env[600];
+    char env[600], trace[600];
     snprintf(env, sizeof env, "TDIST_FR_DIR=%s/fr", tdist_test_tmpdir());
-    const char *envs[] = {env, NULL};
+    snprintf(trace, sizeof trace, "TDIST_TRACE=%s/trace.json", tdist_test_tmpdir());
+    const char *envs[] = {env, trace, NULL};
     tdist_ranks_opts_t o;
     tdist_ranks_opts_init(&o, 2);
     o.env = envs;
@@ -145,4 +158,5 @@ TEST(ddp_fr_bucket_events_recorded, 60)
         if (!res[r].exited || res[r].code != 0)
             FAIL("rank %d %s", r, tdist_test_describe(&res[r], d, sizeof d));
     ASSERT_EQ(bad, 0);
+    check_traces();
 }

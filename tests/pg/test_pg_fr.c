@@ -4,9 +4,11 @@
  * next one, a barrier), issues a different one (another count), stops
  * (SIGSTOP), is killed (SIGKILL), or deadlocks in its own code. For each:
  * every rank that failed dumped its ring as JSON, rank 2's ring is read
- * whatever became of it (a live deadlocked rank also answers SIGUSR1 with
- * a dump), and tdist-fr names rank 2 and seq 6 and exits 1. Rank 0 runs the
- * analyzer while rank 2 is still as the scenario left it, then ends it. */
+ * whatever became of it, and tdist-fr names rank 2 and seq 6 and exits 1.
+ * Rank 0 runs the analyzer while rank 2 is still as the scenario left it,
+ * then ends it. While rank 2 deadlocks, every rank answers SIGUSR1 with a
+ * live dump, from which alone tdist-fr names rank 2 as the peer the other
+ * two are waiting on. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -27,7 +29,7 @@ typedef enum fr_case { FR_SKIP, FR_DIFFERENT, FR_STOP, FR_KILL, FR_DEADLOCK } fr
 typedef struct fr_arg {
     fr_case_t c;
     char dir[512];
-    volatile int pid2; /* rank 2's pid (shared mapping) */
+    volatile int pid1, pid2; /* ranks 1 and 2's pids (shared mapping) */
 } fr_arg_t;
 
 static bool exists(const char *path)
@@ -50,7 +52,6 @@ static void wait_dump(const char *dir, int r)
 /* Rank 2 goes wrong where the others issue their sixth collective. */
 static void rank2_goes_wrong(fr_arg_t *a, tdist_pg_t *pg, float *x)
 {
-    a->pid2 = (int)getpid();
     switch (a->c) {
     case FR_SKIP:
         (void)tdist_barrier(pg, NULL, NULL);
@@ -70,6 +71,64 @@ static void rank2_goes_wrong(fr_arg_t *a, tdist_pg_t *pg, float *x)
     }
 }
 
+/* Copy dir's JSON dump of world rank r into dir/live. */
+static void copy_dump(const char *dir, int r)
+{
+    char from[700], to[720];
+    snprintf(from, sizeof from, "%s/tdist-fr.r%d.world.json", dir, r);
+    snprintf(to, sizeof to, "%s/live/tdist-fr.r%d.world.json", dir, r);
+    char *j = slurp(from);
+    FILE *f = fopen(to, "w");
+    ASSERT_TRUE(j && f);
+    fputs(j, f);
+    fclose(f);
+    free(j);
+}
+
+/* Rank 0, while ranks 0 and 1 wait in seq 6 and rank 2 sits in its own
+ * code: live dumps of every rank (SIGUSR1 to ranks 1 and 2,
+ * tdist_flight_dump here), copied alone into dir/live, where tdist-fr
+ * names rank 2 as missing, running, and as the rank both waits are on.
+ * Dumped again until the waits have noted their peer (they do when they
+ * stop spinning), for a bounded time. */
+static void live_check(fr_arg_t *a)
+{
+    char live[600];
+    snprintf(live, sizeof live, "%s/live", a->dir);
+    ASSERT_TRUE(mkdir(live, 0700) == 0 || errno == EEXIST);
+    const char *argv[] = {FR_TOOL, live, NULL};
+    ASSERT_TRUE(a->pid1 > 0 && a->pid2 > 0);
+    double t0 = tdist_test_now_ms();
+    for (int round = 0;; round++) {
+        ASSERT_OK(tdist_flight_dump("live check", NULL));
+        ASSERT_EQ(kill(a->pid1, SIGUSR1), 0);
+        ASSERT_EQ(kill(a->pid2, SIGUSR1), 0);
+        wait_dump(a->dir, 1);
+        wait_dump(a->dir, 2);
+        usleep(50 * 1000); /* the signalled ranks' dump threads */
+        for (int r = 0; r < 3; r++) copy_dump(a->dir, r);
+        run_t r;
+        run(argv, 30, "tdist-fr live", &r);
+        bool named = strstr(r.out, "rank 0: in it (still waiting") &&
+                     strstr(r.out, "rank 1: in it (still waiting") &&
+                     strstr(r.out, "; waiting on rank 2)\n  rank 1") &&
+                     strstr(r.out, "; waiting on rank 2)\n  rank 2");
+        if (named || tdist_test_now_ms() - t0 > 10000 * tdist_test_timeout_mult()) {
+            printf("live dumps, round %d:\n%s", round, r.out);
+            ASSERT_TRUE(r.exited && r.code == 1);
+            ASSERT_CONTAINS(r.out, "first divergence: rank 2 is missing from all_reduce(f32, 2, "
+                                   "sum) seq 6 of group world; ranks 0, 1 waited");
+            ASSERT_CONTAINS(r.out, "pid");
+            ASSERT_CONTAINS(r.out, "running)");
+            ASSERT_TRUE(named);
+            run_free(&r);
+            return;
+        }
+        run_free(&r);
+        usleep(100 * 1000);
+    }
+}
+
 /* Rank 0: the analyzer on the directory, while rank 2 is as the scenario
  * left it. */
 static void analyze(fr_arg_t *a)
@@ -80,10 +139,6 @@ static void analyze(fr_arg_t *a)
     char ring2[700];
     snprintf(ring2, sizeof ring2, "%s/tdist-fr.r2.world.ring", a->dir);
     ASSERT_TRUE(exists(ring2));
-    if (a->c == FR_DEADLOCK) { /* a live snapshot of the rank in its own code */
-        ASSERT_EQ(kill(a->pid2, SIGUSR1), 0);
-        wait_dump(a->dir, 2);
-    }
     const char *argv[] = {FR_TOOL, a->dir, NULL};
     run_t r;
     run(argv, 30, "tdist-fr", &r);
@@ -103,18 +158,43 @@ static void analyze(fr_arg_t *a)
         ASSERT_CONTAINS(r.out, "first divergence: rank 2 is missing from all_reduce(f32, 2, "
                                "sum) seq 6 of group world; ranks 0, 1 waited");
         ASSERT_CONTAINS(r.out, "last completed all_reduce(f32, 2, sum) seq 5");
-        ASSERT_CONTAINS(r.out, a->c == FR_STOP ? "stopped (SIGSTOP" : a->c == FR_KILL
-                                                     ? "gone (killed" : "running");
+        ASSERT_CONTAINS(r.out, a->c == FR_STOP ? "stopped (SIGSTOP" : "gone (killed");
+        /* 3 s waits: they stopped spinning and noted their peer */
+        if (a->c == FR_STOP) ASSERT_CONTAINS(r.out, "; it waited on rank 2)\n  rank 1");
         break;
     }
     run_free(&r);
-    if (a->c == FR_STOP || a->c == FR_DEADLOCK) kill(a->pid2, SIGKILL);
+    if (a->c == FR_STOP) kill(a->pid2, SIGKILL);
+}
+
+/* Ranks 0 and 1 while rank 2 deadlocks in its own code: they wait in
+ * seq 6 (rank 0 on its engine thread, rank 1 on its own) with a timeout
+ * far off; rank 0 checks the live dumps, then kills rank 2, which fails
+ * both waits at once (a lost peer); then the analysis of a killed rank. */
+static void others_while_deadlocked(fr_arg_t *a, int rank, tdist_pg_t *pg, float *x)
+{
+    tdist_coll_opts_t o;
+    tdist_coll_opts_init(&o);
+    o.timeout_ms = (int64_t)(60000 * tdist_test_timeout_mult());
+    if (rank == 1) {
+        ASSERT_TRUE(tdist_all_reduce(pg, x, x, 2, TDIST_F32, TDIST_SUM, &o, NULL) != TDIST_OK);
+        return;
+    }
+    tdist_work_t *w = NULL;
+    ASSERT_OK(tdist_all_reduce(pg, x, x, 2, TDIST_F32, TDIST_SUM, &o, &w));
+    live_check(a);
+    ASSERT_EQ(kill(a->pid2, SIGKILL), 0);
+    ASSERT_TRUE(tdist_work_wait(w, -1) != TDIST_OK);
+    tdist_work_free(w);
+    analyze(a);
 }
 
 static void fr_body(int rank, int n, void *arg)
 {
     (void)n;
     fr_arg_t *a = arg;
+    if (rank == 1) a->pid1 = (int)getpid(); /* before any collective: rank 0 signals them */
+    if (rank == 2) a->pid2 = (int)getpid();
     tdist_world_t *w;
     tdist_pg_t *pg;
     tdist_test_open_world(&w, &pg, (int64_t)(1000 * tdist_test_timeout_mult()));
@@ -122,6 +202,8 @@ static void fr_body(int rank, int n, void *arg)
     for (int i = 0; i < 5; i++) ASSERT_OK(tdist_all_reduce(pg, x, x, 2, TDIST_F32, TDIST_SUM, NULL, NULL));
     if (rank == 2) {
         rank2_goes_wrong(a, pg, x);
+    } else if (a->c == FR_DEADLOCK) {
+        others_while_deadlocked(a, rank, pg, x);
     } else {
         tdist_status_t st = a->c == FR_SKIP ? tdist_all_reduce(pg, x, x, 2, TDIST_F32, TDIST_SUM, NULL, NULL)
                                             : tdist_all_reduce(pg, x, x, 2, TDIST_F32, TDIST_SUM, NULL, NULL);

@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #include "fr/format.h"
+#include "fr/trace.h"
 
 /* What became of a rank's process. */
 enum { PROC_UNKNOWN, PROC_RUNNING, PROC_STOPPED, PROC_GONE, PROC_CLOSED };
@@ -64,9 +65,8 @@ const tdist__fr_entry_t *frt_last_coll(const rec_t *r, bool completed);
 /* report.c */
 void frt_print_text(FILE *f, const model_t *m, const prob_t *p, size_t np, const bool *show_rank);
 void frt_print_json(FILE *f, const model_t *m, const prob_t *p, size_t np, const bool *show_rank);
-void frt_describe(const tdist__fr_entry_t *e, char *buf, size_t n);
 
-/* trace.c: every record as a Chrome trace at path; 0 or -1. */
+/* trace.c: every record as a Chrome trace at path (fr/trace.h); 0 or -1. */
 int frt_write_trace(const char *path, const model_t *m);
 
 #endif /* TDIST_FRTOOL_H */

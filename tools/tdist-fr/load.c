@@ -98,9 +98,13 @@ static int load_ring(const char *path, rec_t *r)
     }
     r->n = tdist__fr_collect(h, ring, r->e);
     uint64_t tsc_now = tdist__fr_rdtsc(), mono = mono_now();
-    for (size_t i = 0; i < r->n; i++)
+    for (size_t i = 0; i < r->n; i++) {
+        tdist__fr_entry_t *c = &r->e[i];
         for (int s = TDIST__FR_QUEUED; s <= TDIST__FR_FAILED; s++)
-            r->e[i].t_ns[s] = tdist__fr_to_ns(h, r->e[i].t_ns[s], tsc_now, mono);
+            c->t_ns[s] = tdist__fr_to_ns(h, c->t_ns[s], tsc_now, mono);
+        if (tdist__fr_waited(c) && c->wait.t_ns)
+            c->wait.t_ns = tdist__fr_to_ns(h, c->wait.t_ns, tsc_now, mono);
+    }
     free(b);
     r->proc = proc_state(&r->hdr);
     r->now_mono = mono_now();
@@ -183,8 +187,12 @@ static void json_entry(const char *s, const char *end, tdist__fr_entry_t *e)
         e->count = jnum(s, end, "count");
         e->root = (int32_t)jint(s, end, "root");
         e->splits_hash = jnum(s, end, "splits_hash");
+        if (jval(s, end, "wait_peer")) {
+            e->wait.tag = e->id + 1;
+            e->wait.peer = (int32_t)jint(s, end, "wait_peer");
+            e->wait.t_ns = jnum(s, end, "wait_ns");
+        }
     }
-    e->peer = jval(s, end, "peer") ? (int32_t)jint(s, end, "peer") : -1;
     for (uint32_t st = TDIST__FR_QUEUED; st <= TDIST__FR_FAILED; st++)
         e->t_ns[st] = jnum(s, end, tdist__fr_state_names[st]);
 }

@@ -13,27 +13,15 @@ static const char *const proc_names[] = {
     "gone (killed, or exited without destroying its groups)", "exited cleanly"};
 static const char *const proc_short[] = {"unknown", "running", "stopped", "gone", "exited"};
 
-void frt_describe(const tdist__fr_entry_t *e, char *buf, size_t n)
+/* "; waiting on rank N" when a wait of e noted its peer (a pending
+ * entry), "; it waited on rank N" (an ended one), else "". */
+static const char *wait_note(const tdist__fr_entry_t *e, char *buf, size_t n)
 {
-    const char *op = TDIST__FR_NAME(tdist__fr_op_names, e->op);
-    if (e->kind == TDIST__FR_EVENT) {
-        char w[sizeof e->what + 1];
-        memcpy(w, e->what, sizeof e->what);
-        w[sizeof e->what] = '\0';
-        snprintf(buf, n, "event %s(%llu)", w, (unsigned long long)e->count);
-    } else if (e->op == 11 || e->op == 12) { /* barriers */
-        snprintf(buf, n, "%s", op);
-    } else {
-        int k = snprintf(buf, n, "%s(%s, %llu", op,
-                         e->dtype < 0 ? "-" : TDIST__FR_NAME(tdist__fr_dtype_names, e->dtype),
-                         (unsigned long long)e->count);
-        if (e->redop >= 0 && k > 0 && (size_t)k < n)
-            k += snprintf(buf + k, n - (size_t)k, ", %s", TDIST__FR_NAME(tdist__fr_redop_names, e->redop));
-        if (e->root >= 0 && k > 0 && (size_t)k < n)
-            k += snprintf(buf + k, n - (size_t)k, ", %s %d",
-                          e->kind == TDIST__FR_COLL ? "root" : "peer", e->root);
-        if (k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, ")");
-    }
+    buf[0] = '\0';
+    if (tdist__fr_waited(e))
+        snprintf(buf, n, "; %s on rank %d",
+                 e->state == TDIST__FR_STARTED ? "waiting" : "it waited", e->wait.peer);
+    return buf;
 }
 
 /* How long e has been (or was) in its current wait, in seconds. */
@@ -74,7 +62,7 @@ static void doing_instead(FILE *f, const grp_t *g, int r, const prob_t *p)
             proc_names[rec->proc]);
     const tdist__fr_entry_t *lc = frt_last_coll(rec, true), *last = frt_last_coll(rec, false);
     if (lc) {
-        frt_describe(lc, d, sizeof d);
+        tdist__fr_describe(lc, d, sizeof d);
         double ago = (double)(p->t_real - frt_real_ns(rec, lc->t_ns[TDIST__FR_COMPLETED])) / 1e9;
         if (ago < 0) ago = 0; /* clocks of different hosts */
         fprintf(f, "last completed %s seq %llu (%.3f s before the others started seq %llu)", d,
@@ -83,14 +71,14 @@ static void doing_instead(FILE *f, const grp_t *g, int r, const prob_t *p)
         fprintf(f, "completed no collective");
     }
     if (last && last != lc && last->state != TDIST__FR_COMPLETED) {
-        frt_describe(last, d, sizeof d);
+        tdist__fr_describe(last, d, sizeof d);
         fprintf(f, "; then %s seq %llu (%s)", d, (unsigned long long)last->seq, state_word(last));
     } else {
         fprintf(f, "; nothing pending in this group");
     }
     for (size_t i = rec->n; i-- > 0;)
         if (rec->e[i].kind == TDIST__FR_EVENT) {
-            frt_describe(&rec->e[i], d, sizeof d);
+            tdist__fr_describe(&rec->e[i], d, sizeof d);
             fprintf(f, "; last event %s", d);
             break;
         }
@@ -135,7 +123,7 @@ static void print_problem(FILE *f, const prob_t *p)
             double w = waited_s(g->rank[r], p->at[r]);
             if (w > wait) wait = w;
         }
-    frt_describe(ref, d, sizeof d);
+    tdist__fr_describe(ref, d, sizeof d);
     if (p->kind == PROB_MISSING) {
         fprintf(f, "rank%s %s %s missing from %s seq %llu of group %s; rank%s %s waited %.3f s "
                    "(%s)\n", strchr(without, ',') ? "s" : "", without,
@@ -146,7 +134,7 @@ static void print_problem(FILE *f, const prob_t *p)
                 (unsigned long long)p->seq, g->name);
         for (int r = 0; r < g->size; r++) {
             if (!p->at[r]) continue;
-            frt_describe(p->at[r], d, sizeof d);
+            tdist__fr_describe(p->at[r], d, sizeof d);
             bool odd = frt_differ(ref, p->at[r]);
             fprintf(f, "  rank %d: %s%s%s\n", r, d, odd ? "  <- differs in " : "",
                     odd ? mismatch_field(ref, p->at[r]) : "");
@@ -162,18 +150,21 @@ static void print_problem(FILE *f, const prob_t *p)
     for (int r = 0; r < g->size; r++) {
         if (p->at[r] && p->kind != PROB_MISSING) {
             const rec_t *rec = g->rank[r];
-            frt_describe(p->at[r], d, sizeof d);
-            fprintf(f, "  rank %d (pid %d, %s): %s seq %llu %s after %.3f s\n", r, rec->hdr.pid,
+            tdist__fr_describe(p->at[r], d, sizeof d);
+            char wn[64];
+            fprintf(f, "  rank %d (pid %d, %s): %s seq %llu %s after %.3f s%s\n", r, rec->hdr.pid,
                     proc_short[rec->proc], d, (unsigned long long)p->seq, state_word(p->at[r]),
-                    waited_s(rec, p->at[r]));
+                    waited_s(rec, p->at[r]), wait_note(p->at[r], wn, sizeof wn));
         } else if (!p->at[r]) {
             doing_instead(f, g, r, p);
         } else {
             const tdist__fr_entry_t *e = p->at[r];
-            fprintf(f, "  rank %d: in it (%s, %.3f s; route %s, algorithm %s)\n", r,
+            char wn[64];
+            fprintf(f, "  rank %d: in it (%s, %.3f s; route %s, algorithm %s%s)\n", r,
                     state_word(e), waited_s(g->rank[r], e),
                     e->route == 255 ? "not chosen" : TDIST__FR_NAME(tdist__fr_route_names, e->route),
-                    e->route == 255 ? "-" : TDIST__FR_NAME(tdist__fr_algo_names, e->algo));
+                    e->route == 255 ? "-" : TDIST__FR_NAME(tdist__fr_algo_names, e->algo),
+                    wait_note(e, wn, sizeof wn));
         }
     }
 }
@@ -197,13 +188,14 @@ static void print_summary(FILE *f, const model_t *m, const bool *show_rank)
                     r->from_dump ? ", from its dump" : "", r->n);
             const tdist__fr_entry_t *lc = frt_last_coll(r, true), *last = frt_last_coll(r, false);
             if (lc) {
-                frt_describe(lc, d, sizeof d);
+                tdist__fr_describe(lc, d, sizeof d);
                 fprintf(f, "; last completed %s seq %llu", d, (unsigned long long)lc->seq);
             }
             if (last && last != lc && last->state != TDIST__FR_COMPLETED) {
-                frt_describe(last, d, sizeof d);
-                fprintf(f, "; last %s seq %llu %s after %.3f s", d, (unsigned long long)last->seq,
-                        state_word(last), waited_s(r, last));
+                tdist__fr_describe(last, d, sizeof d);
+                char wn[64];
+                fprintf(f, "; last %s seq %llu %s after %.3f s%s", d, (unsigned long long)last->seq,
+                        state_word(last), waited_s(r, last), wait_note(last, wn, sizeof wn));
             }
             if (r->reason[0]) fprintf(f, "; dumped: %.120s", r->reason);
             fputc('\n', f);
@@ -230,11 +222,12 @@ void frt_print_text(FILE *f, const model_t *m, const prob_t *p, size_t np, const
 static void json_entry(FILE *f, const rec_t *r, const tdist__fr_entry_t *e)
 {
     char d[160];
-    frt_describe(e, d, sizeof d);
+    tdist__fr_describe(e, d, sizeof d);
     fprintf(f, "{\"rank\":%d,\"world_rank\":%d,\"pid\":%d,\"process\":\"%s\",\"call\":\"%s\","
-               "\"state\":\"%s\",\"waited_s\":%.6f}", r->hdr.rank, r->hdr.world_rank, r->hdr.pid,
-            proc_short[r->proc], d, TDIST__FR_NAME(tdist__fr_state_names, (int)e->state),
-            waited_s(r, e));
+               "\"state\":\"%s\",\"waited_s\":%.6f,\"waiting_on\":%d}", r->hdr.rank,
+            r->hdr.world_rank, r->hdr.pid, proc_short[r->proc], d,
+            TDIST__FR_NAME(tdist__fr_state_names, (int)e->state), waited_s(r, e),
+            tdist__fr_waited(e) ? e->wait.peer : -1);
 }
 
 void frt_print_json(FILE *f, const model_t *m, const prob_t *p, size_t np, const bool *show_rank)
