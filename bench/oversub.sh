@@ -98,10 +98,11 @@ echo "# f32 sum, 2 vs 8 ranks on CPUs $cpus, $iters iterations, median of $repea
      "load: $(cut -d' ' -f1-3 /proc/loadavg)"
 printf "# %-10s %-9s %10s %14s %14s %8s\n" op transport bytes "2 ranks (us)" "8 ranks (us)" ratio
 for op in $ops; do
-    name=oversub
+    name=oversub op_sizes=$sizes
     [ "$op" = all_reduce ] || name="oversub_$op"
+    [ "$op" = barrier ] && op_sizes=8 # no data: one size says it all
     for tr in $transports; do
-        for s in $sizes; do
+        for s in $op_sizes; do
             a2=() a8=()
             for ((k = 0; k < repeats; k++)); do
                 a2+=("$(time_us "$op" "$tr" 2 "$s")")
