@@ -11,7 +11,16 @@
 # (2-rank and 8-rank runs alternate) of tdist-bench's time, itself the max
 # over ranks of each rank's median.
 #
+# The 4x holds where each rank's share of the work stays the same: shared
+# memory's staged and one-shot paths. Over TCP it does not: a ring moves
+# 2(n-1)/n of the buffer through each rank's sockets (1x at 2 ranks, 1.75x
+# at 8, so 7x per CPU), and every exchange that sends to every peer (the
+# fingerprint check of every collective, the small one-shot collectives)
+# costs n(n-1) messages (2 at 2 ranks, 56 at 8). "-o barrier" times the
+# fingerprint exchange alone, to see its share.
+#
 #   bench/oversub.sh [-B BUILD] [-c CPUS] [-n ITERS] [-r REPEATS] [-s "SIZES"] [-t "TRANSPORTS"]
+#                    [-o "OPS"]
 #     -B BUILD       a Release build tree with tools/ built (default: builds
 #                    build/bench-oversub from this checkout)
 #     -c CPUS        the two CPUs, taskset form (default: the first two this
@@ -20,25 +29,29 @@
 #     -r REPEATS     runs of each (default 3)
 #     -s SIZES       bytes per rank (default "8 64K 1M 16M")
 #     -t TRANSPORTS  default "shm tcp"
+#     -o OPS         tdist-bench operations (default "all_reduce"; e.g.
+#                    "barrier all_reduce")
 #
 # Prints a table and "RESULT oversub_<transport>_<size> <ratio> x" per
-# size, plus the two times. Every run is bounded (timeout 300 s).
+# size (oversub_<op>_<transport>_<size> for an op other than all_reduce),
+# plus the two times. Every run is bounded (timeout 300 s).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 die() { echo "oversub.sh: $*" >&2; exit 1; }
 # shellcheck source=bench/compare/common.sh
 . "$here/bench/compare/common.sh"
 
-build="" cpus="" iters=50 repeats=3 sizes="8 64K 1M 16M" transports="shm tcp"
-while getopts "B:c:n:r:s:t:h" o; do
+build="" cpus="" iters=50 repeats=3 sizes="8 64K 1M 16M" transports="shm tcp" ops=all_reduce
+while getopts "B:c:n:r:s:t:o:h" o; do
     case $o in
+    o) ops=$OPTARG ;;
     r) repeats=$OPTARG ;;
     B) build=$OPTARG ;;
     c) cpus=$OPTARG ;;
     n) iters=$OPTARG ;;
     s) sizes=$OPTARG ;;
     t) transports=$OPTARG ;;
-    *) sed -n '2,27p' "$0"; exit 2 ;;
+    *) sed -n '2,37p' "$0"; exit 2 ;;
     esac
 done
 [[ $iters =~ ^[0-9]+$ && $iters -ge 1 && $iters -le 10000 ]] || die "-n wants 1..10000"
@@ -67,13 +80,13 @@ if [ -z "$cpus" ]; then
     cpus="${all[0]},${all[1]}"
 fi
 
-# time_us TRANSPORT RANKS SIZE: one tdist-bench run; its time (us) for SIZE.
+# time_us OP TRANSPORT RANKS SIZE: one tdist-bench run; its time (us) for SIZE.
 time_us() {
     local out
-    out=$(TDIST_TRANSPORT=$1 timeout -k 10 300 taskset -c "$cpus" "$run" --nproc-per-node "$2" \
-        --no-prefix "$bench" -o all_reduce -b "$3" -e "$3" -n "$iters" -w 10 -c 0 2>&1) ||
-        die "tdist-bench failed ($1, $2 ranks, $3 B): $out"
-    grep -q "^# tdist-bench all_reduce: $2 ranks," <<<"$out" || die "not $2 ranks: $out"
+    out=$(TDIST_TRANSPORT=$2 timeout -k 10 300 taskset -c "$cpus" "$run" --nproc-per-node "$3" \
+        --no-prefix "$bench" -o "$1" -b "$4" -e "$4" -n "$iters" -w 10 -c 0 2>&1) ||
+        die "tdist-bench failed ($1, $2, $3 ranks, $4 B): $out"
+    grep -q "^# tdist-bench $1: $3 ranks," <<<"$out" || die "not $1 on $3 ranks: $out"
     awk '$1 ~ /^[0-9]+$/ && NF >= 5 { t = $5 } END { if (t == "") exit 1; print t }' <<<"$out" ||
         die "no time in tdist-bench's output: $out"
 }
@@ -81,22 +94,27 @@ time_us() {
 # median of the arguments
 median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
 
-echo "# all_reduce f32 sum, 2 vs 8 ranks on CPUs $cpus, $iters iterations, median of $repeats runs;" \
+echo "# f32 sum, 2 vs 8 ranks on CPUs $cpus, $iters iterations, median of $repeats runs;" \
      "load: $(cut -d' ' -f1-3 /proc/loadavg)"
-printf "# %-9s %10s %14s %14s %8s\n" transport bytes "2 ranks (us)" "8 ranks (us)" ratio
-for tr in $transports; do
-    for s in $sizes; do
-        a2=() a8=()
-        for ((k = 0; k < repeats; k++)); do
-            a2+=("$(time_us "$tr" 2 "$s")")
-            a8+=("$(time_us "$tr" 8 "$s")")
+printf "# %-10s %-9s %10s %14s %14s %8s\n" op transport bytes "2 ranks (us)" "8 ranks (us)" ratio
+for op in $ops; do
+    name=oversub op_sizes=$sizes
+    [ "$op" = all_reduce ] || name="oversub_$op"
+    [ "$op" = barrier ] && op_sizes=8 # no data: one size says it all
+    for tr in $transports; do
+        for s in $op_sizes; do
+            a2=() a8=()
+            for ((k = 0; k < repeats; k++)); do
+                a2+=("$(time_us "$op" "$tr" 2 "$s")")
+                a8+=("$(time_us "$op" "$tr" 8 "$s")")
+            done
+            t2=$(median "${a2[@]}")
+            t8=$(median "${a8[@]}")
+            ratio=$(awk -v a="$t8" -v b="$t2" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')
+            printf "  %-10s %-9s %10s %14s %14s %8s\n" "$op" "$tr" "$s" "$t2" "$t8" "$ratio"
+            echo "RESULT ${name}_${tr}_${s}_2ranks $t2 us"
+            echo "RESULT ${name}_${tr}_${s}_8ranks $t8 us"
+            echo "RESULT ${name}_${tr}_${s} $ratio x"
         done
-        t2=$(median "${a2[@]}")
-        t8=$(median "${a8[@]}")
-        ratio=$(awk -v a="$t8" -v b="$t2" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')
-        printf "  %-9s %10s %14s %14s %8s\n" "$tr" "$s" "$t2" "$t8" "$ratio"
-        echo "RESULT oversub_${tr}_${s}_2ranks $t2 us"
-        echo "RESULT oversub_${tr}_${s}_8ranks $t8 us"
-        echo "RESULT oversub_${tr}_${s} $ratio x"
     done
 done

@@ -93,6 +93,19 @@ typedef struct tdist_pg_opts {
      * TDIST_ERR_NOT_SUPPORTED. Subgroups always keep their parent's
      * backend (ignored there). Copied. */
     const char *backend;
+    /* Deadline in ms of the group's set-up: everything its creation waits
+     * for (the other ranks' addresses through the store, every store call
+     * of the set-up, the connections and their handshakes, a multi-host
+     * group's per-host subgroups), counted from the call; a creation not
+     * done by then fails with TDIST_ERR_TIMEOUT naming the ranks missing.
+     * Apart from timeout_ms so that a short collective deadline does not
+     * fail the set-up over a slow link (tens of round trips). > 0: this;
+     * 0: the same as timeout_ms. tdist_pg_opts_init sets it from
+     * TDIST_SETUP_TIMEOUT_MS, else 0. Subgroups created with NULL opts
+     * inherit the parent's (as a timeout, counted from their own creation);
+     * with NULL opts a world group takes TDIST_SETUP_TIMEOUT_MS, else its
+     * timeout_ms. < 0 is TDIST_ERR_INVALID_ARG. */
+    int64_t setup_timeout_ms;
 } tdist_pg_opts_t;
 
 /* Fill *opts with defaults. Thread-safe. */
@@ -120,7 +133,8 @@ TDIST_API void tdist_coll_opts_init(tdist_coll_opts_t *opts);
 
 /* Create the world group over every rank of world: collective (every rank
  * calls it), blocks until every rank's channels are connected or the
- * timeout passes (naming the ranks that did not connect). Borrows world
+ * set-up deadline (opts.setup_timeout_ms) passes (naming the ranks that
+ * did not connect). Borrows world
  * (its store): world must outlive the group. opts may be NULL.
  * The caller owns *out (tdist_pg_destroy). */
 TDIST_API tdist_status_t tdist_pg_create_world(tdist_world_t *world, const tdist_pg_opts_t *opts,

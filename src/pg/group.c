@@ -24,11 +24,56 @@
 #include "tdist/init.h"
 #include "tdist/store.h"
 
+/* A new group's deadlines. */
+typedef struct limits {
+    int64_t timeout_ms;     /* each collective's, by default */
+    int64_t setup_ms;       /* the set-up's, as a timeout (what subgroups inherit) */
+    int64_t setup_deadline; /* the set-up's, tdist__now_ms clock */
+} limits_t;
+
+/* The limits of a group created now: timeout the collectives' default;
+ * opts (may be NULL) and, without them, inherited (a parent's set-up
+ * timeout; 0: none, the world's) give the set-up's. fn names the call. A
+ * malformed TDIST_SETUP_TIMEOUT_MS fails every creation (as a malformed
+ * TDIST_TIMEOUT_MS fails tdist_init): a deadline other than the one asked
+ * for is worse than an error. */
+static tdist_status_t make_limits(const tdist_pg_opts_t *opts, int64_t timeout,
+                                  int64_t inherited, const char *fn, limits_t *out)
+{
+    int64_t setup = 0, env = 0;
+    if (tdist__env_int("TDIST_SETUP_TIMEOUT_MS", 1, INT64_MAX / 2, &env) == TDIST_ERR_INVALID_ARG)
+        return tdist__error_context(TDIST_ERR_INVALID_ARG, "%s", fn);
+    if (opts) {
+        if (opts->setup_timeout_ms < 0)
+            return tdist__error(TDIST_ERR_INVALID_ARG,
+                                "%s: opts.setup_timeout_ms must be >= 0 (got %lld)", fn,
+                                (long long)opts->setup_timeout_ms);
+        setup = opts->setup_timeout_ms;
+    } else {
+        setup = inherited > 0 ? inherited : env;
+    }
+    out->timeout_ms = timeout;
+    out->setup_ms = setup > 0 ? setup : timeout;
+    out->setup_deadline = tdist__deadline_ms(out->setup_ms);
+    return TDIST_OK;
+}
+
+/* TDIST_SETUP_TIMEOUT_MS, else 0 (the group's timeout). A malformed value
+ * is ignored here and refused by group creation (make_limits). */
+static int64_t env_setup_timeout(void)
+{
+    const char *e = getenv("TDIST_SETUP_TIMEOUT_MS");
+    int64_t v = 0;
+    if (!e || tdist__parse_int(e, 1, INT64_MAX / 2, &v) != 0) v = 0;
+    return v;
+}
+
 void tdist_pg_opts_init(tdist_pg_opts_t *opts)
 {
     if (!opts) return;
     memset(opts, 0, sizeof *opts);
     opts->timeout_ms = tdist__default_timeout_ms(TDIST_PG_DEFAULT_TIMEOUT_MS);
+    opts->setup_timeout_ms = env_setup_timeout();
 }
 
 void tdist_coll_opts_init(tdist_coll_opts_t *opts)
@@ -181,20 +226,27 @@ static tdist_status_t wait_keys(tdist_pg_t *pg, char **keys, int n, int64_t dead
     if (st == TDIST_OK) return TDIST_OK;
     if (st != TDIST_ERR_TIMEOUT)
         return tdist__error_context(st, "group %s: waiting for the %s of every rank", pg->name, what);
-    char list[400] = "";
+    char list[400] = "", why[600];
+    snprintf(why, sizeof why, "%s", tdist_last_error());
     int missing = 0;
     for (int r = 0; r < n; r++) {
         bool ok = false;
         const char *k = keys[r];
-        if (tdist_store_check(pg->store, &k, 1, &ok) == TDIST_OK && ok) continue;
+        if (tdist_store_check(pg->store, &k, 1, &ok) != TDIST_OK)
+            return tdist__error(TDIST_ERR_TIMEOUT,
+                                "group %s: rank %d: set-up timed out after %lld ms (the set-up "
+                                "deadline): no answer from the store waiting for the %s of every "
+                                "rank: %s",
+                                pg->name, pg->rank, (long long)pg->setup_timeout_ms, what, why);
+        if (ok) continue;
         size_t l = strlen(list);
         if (l < sizeof list - 16) snprintf(list + l, sizeof list - l, "%s%d", missing ? ", " : "", r);
         missing++;
     }
     return tdist__error(TDIST_ERR_TIMEOUT,
-                        "group %s: rank %d: set-up timed out after %lld ms: no %s from group "
-                        "rank%s %s (did they create the group?)",
-                        pg->name, pg->rank, (long long)pg->timeout_ms, what,
+                        "group %s: rank %d: set-up timed out after %lld ms (the set-up "
+                        "deadline): no %s from group rank%s %s (did they create the group?)",
+                        pg->name, pg->rank, (long long)pg->setup_timeout_ms, what,
                         missing == 1 ? "" : "s", list);
 }
 
@@ -254,8 +306,8 @@ out:
  * fingerprint scratch, p2p sequences and coll/'s state (TDIST_ALGO_ALLREDUCE
  * and TDIST_CHECK_FINGERPRINT are read here, once). wranks is taken over. */
 static tdist_status_t pg_alloc(tdist_world_t *world, tdist_store_t *store, int rank, int size,
-                               int *wranks, const char *uid, const char *name, int64_t timeout_ms,
-                               tdist_pg_t **out)
+                               int *wranks, const char *uid, const char *name,
+                               const limits_t *lim, tdist_pg_t **out)
 {
     tdist_pg_t *pg = calloc(1, sizeof *pg);
     if (!pg) {
@@ -273,7 +325,8 @@ static tdist_status_t pg_alloc(tdist_world_t *world, tdist_store_t *store, int r
     pg->wranks = wranks;
     pg->uid = tdist__strdup(uid);
     pg->name = tdist__strdup(name);
-    pg->timeout_ms = timeout_ms;
+    pg->timeout_ms = lim->timeout_ms;
+    pg->setup_timeout_ms = lim->setup_ms;
     pg->uid_hash = tdist__fnv1a(TDIST__FNV_INIT, uid, strlen(uid));
     int64_t chk = 1;
     if (tdist__env_int("TDIST_CHECK_FINGERPRINT", 0, 1, &chk) == TDIST_ERR_INVALID_ARG) chk = 1;
@@ -303,11 +356,11 @@ static tdist_status_t pg_alloc(tdist_world_t *world, tdist_store_t *store, int r
 /* A group on another backend over its state be (taken over). */
 static tdist_status_t pg_build_backend(const tdist__backend_t *b, void *be, tdist_world_t *world,
                                        int rank, int size, int *wranks, const char *uid,
-                                       const char *name, int64_t timeout_ms, tdist_pg_t **out)
+                                       const char *name, const limits_t *lim, tdist_pg_t **out)
 {
     tdist_pg_t *pg = NULL;
     tdist_status_t st = pg_alloc(world, tdist_world_store(world), rank, size, wranks, uid, name,
-                                 timeout_ms, &pg);
+                                 lim, &pg);
     if (st != TDIST_OK) {
         b->destroy(be);
         return st;
@@ -325,13 +378,61 @@ static tdist_status_t pg_build_backend(const tdist__backend_t *b, void *be, tdis
     return TDIST_OK;
 }
 
-/* A native group: allocate it and connect its meshes. wranks is taken over. */
+/* Bound this thread's store calls by the set-up's deadline: a store host
+ * that stopped answering, or a link to it that drops everything, must not
+ * hold the set-up past it. The bound is SETUP_STORE_GRACE_MS later: a
+ * bounded store call keeps 1 s of its bound for the reply, so a store wait
+ * still gets all but 0.1 s of the deadline at the server, and a call that
+ * gets no answer ends 0.9 s past the deadline at the latest. */
+#define SETUP_STORE_GRACE_MS 900
+static void bound_store_calls(int64_t deadline_ms)
+{
+    tdist_store_bound_thread(TDIST_MAX(deadline_ms + SETUP_STORE_GRACE_MS - tdist__now_ms(), 1));
+}
+
+/* The set-up's last step: one byte to and from every peer over the
+ * collective mesh, once this rank's whole set-up (its subgroups included)
+ * is done. Ranks finish connecting at different times (a host's leader
+ * also sets up the subgroup across hosts; over a slow link that is seconds
+ * later), and a rank that left early would count its first collective's
+ * deadline from then: after this exchange every rank leaves within a round
+ * trip of the others. Before the engine starts, so nothing else is on the
+ * mesh. */
+static tdist_status_t ready_exchange(tdist_pg_t *pg, int64_t deadline_ms)
+{
+    if (pg->size < 2) return TDIST_OK;
+    uint8_t out = 1, *in = calloc((size_t)pg->size, 1);
+    if (!in) return tdist__error(TDIST_ERR_NO_MEMORY, "group %s: out of memory", pg->name);
+    size_t k = 0;
+    tdist_status_t st = TDIST_OK;
+    for (int p = 0; p < pg->size && st == TDIST_OK; p++) {
+        if (p == pg->rank) continue;
+        st = tdist__tp_post_send(pg->tp, &pg->chk.reqs[k], p, &out, 1);
+        if (st == TDIST_OK) st = tdist__tp_post_recv(pg->tp, &pg->chk.reqs[k + 1], p, &in[p], 1);
+        pg->chk.reqp[k] = &pg->chk.reqs[k];
+        pg->chk.reqp[k + 1] = &pg->chk.reqs[k + 1];
+        k += 2;
+    }
+    if (st == TDIST_OK) st = tdist__tp_wait(pg->tp, pg->chk.reqp, k, deadline_ms);
+    free(in);
+    if (st == TDIST_ERR_TIMEOUT)
+        return tdist__error(st, "group %s: rank %d: set-up timed out after %lld ms (the set-up "
+                            "deadline) waiting for the other ranks to finish theirs: %s",
+                            pg->name, pg->rank, (long long)pg->setup_timeout_ms,
+                            tdist_last_error());
+    if (st != TDIST_OK) tdist__error_context(st, "group %s: rank %d: set-up", pg->name, pg->rank);
+    return st;
+}
+
+/* A native group: allocate it and connect its meshes by lim's set-up
+ * deadline. wranks is taken over. */
 static tdist_status_t pg_build(tdist_world_t *world, tdist_store_t *store, int rank, int size,
-                               int *wranks, const char *uid, const char *name, int64_t timeout_ms,
-                               tdist__tp_kind_t kind, const char *bind_addr, tdist_pg_t **out)
+                               int *wranks, const char *uid, const char *name,
+                               const limits_t *lim, tdist__tp_kind_t kind, const char *bind_addr,
+                               tdist_pg_t **out)
 {
     tdist_pg_t *pg = NULL;
-    TDIST_CHECK(pg_alloc(world, store, rank, size, wranks, uid, name, timeout_ms, &pg));
+    TDIST_CHECK(pg_alloc(world, store, rank, size, wranks, uid, name, lim, &pg));
     pg->kind = kind;
     pg->bind_addr = tdist__strdup(bind_addr);
     tdist_status_t st = TDIST_OK;
@@ -340,7 +441,8 @@ static tdist_status_t pg_build(tdist_world_t *world, tdist_store_t *store, int r
         goto fail;
     }
     bool shmc = kind == TDIST__TP_SHM && size > 1;
-    int64_t deadline = tdist__deadline_ms(timeout_ms);
+    int64_t deadline = lim->setup_deadline;
+    bound_store_calls(deadline);
     tdist__tp_opts_t o = {.bind_addr = bind_addr, .tag = make_tag(uid, "coll"),
                           .shm_coll_bytes = shmc ? tdist__shmc_area_bytes() : 0};
     TDIST_CHECK_GOTO(tdist__tp_listen(kind, rank, size, &o, &pg->tp), st, fail);
@@ -351,11 +453,14 @@ static tdist_status_t pg_build(tdist_world_t *world, tdist_store_t *store, int r
     TDIST_CHECK_GOTO(exchange_and_connect(pg, pg->p2p_tp, "p2p", deadline), st, fail);
     if (shmc) TDIST_CHECK_GOTO(tdist__shmc_create(pg->tp, rank, size, &pg->shm), st, fail);
     TDIST_CHECK_GOTO(tdist__pg_hier_setup(pg, deadline), st, fail);
+    tdist_store_bound_thread(-1); /* a subgroup's set-up (hier) lifted it too */
+    TDIST_CHECK_GOTO(ready_exchange(pg, deadline), st, fail);
     tdist__pg_fr_open(pg);
     TDIST_CHECK_GOTO(tdist__pg_start_engine(pg), st, fail);
     *out = pg;
     return TDIST_OK;
 fail:
+    tdist_store_bound_thread(-1);
     pg_free(pg);
     return st;
 }
@@ -389,6 +494,10 @@ tdist_status_t tdist_pg_create_world(tdist_world_t *world, const tdist_pg_opts_t
     if (opts && opts->timeout_ms <= 0)
         return tdist__error(TDIST_ERR_INVALID_ARG, "%s: opts.timeout_ms must be > 0 (got %lld)",
                             fn, (long long)opts->timeout_ms);
+    limits_t lim;
+    TDIST_CHECK(make_limits(opts, opts ? opts->timeout_ms
+                                       : tdist__default_timeout_ms(TDIST_PG_DEFAULT_TIMEOUT_MS),
+                            0, fn, &lim));
     const tdist__backend_t *backend = NULL;
     TDIST_CHECK(tdist__backend_for_world(world, opts, &backend));
     tdist__tp_kind_t kind = TDIST__TP_SHM;
@@ -402,7 +511,6 @@ tdist_status_t tdist_pg_create_world(tdist_world_t *world, const tdist_pg_opts_t
     int *wranks = malloc((size_t)size * sizeof *wranks);
     if (!wranks) return tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory", fn);
     for (int r = 0; r < size; r++) wranks[r] = r;
-    int64_t timeout = opts ? opts->timeout_ms : tdist__default_timeout_ms(TDIST_PG_DEFAULT_TIMEOUT_MS);
     const char *name = opts && opts->name ? opts->name : "world";
     /* Every rank creates its world groups in the same order (collective),
      * so the n-th creation on this world gets the same uid everywhere; a
@@ -419,26 +527,26 @@ tdist_status_t tdist_pg_create_world(tdist_world_t *world, const tdist_pg_opts_t
         int brank = rank, bsize = size;
         st = backend->create_world(world, &be, &brank, &bsize);
         if (st == TDIST_OK)
-            st = pg_build_backend(backend, be, world, brank, bsize, wranks, uid, name, timeout,
-                                  out);
+            st = pg_build_backend(backend, be, world, brank, bsize, wranks, uid, name, &lim, out);
         else
             free(wranks);
     } else {
-        st = pg_build(world, store, rank, size, wranks, uid, name, timeout, kind, bind, out);
+        st = pg_build(world, store, rank, size, wranks, uid, name, &lim, kind, bind, out);
     }
     if (st != TDIST_OK) tdist__error_context(st, "%s: rank %d", fn, rank);
     return st;
 }
 
-/* Members of a subgroup (parent ranks, in subgroup order) -> group. */
+/* Members of a subgroup (parent ranks, in subgroup order) -> group, set
+ * up by lim's deadline. */
 static tdist_status_t make_sub(tdist_pg_t *parent, const int *ranks, int n, int me,
                                const char *uid, const char *defname, const tdist_pg_opts_t *opts,
-                               tdist__tp_kind_t kind, const char *bind, tdist_pg_t **out)
+                               const limits_t *lim, tdist__tp_kind_t kind, const char *bind,
+                               tdist_pg_t **out)
 {
     int *wranks = malloc((size_t)n * sizeof *wranks);
     if (!wranks) return tdist__error(TDIST_ERR_NO_MEMORY, "group %s: out of memory", defname);
     for (int i = 0; i < n; i++) wranks[i] = parent->wranks[ranks[i]];
-    int64_t timeout = opts ? opts->timeout_ms : parent->timeout_ms;
     const char *name = opts && opts->name ? opts->name : defname;
     if (parent->backend) { /* the subgroup keeps its parent's backend */
         void *be = NULL;
@@ -450,18 +558,28 @@ static tdist_status_t make_sub(tdist_pg_t *parent, const int *ranks, int n, int 
             return st;
         }
         return pg_build_backend(parent->backend, be, parent->world, me, n, wranks, uid, name,
-                                timeout, out);
+                                lim, out);
     }
-    return pg_build(parent->world, parent->store, me, n, wranks, uid, name, timeout, kind, bind,
-                    out);
+    return pg_build(parent->world, parent->store, me, n, wranks, uid, name, lim, kind, bind, out);
+}
+
+/* A subgroup's limits: opts' (NULL: the parent's), its set-up counted
+ * from now. */
+static tdist_status_t sub_limits(const tdist_pg_t *parent, const tdist_pg_opts_t *opts,
+                                 const char *fn, limits_t *lim)
+{
+    return make_limits(opts, opts ? opts->timeout_ms : parent->timeout_ms,
+                       parent->setup_timeout_ms, fn, lim);
 }
 
 tdist_status_t tdist__pg_build_sub(tdist_pg_t *parent, const int *members, int n, int me,
                                    const char *uid, const char *name, tdist__tp_kind_t kind,
-                                   tdist_pg_t **out)
+                                   int64_t deadline_ms, tdist_pg_t **out)
 {
     const char *bind = kind == TDIST__TP_TCP ? parent->bind_addr : NULL;
-    tdist_status_t st = make_sub(parent, members, n, me, uid, name, NULL, kind, bind, out);
+    limits_t lim = {.timeout_ms = parent->timeout_ms, .setup_ms = parent->setup_timeout_ms,
+                    .setup_deadline = deadline_ms};
+    tdist_status_t st = make_sub(parent, members, n, me, uid, name, NULL, &lim, kind, bind, out);
     if (st != TDIST_OK)
         tdist__error_context(st, "group %s: rank %d: internal subgroup %s", parent->name,
                              parent->rank, name);
@@ -539,21 +657,22 @@ static void missing_members(tdist_store_t *store, char *const *keys, const int *
  * were given different lists. vals/lens: n entries of scratch (filled). */
 static tdist_status_t agree_member_list(tdist_pg_t *parent, char *const *keys, const int *ranks,
                                         int n, int me, const char *list, size_t len,
-                                        int64_t timeout, const char *fn, const char *name,
+                                        const limits_t *lim, const char *fn, const char *name,
                                         void **vals, size_t *lens)
 {
     tdist_status_t st = tdist_store_set(parent->store, keys[me], list, len);
     if (st != TDIST_OK) return tdist__error_context(st, "%s: group %s", fn, name);
-    st = tdist_store_wait(parent->store, (const char *const *)keys, (size_t)n, timeout);
+    st = tdist_store_wait(parent->store, (const char *const *)keys, (size_t)n,
+                          TDIST_MAX(lim->setup_deadline - tdist__now_ms(), 1));
     if (st == TDIST_ERR_TIMEOUT) {
         char miss[300];
         int m = 0;
         missing_members(parent->store, keys, ranks, n, miss, sizeof miss, &m);
         return tdist__error(TDIST_ERR_TIMEOUT,
                             "%s: group %s: rank %d of %s: parent rank%s %s did not call "
-                            "tdist_pg_new_group within %lld ms",
+                            "tdist_pg_new_group within %lld ms (the set-up deadline)",
                             fn, name, parent->rank, parent->name, m == 1 ? "" : "s", miss,
-                            (long long)timeout);
+                            (long long)lim->setup_ms);
     }
     if (st != TDIST_OK) return tdist__error_context(st, "%s: group %s", fn, name);
     st = tdist_store_multi_get(parent->store, (const char *const *)keys, (size_t)n, vals, lens);
@@ -581,6 +700,8 @@ tdist_status_t tdist_pg_new_group(tdist_pg_t *parent, const int *ranks, int n,
     const char *bind = NULL;
     tdist__tp_kind_t kind;
     TDIST_CHECK(sub_common_checks(parent, opts, fn, &kind, &bind));
+    limits_t lim;
+    TDIST_CHECK(sub_limits(parent, opts, fn, &lim));
     int idx = parent->n_children++;
     if (me < 0) {
         *out = NULL;
@@ -609,10 +730,11 @@ tdist_status_t tdist_pg_new_group(tdist_pg_t *parent, const int *ranks, int n,
             goto out;
         }
     }
-    int64_t timeout = opts ? opts->timeout_ms : parent->timeout_ms;
-    st = agree_member_list(parent, keys, ranks, n, me, list, len, timeout, fn, defname, vals, lens);
+    bound_store_calls(lim.setup_deadline);
+    st = agree_member_list(parent, keys, ranks, n, me, list, len, &lim, fn, defname, vals, lens);
+    tdist_store_bound_thread(-1);
     if (st == TDIST_OK) {
-        st = make_sub(parent, ranks, n, me, uid, defname, opts, kind, bind, out);
+        st = make_sub(parent, ranks, n, me, uid, defname, opts, &lim, kind, bind, out);
         if (st != TDIST_OK) tdist__error_context(st, "%s", fn);
     }
 out:
@@ -636,6 +758,8 @@ tdist_status_t tdist_pg_split(tdist_pg_t *parent, int color, int key, const tdis
     const char *bind = NULL;
     tdist__tp_kind_t kind;
     TDIST_CHECK(sub_common_checks(parent, opts, fn, &kind, &bind));
+    limits_t lim;
+    TDIST_CHECK(sub_limits(parent, opts, fn, &lim));
     int n = parent->size;
     int32_t mine[2] = {color, key};
     int32_t *all = malloc((size_t)n * sizeof mine);
@@ -673,7 +797,8 @@ tdist_status_t tdist_pg_split(tdist_pg_t *parent, int color, int key, const tdis
     char uid[256], defname[256];
     snprintf(uid, sizeof uid, "%s.%d.%d", parent->uid, idx, color);
     snprintf(defname, sizeof defname, "%s.%d.%d", parent->name, idx, color);
-    st = make_sub(parent, members, m, me, uid, defname, opts, kind, bind, out);
+    lim.setup_deadline = tdist__deadline_ms(lim.setup_ms); /* from the end of the all_gather */
+    st = make_sub(parent, members, m, me, uid, defname, opts, &lim, kind, bind, out);
     if (st != TDIST_OK) tdist__error_context(st, "%s", fn);
 out:
     free(all);

@@ -137,7 +137,7 @@ tdist_status_t tdist__pg_hier_setup(tdist_pg_t *pg, int64_t deadline_ms)
         snprintf(uid, sizeof uid, "%s/hl%d", pg->uid, h);
         snprintf(name, sizeof name, "%s.local%d", pg->name, h);
         TDIST_CHECK_GOTO(tdist__pg_build_sub(pg, members, m, my_local, uid, name, TDIST__TP_SHM,
-                                             &pg->hier.local),
+                                             deadline_ms, &pg->hier.local),
                          st, out);
     }
     /* cross: the leaders, by host index */
@@ -153,7 +153,7 @@ tdist_status_t tdist__pg_hier_setup(tdist_pg_t *pg, int64_t deadline_ms)
         snprintf(uid, sizeof uid, "%s/hx", pg->uid);
         snprintf(name, sizeof name, "%s.cross", pg->name);
         TDIST_CHECK_GOTO(tdist__pg_build_sub(pg, members, nl, my_cross, uid, name, TDIST__TP_TCP,
-                                             &pg->hier.cross),
+                                             deadline_ms, &pg->hier.cross),
                          st, out);
     }
     pg->hier.host = malloc((size_t)n * sizeof *pg->hier.host);

@@ -140,6 +140,7 @@ struct tdist_pg {
     char *uid;
     uint64_t uid_hash;
     int64_t timeout_ms;
+    int64_t setup_timeout_ms; /* the set-up deadline as a timeout (subgroups inherit it) */
     char *bind_addr;
     bool check_fp;        /* TDIST_CHECK_FINGERPRINT (measurement only) */
     int n_children;       /* creation counter for subgroup uids */
@@ -428,10 +429,11 @@ void tdist__pg_hier_abort(tdist_pg_t *pg);
 void tdist__pg_hier_free(tdist_pg_t *pg);
 
 /* group.c: an internal subgroup of parent (members: parent ranks in
- * subgroup order; me: this rank's index there) over transport kind. */
+ * subgroup order; me: this rank's index there) over transport kind, set
+ * up by deadline_ms (the parent's set-up deadline). */
 tdist_status_t tdist__pg_build_sub(tdist_pg_t *parent, const int *members, int n, int me,
                                    const char *uid, const char *name, tdist__tp_kind_t kind,
-                                   tdist_pg_t **out);
+                                   int64_t deadline_ms, tdist_pg_t **out);
 
 /* ------------------------------------------------------------------ p2p.c */
 

@@ -4,10 +4,11 @@
  *
  * net_fault_bad_link_bit_identical: the same work on a clean link and on
  * one with 50 ms +- 10 ms one-way delay, 3% loss and a 10 Mbit/s limit
- * (switched on once the group is set up). The group's deadline is
- * T = 20 x the worst round trip (2.4 s); every call must succeed (no
- * spurious timeout) and every result must be the same bits as on the
- * clean link. The work: all_reduce at four sizes (tiny, fused, larger,
+ * from the start, the group's set-up included. The group's deadline is
+ * T = 20 x the worst round trip (2.4 s), its set-up deadline S = 60 s
+ * (setting up takes tens of round trips, more than T on the bad link);
+ * the set-up and every call must succeed (no spurious timeout) and every
+ * result must be the same bits as on the clean link. The work: all_reduce at four sizes (tiny, fused, larger,
  * AVG), a broadcast from a rank on the other host, and a DDP run (three
  * parameters in several buckets, SGD with momentum, a buffer broadcast
  * from rank 0). The relay's counters must show losses both ways, and
@@ -20,6 +21,11 @@
  * [0.9 T, T + 1 s] from its start and within T + 1 s of the cut. (The
  * store lives on host A; store calls are bounded at 10 s so the test
  * ends where a failure path waits on an unreachable store.)
+ *
+ * net_fault_setup_deadline_bounds_a_dead_link: the link starts dropping
+ * everything just before the ranks create their group, with T = 60 s and
+ * a set-up deadline S = 2 s: every rank's creation fails with a timeout
+ * in [0.9 S, S + 1 s] — bounded by S, not by T nor by the store's timeout.
  *
  * net_fault_stall_shorter_than_deadline: the link holds every packet for
  * 1 s while collectives run (T = 4 s); every call succeeds with the
@@ -47,12 +53,14 @@
 #define PER_HOST 2
 #define NHASH 7 /* 4 all_reduce results, broadcast, DDP params, DDP buffer */
 #define RTT_MAX_MS (2 * (50 + 10))
+#define SETUP_MS 60000 /* the bad-link test's set-up deadline */
 
 typedef struct shared {
     double t_cut;          /* when the fault was asked for (ms, test clock) */
     double elapsed[NR];    /* the failing call's duration */
     double latency[NR];    /* its end minus t_cut */
     double tiny_ms[NR];    /* fastest tiny all_reduce */
+    double setup_ms[NR];   /* the group's creation */
     int status[NR];        /* its status */
     char msg[NR][400];
 } shared_t;
@@ -63,7 +71,7 @@ typedef struct arg {
     const netfault_t *f;
     shared_t *sh;
     bool survive; /* fault_body: the fault must not fail a call */
-    const char *const *faults; /* work_body: relay commands after set-up */
+    int64_t setup_timeout_ms; /* the group's set-up deadline (0: the same as timeout_ms) */
 } arg_t;
 
 static void fill(float *x, size_t cnt, uint64_t seed)
@@ -75,17 +83,29 @@ static void fill(float *x, size_t cnt, uint64_t seed)
     }
 }
 
-/* The world group; timeout_ms is the deadline of every collective and
- * of the set-up. */
-static tdist_pg_t *open_group(tdist_world_t **w, int64_t timeout_ms)
+/* The world group's options: timeout_ms the deadline of every collective,
+ * setup_ms the set-up's (0: the same). */
+static tdist_pg_opts_t group_opts(int64_t timeout_ms, int64_t setup_ms)
 {
-    ASSERT_OK(tdist_init("env://", NULL, w));
-    ASSERT_EQ(tdist_world_local_size(*w), PER_HOST); /* two hosts */
     tdist_pg_opts_t o;
     tdist_pg_opts_init(&o);
     o.timeout_ms = timeout_ms;
+    o.setup_timeout_ms = setup_ms;
+    return o;
+}
+
+/* The world (two hosts) and its group; *setup_ms (may be NULL) gets how
+ * long the group's creation took. */
+static tdist_pg_t *open_group(tdist_world_t **w, int64_t timeout_ms, int64_t setup_timeout_ms,
+                              double *setup_ms)
+{
+    ASSERT_OK(tdist_init("env://", NULL, w));
+    ASSERT_EQ(tdist_world_local_size(*w), PER_HOST); /* two hosts */
+    tdist_pg_opts_t o = group_opts(timeout_ms, setup_timeout_ms);
     tdist_pg_t *pg = NULL;
+    double t0 = tdist_test_now_ms();
     ASSERT_OK(tdist_pg_create_world(*w, &o, &pg));
+    if (setup_ms) *setup_ms = tdist_test_now_ms() - t0;
     return pg;
 }
 
@@ -147,14 +167,9 @@ static void work_body(int rank, int n, void *argp)
 {
     const arg_t *a = argp;
     tdist_world_t *w;
-    tdist_pg_t *pg = open_group(&w, a->timeout_ms);
-    /* The group is set up on the clean link (setting up takes tens of
-     * round trips, 2.5-4.5 s on the bad link: more than T), then the
-     * link turns bad; from here every call has the group's deadline T. */
-    ASSERT_OK(tdist_barrier(pg, NULL, NULL));
-    if (rank == 0)
-        for (const char *const *c = a->faults; c && *c; c++) netfault_ctl(a->f, *c);
-    ASSERT_OK(tdist_barrier(pg, NULL, NULL));
+    /* set up within S, however long past T that takes on the bad link;
+     * from here every call has the group's deadline T */
+    tdist_pg_t *pg = open_group(&w, a->timeout_ms, a->setup_timeout_ms, &a->sh->setup_ms[rank]);
     uint64_t h[NHASH];
     const size_t sizes[4] = {2, 1000, 16384, 4099};
     float *x = malloc(16384 * sizeof *x);
@@ -248,19 +263,23 @@ TEST(net_fault_bad_link_bit_identical, 150)
     if (!netns_setup(&t, name)) return;
     shared_t *sh = shared_alloc(sizeof *sh);
     netfault_counts_t c[2];
-    arg_t a = {.phase = "clean", .timeout_ms = 20 * RTT_MAX_MS, .sh = sh};
+    arg_t a = {.phase = "clean", .timeout_ms = 20 * RTT_MAX_MS, .sh = sh,
+               .setup_timeout_ms = SETUP_MS};
     netfault_opts_t clean = {0};
     if (!run_phase(&t, &clean, NETNS_STORE_PORT, work_body, &a, c, name)) return;
+    fprintf(stderr, "%s: clean link: set-up %.0f %.0f %.0f %.0f ms\n", name, sh->setup_ms[0],
+            sh->setup_ms[1], sh->setup_ms[2], sh->setup_ms[3]);
     ASSERT_EQ(c[0].loss + c[1].loss + c[0].queue + c[1].queue, 0);
 
     /* the bad link; rebuilt, so it starts empty */
     netns_teardown(&t);
     if (!netns_setup(&t, name)) return;
-    static const char *const bad[] = {"set delay 50", "set jitter 10", "set loss 3",
-                                      "set rate 10", NULL};
+    netfault_opts_t bad = {.delay_ms = 50, .jitter_ms = 10, .loss_pct = 3, .rate_mbit = 10};
     a.phase = "bad";
-    a.faults = bad;
-    if (!run_phase(&t, &clean, NETNS_STORE_PORT, work_body, &a, c, name)) return;
+    if (!run_phase(&t, &bad, NETNS_STORE_PORT, work_body, &a, c, name)) return;
+    fprintf(stderr, "%s: bad link: set-up %.0f %.0f %.0f %.0f ms (T %lld ms, set-up deadline "
+            "%d ms)\n", name, sh->setup_ms[0], sh->setup_ms[1], sh->setup_ms[2], sh->setup_ms[3],
+            (long long)a.timeout_ms, SETUP_MS);
     unsigned long long in = c[0].in + c[1].in, lost = c[0].loss + c[1].loss;
     fprintf(stderr, "%s: bad link: %llu packets, %llu lost (%.2f%%), %llu dropped at the queue; "
             "5 tiny all_reduces per rank %.1f %.1f %.1f %.1f ms\n", name, in, lost,
@@ -282,7 +301,7 @@ static void fault_body(int rank, int n, void *argp)
     const arg_t *a = argp;
     tdist_world_t *w;
     setenv("TDIST_TIMEOUT_MS", "10000", 1);
-    tdist_pg_t *pg = open_group(&w, a->timeout_ms);
+    tdist_pg_t *pg = open_group(&w, a->timeout_ms, 0, NULL);
     enum { CNT = 4096 };
     float *x = malloc(CNT * sizeof *x);
     ASSERT_TRUE(x != NULL);
@@ -354,6 +373,83 @@ TEST(net_fault_blackhole_fails_like_stopped_peer, 60)
         if (sh->latency[r] > (double)T + 1000)
             FAIL("rank %d failed %.0f ms after the cut (T = %lld ms)", r, sh->latency[r],
                  (long long)T);
+    }
+    ASSERT_TRUE(c[0].blackhole + c[1].blackhole > 0);
+    munmap(sh, sizeof *sh);
+}
+
+/* A barrier on the world's store under the name what: every rank sets
+ * <what>/<rank> and waits for every rank's. */
+static void store_barrier(tdist_store_t *s, const char *what, int rank, int n)
+{
+    char *keys[NR];
+    for (int r = 0; r < n; r++) {
+        keys[r] = malloc(64);
+        ASSERT_TRUE(keys[r] != NULL);
+        snprintf(keys[r], 64, "%s/%d", what, r);
+    }
+    ASSERT_OK(tdist_store_set(s, keys[rank], "1", 1));
+    ASSERT_OK(tdist_store_wait(s, (const char *const *)keys, (size_t)n, 20000));
+    for (int r = 0; r < n; r++) free(keys[r]);
+}
+
+/* The group's creation over a link that rank 0 cuts once every rank has
+ * joined the world and knows it (two barriers on the store, and 50 ms for
+ * the last replies to cross the 1 ms link): record how long it took and
+ * how it failed. */
+static void setup_body(int rank, int n, void *argp)
+{
+    const arg_t *a = argp;
+    tdist_world_t *w;
+    setenv("TDIST_TIMEOUT_MS", "30000", 1); /* the store's own: far past the set-up deadline */
+    ASSERT_OK(tdist_init("env://", NULL, &w));
+    tdist_store_t *s = tdist_world_store(w);
+    store_barrier(s, "joined", rank, n);
+    if (rank == 0) {
+        const char *k[NR] = {"passed/0", "passed/1", "passed/2", "passed/3"};
+        ASSERT_OK(tdist_store_set(s, k[0], "1", 1));
+        ASSERT_OK(tdist_store_wait(s, k, (size_t)n, 20000));
+        usleep(50000);
+        a->sh->t_cut = tdist_test_now_ms();
+        netfault_ctl(a->f, a->phase);
+    } else {
+        char key[32];
+        snprintf(key, sizeof key, "passed/%d", rank);
+        ASSERT_OK(tdist_store_set(s, key, "1", 1));
+    }
+    tdist_pg_opts_t o = group_opts(a->timeout_ms, a->setup_timeout_ms);
+    tdist_pg_t *pg = NULL;
+    double t0 = tdist_test_now_ms();
+    tdist_status_t st = tdist_pg_create_world(w, &o, &pg);
+    a->sh->elapsed[rank] = tdist_test_now_ms() - t0;
+    a->sh->status[rank] = st;
+    snprintf(a->sh->msg[rank], sizeof a->sh->msg[rank], "%s",
+             st == TDIST_OK ? "set up" : tdist_last_error());
+    fflush(stderr);
+    _exit(0); /* the store may be out of reach: no destroy */
+}
+
+TEST(net_fault_setup_deadline_bounds_a_dead_link, 60)
+{
+    const char *name = "net_fault_setup_deadline_bounds_a_dead_link";
+    shared_t *sh = shared_alloc(sizeof *sh);
+    const int64_t S = 2000;
+    arg_t a = {.phase = "drop", .timeout_ms = 60000, .setup_timeout_ms = S, .sh = sh};
+    netns_topo_t t;
+    if (!netns_setup(&t, name)) return;
+    netfault_opts_t fo = {.delay_ms = 1};
+    netfault_counts_t c[2];
+    if (!run_phase(&t, &fo, NETNS_STORE_PORT, setup_body, &a, c, name)) return;
+    netns_teardown(&t);
+    for (int r = 0; r < NR; r++)
+        fprintf(stderr, "rank %d: %s after %.0f ms: %s\n", r, tdist_status_str(sh->status[r]),
+                sh->elapsed[r], sh->msg[r]);
+    for (int r = 0; r < NR; r++) {
+        if (sh->status[r] != TDIST_ERR_TIMEOUT)
+            FAIL("rank %d: %s, not a timeout: %s", r, tdist_status_str(sh->status[r]), sh->msg[r]);
+        if (sh->elapsed[r] < 0.9 * (double)S || sh->elapsed[r] > (double)S + 1000)
+            FAIL("rank %d: the set-up failed after %.0f ms, not in [0.9 S, S + 1 s] (S = %lld "
+                 "ms)", r, sh->elapsed[r], (long long)S);
     }
     ASSERT_TRUE(c[0].blackhole + c[1].blackhole > 0);
     munmap(sh, sizeof *sh);

@@ -474,6 +474,55 @@ static void transport_env_body(int rank, int n, void *arg)
 
 TEST(pg_transport_option_checked, 30) { tdist_test_run_ranks(2, transport_env_body, NULL); }
 
+/* The set-up deadline is not the collectives': rank 1 calls neither
+ * tdist_pg_new_group nor a second tdist_pg_create_world, and rank 0's
+ * creations fail at their 300 ms set-up deadline, naming it, though the
+ * group's timeout is a minute (the test's own limit is half of that). */
+static void setup_deadline_body(int rank, int n, void *arg)
+{
+    (void)n;
+    (void)arg;
+    tdist_world_t *w;
+    ASSERT_OK(tdist_init("env://", NULL, &w));
+    tdist_store_t *s = tdist_world_store(w);
+    tdist_pg_t *pg = NULL, *other = NULL;
+    ASSERT_OK(tdist_pg_create_world(w, NULL, &pg));
+    const char *done = "setup_deadline/done";
+    if (rank == 0) {
+        tdist_pg_opts_t o;
+        tdist_pg_opts_init(&o);
+        o.timeout_ms = 60000;
+        o.setup_timeout_ms = 300;
+        const int both[2] = {0, 1};
+        ASSERT_STATUS(tdist_pg_new_group(pg, both, 2, &o, &other), TDIST_ERR_TIMEOUT);
+        ASSERT_CONTAINS(tdist_last_error(), "did not call tdist_pg_new_group within 300 ms (the "
+                                            "set-up deadline)");
+        ASSERT_STATUS(tdist_pg_create_world(w, &o, &other), TDIST_ERR_TIMEOUT);
+        ASSERT_CONTAINS(tdist_last_error(), "set-up timed out after 300 ms (the set-up deadline)");
+        o.setup_timeout_ms = -1;
+        ASSERT_STATUS(tdist_pg_create_world(w, &o, &other), TDIST_ERR_INVALID_ARG);
+        ASSERT_CONTAINS(tdist_last_error(), "opts.setup_timeout_ms must be >= 0");
+        setenv("TDIST_SETUP_TIMEOUT_MS", "2s", 1);
+        ASSERT_STATUS(tdist_pg_create_world(w, NULL, &other), TDIST_ERR_INVALID_ARG);
+        ASSERT_CONTAINS(tdist_last_error(), "TDIST_SETUP_TIMEOUT_MS");
+        setenv("TDIST_SETUP_TIMEOUT_MS", "300", 1); /* NULL opts: from the environment */
+        ASSERT_STATUS(tdist_pg_create_world(w, NULL, &other), TDIST_ERR_TIMEOUT);
+        ASSERT_CONTAINS(tdist_last_error(), "(the set-up deadline)");
+        unsetenv("TDIST_SETUP_TIMEOUT_MS");
+        ASSERT_TRUE(other == NULL);
+        ASSERT_OK(tdist_store_set(s, done, "1", 1));
+    } else {
+        ASSERT_OK(tdist_store_wait(s, &done, 1, 20000));
+    }
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
+}
+
+TEST(pg_setup_deadline_apart_from_timeout, 30)
+{
+    tdist_test_run_ranks(2, setup_deadline_body, NULL);
+}
+
 /* --------------------------------------------------- subgroups and split */
 
 static void sub_body(int rank, int n, void *arg)
@@ -593,6 +642,14 @@ TEST(pg_options_defaults, 10)
     tdist_pg_opts_init(&o);
     ASSERT_EQ(o.timeout_ms, 1234);
     unsetenv("TDIST_TIMEOUT_MS");
+    ASSERT_EQ(o.setup_timeout_ms, 0); /* the same as timeout_ms */
+    setenv("TDIST_SETUP_TIMEOUT_MS", "4321", 1);
+    tdist_pg_opts_init(&o);
+    ASSERT_EQ(o.setup_timeout_ms, 4321);
+    setenv("TDIST_SETUP_TIMEOUT_MS", "2s", 1); /* malformed: the default here, refused at creation */
+    tdist_pg_opts_init(&o);
+    ASSERT_EQ(o.setup_timeout_ms, 0);
+    unsetenv("TDIST_SETUP_TIMEOUT_MS");
     tdist_coll_opts_t c;
     tdist_coll_opts_init(&c);
     ASSERT_TRUE(c.timeout_ms < 0);
