@@ -417,6 +417,10 @@ size_t tdist__oneshot_len(const tdist__coll_args_t *a, int size, int rank);
 const void *tdist__oneshot_input(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
                                      size_t *bytes);
 tdist_status_t tdist__oneshot_scale(const tdist__coll_args_t *a, void *staged, size_t bytes);
+/* out = a's reduce op over from[r] + off of every rank r, in rank order
+ * (the same bits on every rank), then AVG's division. */
+tdist_status_t tdist__oneshot_reduce(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
+                                    const uint8_t *const *from, size_t off, void *out);
 tdist_status_t tdist__oneshot_finish(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
                                          const uint8_t *const *from);
 

@@ -92,9 +92,8 @@ tdist_status_t tdist__oneshot_scale(const tdist__coll_args_t *a, void *staged, s
     return tdist_scale(staged, bytes / tdist_dtype_size(a->dtype), a->dtype, a->premul);
 }
 
-/* out = op over from[r] + off of every rank r, in rank order. */
-static tdist_status_t reduce_ranks(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
-                                   const uint8_t *const *from, size_t off, void *out)
+tdist_status_t tdist__oneshot_reduce(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
+                                    const uint8_t *const *from, size_t off, void *out)
 {
     if (c->size == 1) {
         memcpy(out, from[0] + off, tdist__coll_bytes(a->count, a->dtype));
@@ -113,11 +112,11 @@ tdist_status_t tdist__oneshot_finish(const tdist__coll_ctx_t *c, const tdist__co
     uint8_t *out = a->recvbuf;
     switch (a->op) {
     case TDIST__OP_ALL_REDUCE:
-        return reduce_ranks(c, a, from, 0, out);
+        return tdist__oneshot_reduce(c, a, from, 0, out);
     case TDIST__OP_REDUCE:
-        return c->rank == a->root ? reduce_ranks(c, a, from, 0, out) : TDIST_OK;
+        return c->rank == a->root ? tdist__oneshot_reduce(c, a, from, 0, out) : TDIST_OK;
     case TDIST__OP_REDUCE_SCATTER:
-        return reduce_ranks(c, a, from, mine, out);
+        return tdist__oneshot_reduce(c, a, from, mine, out);
     case TDIST__OP_BROADCAST:
         if (c->rank != a->root) memcpy(out, from[a->root], b);
         return TDIST_OK;

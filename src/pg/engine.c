@@ -592,19 +592,28 @@ tdist_status_t tdist__pg_run_body(tdist_pg_t *pg, struct tdist_work *w, int64_t 
                             "supported on the %s backend", pg->backend->name);
     tdist__coll_args_t a;
     work_args(w, &a);
-    tdist__coll_ctx_t c;
-    tdist__pg_coll_ctx(pg, w->inline_run, timeout_ms, deadline_ms, &c);
-    if (deadline_ms == TDIST__DEADLINE_LAZY) {
-        c.deadline_ms = timeout_ms;
-        c.lazy_deadline = true;
+    /* the group's part of the context and the check, made once */
+    if (!pg->run0.ok) {
+        tdist__pg_coll_ctx(pg, false, 0, 0, &pg->run0.ctx);
+        pg->run0.chk = (tdist__coll_check_t){.on = pg->check_fp, .len = sizeof pg->chk.common,
+                                             .common = &pg->chk.common,
+                                             .theirs = (uint8_t *)pg->chk.theirs,
+                                             .exchange = check_exchange,
+                                             .compare = check_compare};
+        pg->run0.ok = true;
     }
+    tdist__coll_ctx_t c = pg->run0.ctx;
+    c.tp = pg->tp;
+    c.spin = w->inline_run;
+    c.timeout_ms = timeout_ms;
+    c.deadline_ms = deadline_ms == TDIST__DEADLINE_LAZY ? timeout_ms : deadline_ms;
+    c.lazy_deadline = deadline_ms == TDIST__DEADLINE_LAZY;
     check_arg_t x = {pg, w};
-    uint64_t hash = fp_prepare(pg, w);
+    tdist__coll_check_t chk = pg->run0.chk;
+    chk.hash = fp_prepare(pg, w);
+    chk.have = pg->chk.have;
+    chk.arg = &x;
     tdist__pg_fr_start(pg, w, &pg->chk.common, &c);
-    tdist__coll_check_t chk = {.on = pg->check_fp, .len = sizeof pg->chk.common,
-                               .common = &pg->chk.common, .hash = hash,
-                               .theirs = (uint8_t *)pg->chk.theirs, .have = pg->chk.have,
-                               .exchange = check_exchange, .compare = check_compare, .arg = &x};
     return tdist__coll_run(&c, &a, &chk);
 }
 

@@ -187,6 +187,12 @@ struct tdist_pg {
      * NULL otherwise. Valid while tp is. */
     tdist__shmc_t *shm;
     tdist__coll_group_t coll; /* coll/'s state: scratch, forced algorithm, hierarchy */
+    struct {                  /* engine.c: coll/'s context and check as far as they are
+                                 the group's, made at its first collective */
+        bool ok;
+        tdist__coll_ctx_t ctx;
+        tdist__coll_check_t chk;
+    } run0;
 
     struct {
         int mode;            /* TDIST__JOIN_* */
