@@ -31,14 +31,16 @@ cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTDIST_SANITIZE=
 cmake --build "$build" --parallel "$(nproc)"
 # The optimised build must compile warning-free too (-O3 finds warnings
 # -O0 does not): the main job and the benchmarks use it.
+# (Without link-time optimisation: it would add minutes to the test
+# command; the main job's build, scripts/demo.sh, has it.)
 cmake -S "$here" -B "$build-release" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTDIST_WERROR=ON \
-      -DTDIST_BUILD_TESTS=OFF >/dev/null
+      -DTDIST_LTO=OFF -DTDIST_BUILD_TESTS=OFF >/dev/null
 cmake --build "$build-release" --parallel "$(nproc)"
 # And the configuration a machine without MPI or OpenBLAS gets (a fresh
 # machine running the demo has no MPI): the library, the tools and what
 # examples need no nn/, every warning an error. Compiled, not tested.
 cmake -S "$here" -B "$build-minimal" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTDIST_WERROR=ON \
-      -DTDIST_WITH_MPI=OFF -DTDIST_WITH_NN=OFF -DTDIST_BUILD_TESTS=OFF >/dev/null
+      -DTDIST_LTO=OFF -DTDIST_WITH_MPI=OFF -DTDIST_WITH_NN=OFF -DTDIST_BUILD_TESTS=OFF >/dev/null
 cmake --build "$build-minimal" --parallel "$(nproc)"
 # ThreadSanitizer cannot share a build with AddressSanitizer: its own tree.
 if [ "$tsan" = 1 ]; then

@@ -111,6 +111,7 @@ static tdist_status_t agree_on(tdist__agree_t *a, tdist_pg_t *pg, const char *wh
                                const char *desc, uint64_t config)
 {
     int size = tdist_pg_size(pg);
+    if (size < 1) return tdist__error(TDIST_ERR_INVALID_ARG, "%s: %s: no group", who, where);
     record_t mine;
     memset(&mine, 0, sizeof mine);
     mine.magic = AGREE_MAGIC;
