@@ -1133,6 +1133,11 @@ typedef struct tdist_zero_opts {
     tdist_zero_partition_t partition; /* default TDIST_ZERO_BY_PARAMS */
     tdist_zero_sync_t sync;           /* default TDIST_ZERO_SYNC_AUTO */
     bool parameters_as_bucket_view;   /* default false */
+    /* With the overlap hook: a rank's slice of a bucket is reduced and
+     * stepped in parts of this many bytes, so that the step of one part
+     * runs while the next is on the wire. Default 1 MiB; 0: the whole
+     * slice at once. */
+    size_t overlap_part_bytes;
 } tdist_zero_opts_t;
 
 /* Fill *opts with the defaults above. NULL does nothing. Thread-safe. */

@@ -730,6 +730,7 @@ TEST(zero_sharded_checkpoint_loads_at_another_world_size, 120)
 typedef struct overlap_case {
     int world;
     const int *batches; /* NULL: every rank 4 iterations, no Join */
+    size_t part_bytes;  /* overlap_part_bytes (0: the whole slice) */
 } overlap_case_t;
 
 /* The overlap hook's shards (slices of buckets) load into a ZeRO without
@@ -764,6 +765,7 @@ static void overlap_body(int rank, int n, void *arg)
     static model_t m, ref;
     tdist_zero_opts_t o;
     adam_opts(&o);
+    o.overlap_part_bytes = oc->part_bytes;
     zrun_t r;
     zrun_open(&r, &m, &o, 1024, true); /* several buckets */
     ASSERT_TRUE(tdist_ddp_num_buckets(r.ddp) >= 3);
@@ -795,20 +797,20 @@ static void overlap_body(int rank, int n, void *arg)
 
 TEST(zero_overlap_with_ddp_2_ranks, 90)
 {
-    overlap_case_t c = {2, NULL};
+    overlap_case_t c = {2, NULL, 44}; /* slices of 128 elements in parts of 11 */
     tdist_test_run_ranks(2, overlap_body, &c);
 }
 
 TEST(zero_overlap_with_ddp_3_ranks, 90)
 {
-    overlap_case_t c = {3, NULL};
+    overlap_case_t c = {3, NULL, 0};
     tdist_test_run_ranks(3, overlap_body, &c);
 }
 
 TEST(zero_overlap_with_ddp_under_join, 90)
 {
     static const int b[2] = {2, 4};
-    overlap_case_t c = {2, b};
+    overlap_case_t c = {2, b, 1u << 20};
     tdist_test_run_ranks(2, overlap_body, &c);
 }
 
