@@ -4,20 +4,35 @@
  *
  * Here a rank's shard is its slice of every bucket: bucket b of c elements
  * is cut into W slices of S = ceil(c / W) (the last ones shorter or empty);
- * rank r owns slice r. Per bucket, in the hook and its continuations:
- *   1. the bucket is copied into a padded buffer of W * S elements and
- *      reduce-scattered (PREMUL_SUM by 1 / divisor: DDP's own rounding,
- *      fl(g * fl(1 / W)) summed), so this rank receives its slice's
- *      averaged gradients;
- *   2. continuation: the shard optimizer steps this bucket's pieces (one
- *      optimizer buffer per intersection of the slice with a parameter),
- *      reading the gradients in the received slice; the updated slice of
- *      the parameters is packed and all-gathered into the padded buffer;
- *   3. continuation: every parameter of the bucket is copied out of it.
- * Bucket 0's parameters are updated while later buckets are still on the
- * wire. Bytes per rank: a reduce_scatter and an all_gather of the bucket,
- * (W - 1) / W each — the same as one ring all_reduce, and half of
- * all_reduce + broadcast.
+ * rank r owns slice r. Each slice is cut into parts of overlap_part_bytes,
+ * and the shard optimizer has one buffer per intersection of a part with a
+ * parameter. Per bucket, two ways, chosen alike on every rank:
+ *
+ * Rooted (up to ROOTED_MAX_RANKS ranks, while no rank has joined):
+ *   1. hook: part j of every rank's slice is reduced to its owner straight
+ *      from the bucket (PREMUL_SUM by 1 / divisor: DDP's own rounding,
+ *      fl(g * fl(1 / W)) summed), part 0 of every slice, then part 1, ...;
+ *      this rank's parts land in its shard buffer;
+ *   2. continuations, one per part of this rank's slice: the part is
+ *      stepped while the later parts are still being reduced;
+ *   3. after the last part: one broadcast per owner of its updated slice,
+ *      coalesced over the pieces of the parameters it covers, in place (no
+ *      packing, no padding, no copy out); it is not waited for here.
+ * Ring (more ranks, or some rank has joined: a collective rooted at a
+ * joined rank cannot be shadowed):
+ *   1. hook: the bucket (copied into a padded buffer of W * S elements when
+ *      it does not divide) is reduce-scattered into the shard buffer;
+ *   2. continuation: the slice is stepped, packed (unless it lies in one
+ *      parameter) and all-gathered into the padded buffer.
+ * Either way a continuation that has posted its bucket's parameters also
+ * steps and sends the following buckets whose reductions have completed,
+ * and the last bucket's continuation waits for everything still on the
+ * wire (and unpacks the ring's buffers): the training thread never waits
+ * for a bucket's parameters while later buckets can be reduced and
+ * stepped. Bytes on the network per bucket: (W - 1) x c for the
+ * reductions and as much for the parameters, as one ring all_reduce
+ * (half of all_reduce + broadcast); rooted, the owners spread them over
+ * their collectives.
  *
  * The first synchronised iteration (DDP rebuilds its buckets after it, so
  * the slices are not final yet) averages with DDP's own all_reduce and
@@ -323,12 +338,8 @@ static tdist_status_t ring_buffers(const tdist__zero_overlap_t *o, obucket_t *b)
 }
 
 /* Ring: every other rank's slice out of the padded buffer. */
-static tdist_status_t gathered_ring(void *state, const tdist_ddp_bucket_t *bk,
-                                    tdist_ddp_hook_result_t *next)
+static void unpack_ring(const tdist__zero_overlap_t *o, const obucket_t *b)
 {
-    (void)next;
-    tdist__zero_overlap_t *o = state;
-    obucket_t *b = &o->b[bk->index];
     for (size_t i = 0; i < b->nparams; i++) { /* this rank's slice is already in place */
         const tdist_optim_param_t *p = &o->z->params[b->params[i]];
         size_t a = b->offsets[i], e = a + p->count;
@@ -340,21 +351,26 @@ static tdist_status_t gathered_ring(void *state, const tdist_ddp_bucket_t *bk,
         memcpy(p->param, b->pad + a, (s - a) * sizeof(float));
         memcpy(p->param + (t - a), b->pad + t, (e - t) * sizeof(float));
     }
-    /* this rank's slice of the bucket: the averaged gradients */
-    memcpy((float *)bk->buffer + b->lo, b->shard, (b->hi - b->lo) * sizeof(float));
-    return TDIST_OK;
 }
 
-/* Rooted: the other owners' reduces and every broadcast are done. */
-static tdist_status_t gathered_rooted(void *state, const tdist_ddp_bucket_t *bk,
-                                      tdist_ddp_hook_result_t *next)
+/* After the last bucket: wait for what every bucket still has on the wire
+ * (the other owners' reduces and the broadcasts, or the all_gather, which
+ * is then unpacked). Until here the training thread never waits for a
+ * bucket's parameters, so the later buckets' reductions and steps go on
+ * while the earlier ones' parameters travel. */
+static tdist_status_t finish(void *state, const tdist_ddp_bucket_t *bk, tdist_ddp_hook_result_t *next)
 {
+    (void)bk;
     (void)next;
     tdist__zero_overlap_t *o = state;
-    obucket_t *b = &o->b[bk->index];
-    TDIST_CHECK(drain(o, b));
-    memcpy((float *)bk->buffer + b->lo, b->shard, (b->hi - b->lo) * sizeof(float));
-    return TDIST_OK;
+    tdist_status_t st = TDIST_OK;
+    for (size_t i = 0; i < o->nb; i++) {
+        obucket_t *b = &o->b[i];
+        tdist_status_t s2 = drain(o, b);
+        if (s2 == TDIST_OK && b->posted && !b->rooted) unpack_ring(o, b);
+        if (st == TDIST_OK) st = s2;
+    }
+    return st;
 }
 
 /* Ring: pack this rank's updated slice and post its all_gather into *ag. */
@@ -452,7 +468,7 @@ static tdist_status_t rooted_part(tdist__zero_overlap_t *o, obucket_t *b, tdist_
  * buckets whose reductions of this rank's slice have all completed, so
  * that their step runs while this bucket's parameters are on the wire.
  * The all_gathers (broadcasts) are posted in bucket order on every rank,
- * whatever the timing. */
+ * whatever the timing; they are waited for after the last bucket. */
 static tdist_status_t reduced(void *state, const tdist_ddp_bucket_t *bk, tdist_ddp_hook_result_t *next)
 {
     tdist__zero_overlap_t *o = state;
@@ -465,20 +481,17 @@ static tdist_status_t reduced(void *state, const tdist_ddp_bucket_t *bk, tdist_d
             next->then = reduced;
             return TDIST_OK;
         }
-        if (!b->posted) TDIST_CHECK(step_and_send(o, b, bk, NULL));
-        next->then = gathered_rooted;
-    } else {
-        if (!b->posted) TDIST_CHECK(step_and_send(o, b, bk, &b->ag));
-        next->work = b->ag;
-        b->ag = NULL;
-        next->then = gathered_ring;
     }
+    if (!b->posted) TDIST_CHECK(step_and_send(o, b, bk, &b->ag));
+    /* this rank's slice of the bucket: the averaged gradients */
+    memcpy((float *)bk->buffer + b->lo, b->shard, (b->hi - b->lo) * sizeof(float));
     for (size_t i = bk->index + 1; i < o->nb; i++) {
         obucket_t *c = &o->b[i];
         if (c->posted) continue;
         if (!slice_ready(c)) break;
         TDIST_CHECK(step_and_send(o, c, bk, &c->ag));
     }
+    if (bk->is_last) next->then = finish;
     return TDIST_OK;
 }
 
