@@ -4,9 +4,10 @@
  *
  * Here a rank's shard is its slice of every bucket: bucket b of c elements
  * is cut into W slices of S = ceil(c / W) (the last ones shorter or empty);
- * rank r owns slice r. Each slice is cut into parts of overlap_part_bytes,
- * and the shard optimizer has one buffer per intersection of a part with a
- * parameter. Per bucket, two ways, chosen alike on every rank:
+ * rank r owns slice r. The slices of the last bucket (reduced after
+ * backward, when nothing else hides its step) are cut into parts of
+ * overlap_part_bytes; the shard optimizer has one buffer per intersection
+ * of a part (a whole slice elsewhere) with a parameter. Per bucket, two ways, chosen alike on every rank:
  *
  * Rooted (up to ROOTED_MAX_RANKS ranks, while no rank has joined):
  *   1. hook: part j of every rank's slice is reduced to its owner straight
@@ -243,7 +244,11 @@ static tdist_status_t build_bucket(tdist__zero_overlap_t *o, size_t bi, size_t *
     b->hi = b->lo + b->slice;
     if (b->lo > b->count) b->lo = b->count;
     if (b->hi > b->count) b->hi = b->count;
-    size_t part = z->opts.overlap_part_bytes ? z->opts.overlap_part_bytes / sizeof(float) : b->slice;
+    /* parts for the last bucket only: the others are reduced during
+     * backward, so their steps wait for nothing; parts would only add
+     * collectives */
+    bool parts = bi + 1 == o->nb && z->opts.overlap_part_bytes > 0;
+    size_t part = parts ? z->opts.overlap_part_bytes / sizeof(float) : b->slice;
     b->part = part ? part : 1;
     b->maxparts = (b->slice + b->part - 1) / b->part;
     b->nparts = (b->hi - b->lo + b->part - 1) / b->part;
@@ -483,8 +488,6 @@ static tdist_status_t reduced(void *state, const tdist_ddp_bucket_t *bk, tdist_d
         }
     }
     if (!b->posted) TDIST_CHECK(step_and_send(o, b, bk, &b->ag));
-    /* this rank's slice of the bucket: the averaged gradients */
-    memcpy((float *)bk->buffer + b->lo, b->shard, (b->hi - b->lo) * sizeof(float));
     for (size_t i = bk->index + 1; i < o->nb; i++) {
         obucket_t *c = &o->b[i];
         if (c->posted) continue;
