@@ -1246,7 +1246,7 @@ TDIST_API tdist_status_t tdist_zero_load_shards(tdist_zero_t *z, const void *con
  * first forward_begin; the reducer's parameters must be z's, f32, in the
  * same order and with the same pointers, or tdist_zero_param_ptr's with
  * parameters_as_bucket_view). Every bucket is then averaged slice by
- * slice: up to 8 ranks, each rank's 1/W slice is reduced to it straight
+ * slice: up to 4 ranks, each rank's 1/W slice is reduced to it straight
  * from the bucket (the last bucket's in parts of opts.overlap_part_bytes,
  * each part stepped as soon as it arrives), and every owner broadcasts its
  * updated slice in place into the parameters; with more ranks, or while

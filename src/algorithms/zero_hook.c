@@ -80,10 +80,13 @@ typedef struct obucket {
 
 /* Up to this many ranks the slices travel rooted: per bucket and owner
  * reduces (one per part of its slice) and one broadcast, straight between
- * the bucket and the parameters (no packing, no padding); above it, W
- * collectives per bucket and step cost more latency than a ring's one, and
- * the ring is used. */
-#define ROOTED_MAX_RANKS 8
+ * the bucket and the parameters (no packing, no padding). Over shared
+ * memory that is several times faster than the ring at 2 and 4 ranks;
+ * over TCP about as fast at 2 ranks and 1.1-1.5 x slower at 4 (the ring
+ * spreads the bytes evenly over the links, the owners' collectives do
+ * not), and the group does not say which transport it runs on, so the
+ * ring takes over above 4 ranks (docs/algorithms.md). */
+#define ROOTED_MAX_RANKS 4
 
 struct tdist__zero_overlap {
     tdist_zero_t *z;
