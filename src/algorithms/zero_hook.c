@@ -368,7 +368,6 @@ static void unpack_ring(const tdist__zero_overlap_t *o, const obucket_t *b)
  * while the earlier ones' parameters travel. */
 static tdist_status_t finish(void *state, const tdist_ddp_bucket_t *bk, tdist_ddp_hook_result_t *next)
 {
-    (void)bk;
     (void)next;
     tdist__zero_overlap_t *o = state;
     tdist_status_t st = TDIST_OK;
@@ -378,6 +377,7 @@ static tdist_status_t finish(void *state, const tdist_ddp_bucket_t *bk, tdist_dd
         if (s2 == TDIST_OK && b->posted && !b->rooted) unpack_ring(o, b);
         if (st == TDIST_OK) st = s2;
     }
+    if (st == TDIST_OK) (void)tdist_pg_mark(bk->pg, "zero_synced", bk->iteration);
     return st;
 }
 
@@ -443,6 +443,7 @@ static tdist_status_t step_and_send(tdist__zero_overlap_t *o, obucket_t *b,
     TDIST_CHECK(step_pieces(o, k0, b->piece0 + b->npieces));
     b->next_part = b->nparts;
     b->posted = true;
+    (void)tdist_pg_mark(bk->pg, "zero_stepped", (uint64_t)(b - o->b));
     return b->rooted ? post_broadcasts(o, b, bk) : post_all_gather(o, b, bk, ag);
 }
 

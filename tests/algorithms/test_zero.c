@@ -719,7 +719,29 @@ typedef struct overlap_case {
     int world;
     const int *batches; /* NULL: every rank 4 iterations, no Join */
     size_t part_bytes;  /* overlap_part_bytes (0: the whole slice) */
+    bool marks;         /* check the hook's flight-recorder events */
 } overlap_case_t;
+
+/* The hook's events in this rank's flight recorder (TDIST_FR_DIR set by
+ * the test): a zero_stepped per bucket and a zero_synced per iteration. */
+static void expect_marks(int rank)
+{
+    int files = 0;
+    ASSERT_OK(tdist_flight_dump("test", &files));
+    ASSERT_TRUE(files >= 1);
+    char path[700];
+    snprintf(path, sizeof path, "%s/fr/tdist-fr.r%d.world.json", tdist_test_tmpdir(), rank);
+    size_t len = 0;
+    char *j = read_file(path, &len);
+    char *text = malloc(len + 1);
+    ASSERT_TRUE(text != NULL);
+    memcpy(text, j, len);
+    text[len] = 0;
+    if (!strstr(text, "\"what\":\"zero_stepped\"") || !strstr(text, "\"what\":\"zero_synced\""))
+        FAIL("no zero_stepped / zero_synced event in %s", path);
+    free(text);
+    free(j);
+}
 
 /* The overlap hook's shards (slices of buckets) load into a ZeRO without
  * the hook (PyTorch's partition): the same state. */
@@ -762,6 +784,7 @@ static void overlap_body(int rank, int n, void *arg)
     const int *batches = oc->batches ? oc->batches : four;
     /* tdist_zero_step does nothing: the step runs in backward_end */
     zrun_train(&r, &m, rank, batches[rank], oc->batches != NULL);
+    if (oc->marks) expect_marks(rank);
     int iters = 0;
     for (int q = 0; q < n; q++) iters = batches[q] > iters ? batches[q] : iters;
     /* the state is sharded: about a third / half of the whole model's */
@@ -785,7 +808,10 @@ static void overlap_body(int rank, int n, void *arg)
 
 static void overlap_run(int world, const int *batches, size_t part_bytes)
 {
-    overlap_case_t c = {world, batches, part_bytes};
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/fr", tdist_test_tmpdir());
+    ASSERT_EQ(setenv("TDIST_FR_DIR", dir, 1), 0); /* inherited by the ranks */
+    overlap_case_t c = {world, batches, part_bytes, world == 2 && !batches};
     tdist_test_run_ranks(world, overlap_body, &c);
 }
 
