@@ -13,6 +13,8 @@
  *                     25M 10 + 3)
  *   --block K         timed steps per block (default 5)
  *   --batch B         samples per rank (default 64)
+ *   --part BYTES      the ZeRO objects' overlap_part_bytes (default: the
+ *                     option's default; 0: whole slices)
  *
  * Three modes over one model, in ONE run, each with its own reducer (default
  * options) and its own Adam (lr 1e-3, tdist_optim's exact arithmetic):
@@ -93,6 +95,7 @@ typedef struct run {
 } run_t;
 
 static int g_rank;
+static long long g_part = -1; /* --part: overlap_part_bytes, -1: the default */
 static double g_phase[2]; /* the last step's backward_end and optimizer step, ms */
 
 static double now_ms(void)
@@ -160,6 +163,7 @@ static tdist_status_t make_zero(run_t *r, tdist_pg_t *pg, tdist_zero_partition_t
     tdist_zero_opts_init(&o);
     o.kind = TDIST_OPTIM_ADAM;
     o.partition = part;
+    if (g_part >= 0) o.overlap_part_bytes = (size_t)g_part;
     tdist_status_t st = tdist_zero_create(pg, op, r->np, &o, out);
     free(op);
     return st;
@@ -346,6 +350,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "-w")) warmup = atoi(v);
         else if (!strcmp(a, "--block")) K = atoi(v);
         else if (!strcmp(a, "--batch")) B = (size_t)atoi(v);
+        else if (!strcmp(a, "--part")) g_part = atoll(v);
         else goto bad;
         i++;
     }
@@ -372,6 +377,6 @@ int main(int argc, char **argv)
     return rc;
 bad:
     fprintf(stderr, "usage: tdistrun --nproc-per-node W bench_zero_step [--model 3M|25M|all] "
-                    "[-n STEPS (0..%d)] [-w WARMUP] [--block K] [--batch B]\n", MAX_STEPS);
+                    "[-n STEPS (0..%d)] [-w WARMUP] [--block K] [--batch B] [--part BYTES]\n", MAX_STEPS);
     return 2;
 }

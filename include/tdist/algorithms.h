@@ -1096,10 +1096,10 @@ TDIST_API tdist_status_t tdist_diloco_load(tdist_diloco_t *d, const void *buf, s
  *    the all_gather (a broadcast rooted at a joined rank cannot be
  *    shadowed).
  *  - Overlap with DDP (tdist_zero_register_overlap): a comm hook that
- *    reduce-scatters each bucket (PREMUL_SUM by 1 / divisor, DDP's own
- *    rounding), steps the rank's slice of that bucket as soon as it is
- *    reduced, and all-gathers the updated slices: half the bytes of
- *    all_reduce + broadcast, on every backend and transport. See
+ *    reduces each rank's slice of each bucket to it (PREMUL_SUM by
+ *    1 / divisor, DDP's own rounding), steps the slice as soon as it is
+ *    reduced, and sends the updated slices to every rank: half the bytes
+ *    of all_reduce + broadcast, on every backend and transport. See
  *    tdist_zero_register_overlap.
  *  - Checkpoints: tdist_zero_consolidate_state_dict gathers the whole
  *    state on one rank (PyTorch's consolidate_state_dict(to)); the
@@ -1133,6 +1133,11 @@ typedef struct tdist_zero_opts {
     tdist_zero_partition_t partition; /* default TDIST_ZERO_BY_PARAMS */
     tdist_zero_sync_t sync;           /* default TDIST_ZERO_SYNC_AUTO */
     bool parameters_as_bucket_view;   /* default false */
+    /* With the overlap hook: a rank's slice of the last bucket (reduced
+     * after backward) is reduced and stepped in parts of this many bytes,
+     * so that the step of one part runs while the next is on the wire.
+     * Default 1 MiB; 0: the whole slice at once. */
+    size_t overlap_part_bytes;
 } tdist_zero_opts_t;
 
 /* Fill *opts with the defaults above. NULL does nothing. Thread-safe. */
@@ -1240,17 +1245,25 @@ TDIST_API tdist_status_t tdist_zero_load_shards(tdist_zero_t *z, const void *con
 /* Overlap with DDP: register z's hook as ddp's comm hook (once, before the
  * first forward_begin; the reducer's parameters must be z's, f32, in the
  * same order and with the same pointers, or tdist_zero_param_ptr's with
- * parameters_as_bucket_view). Every bucket is then averaged by a
- * reduce_scatter (each rank gets its 1/W slice of the bucket), the slice is
- * stepped at once, and the updated slices are all_gathered into the
- * parameters while later buckets are still being reduced; no
- * tdist_zero_step is needed (it does nothing). Here the shard of a rank is
+ * parameters_as_bucket_view). Every bucket is then averaged slice by
+ * slice: up to 4 ranks, each rank's 1/W slice is reduced to it straight
+ * from the bucket (the last bucket's in parts of opts.overlap_part_bytes,
+ * each part stepped as soon as it arrives), and every owner broadcasts its
+ * updated slice in place into the parameters; with more ranks, or while
+ * some rank has joined, one reduce_scatter and one all_gather per bucket.
+ * The parameters of a bucket travel while later buckets are reduced and
+ * stepped; backward_end returns when all have arrived. No tdist_zero_step
+ * is needed (it does nothing). Here the shard of a rank is
  * its slice of every bucket (the partition option is not used). The first
  * synchronised iteration (DDP rebuilds its buckets after it) all_reduces
  * and steps every parameter on every rank with a temporary full optimizer,
  * whose state is then cut down to the shard: no step is lost (PyTorch
- * skips the first two). After backward_end only this rank's slices of the
- * gradients hold averages. Joined ranks run the hook on zeros, like DDP.
+ * skips the first two). The gradients are not overwritten with their
+ * averages (each rank's averaged slices stay in the hook's own buffers,
+ * which saves a copy of 1/W of the model per step). Joined ranks run the hook on zeros, like DDP;
+ * under Join pass z's joinable too (tdist_zero_joinable), which tells the
+ * hook that a rank has joined (without it, the owners' reduces and
+ * broadcasts rooted at a joined rank fail with TDIST_ERR_JOINED).
  * Create the reducer with gradient_as_bucket_view: with a comm hook it
  * otherwise copies every gradient into its bucket and back. Errors:
  * TDIST_ERR_INVALID_ARG for NULL arguments or a second registration (and,

@@ -199,6 +199,25 @@ TDIST_API tdist_status_t tdist_optim_num_state(const tdist_optim_t *opt, int *ns
 TDIST_API tdist_status_t tdist_optim_state_ptr(tdist_optim_t *opt, size_t index, int slot,
                                                float **ptr);
 
+/* The whole state as one flat f32 vector, for code that treats it as a
+ * unit (averaging it over ranks, say) without knowing the blob layout:
+ * buffer after buffer in creation order, each buffer's state arrays in
+ * slot order (as tdist_optim_state_ptr numbers them), count values each.
+ *   state_count: *count = the vector's length (the sum over buffers of
+ *     count x nstate; 0 for SGD without momentum).
+ *   copy_state_out: writes the vector into dst (count values, the
+ *     caller's memory).
+ *   copy_state_in: replaces the state with src (count values, read only,
+ *     not kept); step counts and hyperparameters stay as they are.
+ * count must be the state_count's (TDIST_ERR_INVALID_ARG otherwise, and
+ * nothing is copied). Never block; not thread-safe (calls on one
+ * optimizer must not overlap). */
+TDIST_API tdist_status_t tdist_optim_state_count(const tdist_optim_t *opt, size_t *count);
+TDIST_API tdist_status_t tdist_optim_copy_state_out(const tdist_optim_t *opt, float *dst,
+                                                    size_t count);
+TDIST_API tdist_status_t tdist_optim_copy_state_in(tdist_optim_t *opt, const float *src,
+                                                   size_t count);
+
 /* Name of a kind: "sgd", "adam", "adamw"; "invalid" otherwise. */
 TDIST_API const char *tdist_optim_kind_name(tdist_optim_kind_t kind);
 

@@ -19,10 +19,8 @@
  * all_reduce until the deadline.
  *
  * The optimizer's state is averaged (an option of the post-local-SGD
- * optimizer) through tdist/optim.h's saved state: saved, its state arrays
- * averaged, loaded back. optim.h has no accessor for the state arrays, so
- * this reads the blob's documented version-1 layout (tdist_optim_save) and
- * refuses any other version.
+ * optimizer) as one flat vector: copied out of the optimizer
+ * (tdist_optim_copy_state_out), averaged, copied back in.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -336,8 +334,8 @@ struct tdist_post_local_optim {
     size_t n;
     tdist_averager_t *averager;
     bool average_state;
-    unsigned char *blob;     /* the optimizer's saved state (average_optimizer_state) */
-    size_t blob_cap;
+    float *state;            /* the optimizer's state, flat (average_optimizer_state) */
+    size_t state_cap;
 };
 
 void tdist_post_local_optim_opts_init(tdist_post_local_optim_opts_t *opts)
@@ -378,62 +376,26 @@ void tdist_post_local_optim_destroy(tdist_post_local_optim_t *p)
 {
     if (!p) return;
     free(p->params);
-    free(p->blob);
+    free(p->state);
     free(p);
 }
 
-/* FNV-1a over 64-bit words, then the tail bytes: the checksum of the
- * version-1 state blob (tdist_optim_save). */
-static uint64_t blob_checksum(const unsigned char *b, size_t n)
-{
-    const uint64_t prime = 1099511628211ull;
-    uint64_t h = 14695981039346656037ull;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, b + i, 8);
-        h = (h ^ w) * prime;
-        h ^= h >> 29;
-    }
-    for (; i < n; i++) h = (h ^ b[i]) * prime;
-    h ^= (uint64_t)n;
-    return h * prime;
-}
-
-/* Average the optimizer's state arrays over g: save, average the f32
- * state region of the version-1 blob, fix the checksum, load. */
+/* Average the optimizer's state arrays over g (one flat vector). */
 static tdist_status_t average_state(tdist_post_local_optim_t *p, tdist_pg_t *g)
 {
     const char *who = "tdist_post_local_optim_step";
-    size_t size;
-    TDIST_CHECK(tdist_optim_state_size(p->optim, &size));
-    if (size > p->blob_cap) {
-        unsigned char *b = realloc(p->blob, size);
-        if (!b) return tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory", who);
-        p->blob = b;
-        p->blob_cap = size;
+    size_t count = 0;
+    TDIST_CHECK(tdist_optim_state_count(p->optim, &count));
+    if (count > p->state_cap) {
+        float *v = realloc(p->state, count * sizeof *v);
+        if (!v) return tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory", who);
+        p->state = v;
+        p->state_cap = count;
     }
-    TDIST_CHECK(tdist_optim_save(p->optim, p->blob, size));
-    uint32_t version;
-    uint64_t nbuf;
-    memcpy(&version, p->blob + 8, 4);
-    memcpy(&nbuf, p->blob + 24, 8);
-    if (version != 1)
-        return tdist__error(TDIST_ERR_NOT_SUPPORTED, "%s: averaging the optimizer's state reads "
-                            "its saved state of layout version 1, not %u", who, version);
-    size_t start = 96 + 16 * (size_t)nbuf, bytes = size - 8 - start, count = bytes / sizeof(float);
-    float *v = malloc((count ? count : 1) * sizeof(float));
-    if (!v) return tdist__error(TDIST_ERR_NO_MEMORY, "%s: out of memory", who);
-    memcpy(v, p->blob + start, count * sizeof(float));
-    tdist_status_t st = tdist__average_flat(g, v, count, who);
-    if (st == TDIST_OK) {
-        memcpy(p->blob + start, v, count * sizeof(float));
-        uint64_t sum = blob_checksum(p->blob, size - 8);
-        memcpy(p->blob + size - 8, &sum, 8);
-        st = tdist_optim_load(p->optim, p->blob, size);
-    }
-    free(v);
-    return st;
+    if (count == 0) return TDIST_OK;
+    TDIST_CHECK(tdist_optim_copy_state_out(p->optim, p->state, count));
+    TDIST_CHECK(tdist__average_flat(g, p->state, count, who));
+    return tdist_optim_copy_state_in(p->optim, p->state, count);
 }
 
 tdist_status_t tdist_post_local_optim_step(tdist_post_local_optim_t *p)

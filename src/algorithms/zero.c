@@ -24,6 +24,7 @@ void tdist_zero_opts_init(tdist_zero_opts_t *opts)
     opts->partition = TDIST_ZERO_BY_PARAMS;
     opts->sync = TDIST_ZERO_SYNC_AUTO;
     opts->parameters_as_bucket_view = false;
+    opts->overlap_part_bytes = 1u << 20;
 }
 
 tdist_status_t tdist__zero_error(const tdist_zero_t *z, tdist_status_t st, const char *who,
@@ -53,7 +54,8 @@ static uint64_t hash_f64(uint64_t h, double v) { return tdist__fnv1a(h, &v, size
 static uint64_t opts_hash(const tdist_zero_opts_t *o)
 {
     uint64_t h = TDIST__FNV_INIT;
-    int64_t ints[4] = {o->kind, o->partition, o->sync, o->parameters_as_bucket_view};
+    int64_t ints[5] = {o->kind, o->partition, o->sync, o->parameters_as_bucket_view,
+                       (int64_t)o->overlap_part_bytes};
     h = tdist__fnv1a(h, ints, sizeof ints);
     if (o->kind == TDIST_OPTIM_SGD) {
         const tdist_optim_sgd_opts_t *s = &o->sgd;
@@ -168,7 +170,8 @@ static tdist_status_t agree(tdist_zero_t *z)
     } else {
         st = tdist__zero_error(z, TDIST_ERR_MISMATCH, who,
                                "option mismatch: rank 0 and rank %d pass different options "
-                               "(hyperparameters, partition, sync or parameters_as_bucket_view)",
+                               "(hyperparameters, partition, sync, parameters_as_bucket_view or "
+                               "overlap_part_bytes)",
                                other);
     }
     free(all);

@@ -112,6 +112,56 @@ static const char *layout_name(tdist_optim_kind_t kind, uint32_t nstate)
     return nstate == 3 ? "amsgrad state" : "no amsgrad state";
 }
 
+/* ------------------------------------------------------- the flat vector */
+
+static size_t state_count(const tdist_optim_t *opt)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < opt->nbuf; i++) n += opt->bufs[i].count * (size_t)opt->nstate;
+    return n;
+}
+
+tdist_status_t tdist_optim_state_count(const tdist_optim_t *opt, size_t *count)
+{
+    TDIST_ARG_CHECK(opt != NULL, "tdist_optim_state_count");
+    TDIST_ARG_CHECK(count != NULL, "tdist_optim_state_count");
+    *count = state_count(opt);
+    return TDIST_OK;
+}
+
+/* Copy the state to (out) or from the flat vector v of count values. */
+static tdist_status_t copy_state(const char *fn, tdist_optim_t *opt, float *v, size_t count,
+                                 int out)
+{
+    TDIST_ARG_CHECK(opt != NULL, fn);
+    size_t want = state_count(opt);
+    if (count != want)
+        return tdist__error(TDIST_ERR_INVALID_ARG, "%s: count %zu, the %s state holds %zu values "
+                            "(tdist_optim_state_count)", fn, count,
+                            tdist_optim_kind_name(opt->kind), want);
+    TDIST_ARG_CHECK(v != NULL || count == 0, fn);
+    size_t at = 0;
+    for (size_t i = 0; i < opt->nbuf; i++) {
+        tdist__optim_buf_t *b = &opt->bufs[i];
+        for (int s = 0; s < opt->nstate && b->count; s++, at += b->count) {
+            if (out) memcpy(v + at, b->state[s], b->count * sizeof(float));
+            else memcpy(b->state[s], v + at, b->count * sizeof(float));
+        }
+    }
+    return TDIST_OK;
+}
+
+tdist_status_t tdist_optim_copy_state_out(const tdist_optim_t *opt, float *dst, size_t count)
+{
+    /* only read: the cast lets one loop serve both directions */
+    return copy_state("tdist_optim_copy_state_out", (tdist_optim_t *)opt, dst, count, 1);
+}
+
+tdist_status_t tdist_optim_copy_state_in(tdist_optim_t *opt, const float *src, size_t count)
+{
+    return copy_state("tdist_optim_copy_state_in", opt, (float *)src, count, 0);
+}
+
 /* ------------------------------------------------------------------ save */
 
 tdist_status_t tdist_optim_state_size(const tdist_optim_t *opt, size_t *size)

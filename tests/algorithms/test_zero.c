@@ -25,9 +25,11 @@
  * 4. Checkpoints: shards saved at 2 ranks (BY_PARAMS) load at 3 ranks (FLAT)
  *    and the run continues bit for bit as one that never stopped; loading
  *    another model's shards names the first differing parameter.
- * 5. Overlap with DDP: the comm hook (reduce_scatter, step, all_gather per
- *    bucket, several buckets) equals DDP + a whole-model optimizer bit for
- *    bit at 2 ranks, also under Join; to rounding at 3 ranks.
+ * 5. Overlap with DDP: the comm hook (several buckets; per bucket the
+ *    slices reduced to their owners, stepped, broadcast back; in parts of
+ *    11 elements at 2 ranks, whole slices at 3; under Join, once a rank has
+ *    joined, reduce_scatter + all_gather) equals DDP + a whole-model
+ *    optimizer bit for bit at 2 ranks, also under Join; to rounding at 3.
  * 6. State bytes: the shards' state adds up to the whole model's.
  */
 #include <math.h>
@@ -166,24 +168,51 @@ static void h5_check_partition(const h5_variant_t *v, tdist_zero_t *z)
     }
 }
 
+/* The checks every variant shares, against the bits of a reference
+ * (PyTorch's recording or a single-process replay), named `what`. */
+
+/* z's parameters (the caller's model without z) against want (H5_N). */
+static void expect_param_bits(const char *what, tdist_zero_t *z, const model_t *m,
+                              const uint32_t *want)
+{
+    for (size_t j = 0; j < H5_NPARAMS; j++) {
+        const float *p = z ? tdist_zero_param_ptr(z, j) : m->op[j].param;
+        for (size_t e = 0; e < h5_counts[j]; e++)
+            if (bits(p[e]) != want[h5_off(j) + e])
+                FAIL("%s: %s[%zu] 0x%08x, reference 0x%08x", what, h5_names[j], e, bits(p[e]),
+                     want[h5_off(j) + e]);
+    }
+}
+
 /* On rank 0 after tdist_zero_consolidate_state_dict(z, 0): the whole state
  * against want (slot-major, H5_N each) and the step counts. */
-static void h5_check_state(const h5_case_t *c, tdist_zero_t *z, int k, const uint32_t *want,
-                           const int *want_steps)
+static void expect_state_bits(const char *what, tdist_zero_t *z, int nstate, const uint32_t *want,
+                              const uint64_t *want_steps)
 {
-    for (int s = 0; s < c->nstate; s++)
+    for (int s = 0; s < nstate; s++)
         for (size_t j = 0; j < H5_NPARAMS; j++) {
             const float *data = NULL;
             uint64_t steps = 0;
             ASSERT_OK(tdist_zero_consolidated_state(z, j, s, &data, &steps));
-            ASSERT_EQ(steps, (uint64_t)want_steps[j]);
+            ASSERT_EQ(steps, want_steps[j]);
             for (size_t e = 0; e < h5_counts[j]; e++) {
                 uint32_t w = want[(size_t)s * H5_N + h5_off(j) + e];
                 if (bits(data[e]) != w)
-                    FAIL("%s step %d: state slot %d of %s[%zu]: 0x%08x, PyTorch 0x%08x", c->name, k,
-                         s, h5_names[j], e, bits(data[e]), w);
+                    FAIL("%s: state slot %d of %s[%zu]: 0x%08x, reference 0x%08x", what, s,
+                         h5_names[j], e, bits(data[e]), w);
             }
         }
+}
+
+/* A recording's state after step k against z's (rank 0, consolidated). */
+static void h5_check_state(const h5_case_t *c, tdist_zero_t *z, int k, const uint32_t *want,
+                           const int *want_steps)
+{
+    char what[64];
+    snprintf(what, sizeof what, "%s step %d", c->name, k);
+    uint64_t steps[H5_NPARAMS];
+    for (size_t j = 0; j < H5_NPARAMS; j++) steps[j] = (uint64_t)want_steps[j];
+    expect_state_bits(what, z, c->nstate, want, steps);
 }
 
 static void h5_check_grads(const h5_case_t *c, int k, const float *g)
@@ -226,15 +255,9 @@ static void h5_body(int rank, int n, void *arg)
         /* downstream of the average, from PyTorch's own average */
         for (size_t i = 0; i < H5_N; i++) m.g[i] = f32(c->grads[(size_t)k * H5_N + i]);
         ASSERT_OK(tdist_zero_step(z));
-        for (size_t j = 0; j < H5_NPARAMS; j++) {
-            const float *p = tdist_zero_param_ptr(z, j);
-            for (size_t e = 0; e < h5_counts[j]; e++) {
-                uint32_t want = c->after[(size_t)k * H5_N + h5_off(j) + e];
-                if (bits(p[e]) != want)
-                    FAIL("%s step %d: %s[%zu] 0x%08x, PyTorch 0x%08x", c->name, k, h5_names[j], e,
-                         bits(p[e]), want);
-            }
-        }
+        char what[64];
+        snprintf(what, sizeof what, "%s step %d (reference: PyTorch)", c->name, k);
+        expect_param_bits(what, z, &m, c->after + (size_t)k * H5_N);
         ASSERT_OK(tdist_zero_consolidate_state_dict(z, 0));
         if (rank == 0) h5_check_state(c, z, k, c->state + (size_t)k * (size_t)c->nstate * H5_N,
                                       c->steps_of + (size_t)k * H5_NPARAMS);
@@ -247,41 +270,25 @@ static void h5_body(int rank, int n, void *arg)
     tdist_world_destroy(w);
 }
 
-TEST(zero_pytorch_h5_sgd_2_ranks, 90)
+static void h5_run(const h5_case_t *c, tdist_zero_partition_t part, tdist_zero_sync_t sync,
+                   bool view)
 {
-    h5_variant_t v = {&h5s, TDIST_ZERO_BY_PARAMS, TDIST_ZERO_SYNC_AUTO, false};
-    tdist_test_run_ranks(2, h5_body, &v);
+    h5_variant_t v = {c, part, sync, view};
+    tdist_test_run_ranks(c->world, h5_body, &v);
 }
 
-TEST(zero_pytorch_h5_sgd_2_ranks_bucket_view, 90)
-{
-    h5_variant_t v = {&h5s, TDIST_ZERO_BY_PARAMS, TDIST_ZERO_SYNC_AUTO, true};
-    tdist_test_run_ranks(2, h5_body, &v);
-}
-
+#define BY_PARAMS TDIST_ZERO_BY_PARAMS
+#define FLAT TDIST_ZERO_FLAT
+#define AUTO TDIST_ZERO_SYNC_AUTO
+TEST(zero_pytorch_h5_sgd_2_ranks, 90) { h5_run(&h5s, BY_PARAMS, AUTO, false); }
+TEST(zero_pytorch_h5_sgd_2_ranks_bucket_view, 90) { h5_run(&h5s, BY_PARAMS, AUTO, true); }
 TEST(zero_pytorch_h5_sgd_2_ranks_all_gather, 90)
 {
-    h5_variant_t v = {&h5s, TDIST_ZERO_BY_PARAMS, TDIST_ZERO_SYNC_ALL_GATHER, false};
-    tdist_test_run_ranks(2, h5_body, &v);
+    h5_run(&h5s, BY_PARAMS, TDIST_ZERO_SYNC_ALL_GATHER, false);
 }
-
-TEST(zero_pytorch_h5_sgd_2_ranks_flat, 90)
-{
-    h5_variant_t v = {&h5s, TDIST_ZERO_FLAT, TDIST_ZERO_SYNC_AUTO, true};
-    tdist_test_run_ranks(2, h5_body, &v);
-}
-
-TEST(zero_pytorch_h5_adam_3_ranks, 90)
-{
-    h5_variant_t v = {&h5a, TDIST_ZERO_BY_PARAMS, TDIST_ZERO_SYNC_AUTO, false};
-    tdist_test_run_ranks(3, h5_body, &v);
-}
-
-TEST(zero_pytorch_h5_adam_3_ranks_flat_view, 90)
-{
-    h5_variant_t v = {&h5a, TDIST_ZERO_FLAT, TDIST_ZERO_SYNC_AUTO, true};
-    tdist_test_run_ranks(3, h5_body, &v);
-}
+TEST(zero_pytorch_h5_sgd_2_ranks_flat, 90) { h5_run(&h5s, FLAT, AUTO, true); }
+TEST(zero_pytorch_h5_adam_3_ranks, 90) { h5_run(&h5a, BY_PARAMS, AUTO, false); }
+TEST(zero_pytorch_h5_adam_3_ranks_flat_view, 90) { h5_run(&h5a, FLAT, AUTO, true); }
 
 /* ======================================= synthetic runs and their replay */
 
@@ -302,6 +309,14 @@ static void adam_opts(tdist_zero_opts_t *o)
     o->kind = TDIST_OPTIM_ADAM;
     o->adam.lr = 0.01;
     o->adam.weight_decay = 0.01;
+}
+
+/* A rank's start of most tests: the model, the group, Adam's options. */
+static void adam_setup(model_t *m, tdist_world_t **w, tdist_pg_t **pg, tdist_zero_opts_t *o)
+{
+    model_init(m, h5a_init);
+    open_pg(w, pg);
+    adam_opts(o);
 }
 
 /* The single-process replay: a whole-model optimizer (z's options) stepped
@@ -341,30 +356,26 @@ static void replay(model_t *ref, const tdist_zero_opts_t *o, const int *batches,
  * equals the replay optimizer's, bit for bit. */
 static void expect_state(const char *what, tdist_zero_t *z, tdist_optim_t *ref)
 {
-    for (size_t j = 0; j < H5_NPARAMS; j++)
+    static uint32_t want[2 * H5_N];
+    uint64_t steps[H5_NPARAMS];
+    for (size_t j = 0; j < H5_NPARAMS; j++) {
+        ASSERT_OK(tdist_optim_step_count(ref, j, &steps[j]));
         for (int s = 0; s < 2; s++) {
-            const float *got = NULL;
-            float *want = NULL;
-            uint64_t steps = 0, want_steps = 0;
-            ASSERT_OK(tdist_zero_consolidated_state(z, j, s, &got, &steps));
-            ASSERT_OK(tdist_optim_state_ptr(ref, j, s, &want));
-            ASSERT_OK(tdist_optim_step_count(ref, j, &want_steps));
-            ASSERT_EQ(steps, want_steps);
-            if (memcmp(got, want, h5_counts[j] * sizeof(float)) != 0)
-                FAIL("%s: consolidated state slot %d of %s differs from the replay's", what, s,
-                     h5_names[j]);
+            float *v = NULL;
+            ASSERT_OK(tdist_optim_state_ptr(ref, j, s, &v));
+            for (size_t e = 0; e < h5_counts[j]; e++)
+                want[(size_t)s * H5_N + h5_off(j) + e] = bits(v[e]);
         }
+    }
+    expect_state_bits(what, z, 2, want, steps);
 }
 
+/* z's parameters against the replay's, bit for bit. */
 static void expect_params(const char *what, tdist_zero_t *z, const model_t *ref)
 {
-    for (size_t j = 0; j < H5_NPARAMS; j++) {
-        const float *p = z ? tdist_zero_param_ptr(z, j) : ref->op[j].param;
-        const float *q = ref->op[j].param;
-        for (size_t e = 0; e < h5_counts[j]; e++)
-            if (bits(p[e]) != bits(q[e]))
-                FAIL("%s: %s[%zu] 0x%08x, replay 0x%08x", what, h5_names[j], e, bits(p[e]), bits(q[e]));
-    }
+    static uint32_t want[H5_N];
+    for (size_t i = 0; i < H5_N; i++) want[i] = bits(ref->p[i]);
+    expect_param_bits(what, z, ref, want);
 }
 
 /* One rank's synthetic run: group, ZeRO (options o), DDP (bucket cap,
@@ -437,17 +448,10 @@ static void join_body(int rank, int n, void *arg)
     zrun_close(&r);
 }
 
-TEST(zero_join_uneven_inputs_by_params, 90)
-{
-    tdist_zero_partition_t p = TDIST_ZERO_BY_PARAMS;
-    tdist_test_run_ranks(2, join_body, &p);
-}
+static void join_run(tdist_zero_partition_t p) { tdist_test_run_ranks(2, join_body, &p); }
 
-TEST(zero_join_uneven_inputs_flat, 90)
-{
-    tdist_zero_partition_t p = TDIST_ZERO_FLAT;
-    tdist_test_run_ranks(2, join_body, &p);
-}
+TEST(zero_join_uneven_inputs_by_params, 90) { join_run(BY_PARAMS); }
+TEST(zero_join_uneven_inputs_flat, 90) { join_run(FLAT); }
 
 /* SGD with Nesterov momentum and weight decay, FLAT, all_gather: without
  * Join, every rank against the replay, bit for bit. */
@@ -537,12 +541,10 @@ static void bad_body(int rank, int n, void *arg)
     (void)n;
     bad_t bad = *(const bad_t *)arg;
     static model_t m;
-    model_init(&m, h5a_init);
     tdist_world_t *w;
     tdist_pg_t *pg;
-    open_pg(&w, &pg);
     tdist_zero_opts_t o;
-    adam_opts(&o);
+    adam_setup(&m, &w, &pg, &o);
     size_t np = H5_NPARAMS;
     if (rank == 1 && bad == BAD_KIND) o.kind = TDIST_OPTIM_SGD;
     if (rank == 1 && bad == BAD_SHAPE) m.op[3].count = 15;
@@ -562,23 +564,11 @@ static void bad_body(int rank, int n, void *arg)
     tdist_world_destroy(w);
 }
 
-TEST(zero_mismatch_optimizer_kind, 60)
-{
-    bad_t b = BAD_KIND;
-    tdist_test_run_ranks(2, bad_body, &b);
-}
+static void bad_run(bad_t b) { tdist_test_run_ranks(2, bad_body, &b); }
 
-TEST(zero_mismatch_param_shape, 60)
-{
-    bad_t b = BAD_SHAPE;
-    tdist_test_run_ranks(2, bad_body, &b);
-}
-
-TEST(zero_mismatch_param_count, 60)
-{
-    bad_t b = BAD_COUNT;
-    tdist_test_run_ranks(2, bad_body, &b);
-}
+TEST(zero_mismatch_optimizer_kind, 60) { bad_run(BAD_KIND); }
+TEST(zero_mismatch_param_shape, 60) { bad_run(BAD_SHAPE); }
+TEST(zero_mismatch_param_count, 60) { bad_run(BAD_COUNT); }
 
 /* ========================================================= 4. checkpoints */
 
@@ -627,12 +617,10 @@ static void save_body(int rank, int n, void *arg)
     (void)arg;
     (void)n;
     static model_t m;
-    model_init(&m, h5a_init);
     tdist_world_t *w;
     tdist_pg_t *pg;
-    open_pg(&w, &pg);
     tdist_zero_opts_t o;
-    adam_opts(&o);
+    adam_setup(&m, &w, &pg, &o);
     tdist_zero_t *z = NULL;
     ASSERT_OK(tdist_zero_create(pg, m.op, H5_NPARAMS, &o, &z));
     for (int k = 0; k < 2; k++) {
@@ -730,7 +718,30 @@ TEST(zero_sharded_checkpoint_loads_at_another_world_size, 120)
 typedef struct overlap_case {
     int world;
     const int *batches; /* NULL: every rank 4 iterations, no Join */
+    size_t part_bytes;  /* overlap_part_bytes (0: the whole slice) */
+    bool marks;         /* check the hook's flight-recorder events */
 } overlap_case_t;
+
+/* The hook's events in this rank's flight recorder (TDIST_FR_DIR set by
+ * the test): a zero_stepped per bucket and a zero_synced per iteration. */
+static void expect_marks(int rank)
+{
+    int files = 0;
+    ASSERT_OK(tdist_flight_dump("test", &files));
+    ASSERT_TRUE(files >= 1);
+    char path[700];
+    snprintf(path, sizeof path, "%s/fr/tdist-fr.r%d.world.json", tdist_test_tmpdir(), rank);
+    size_t len = 0;
+    char *j = read_file(path, &len);
+    char *text = malloc(len + 1);
+    ASSERT_TRUE(text != NULL);
+    memcpy(text, j, len);
+    text[len] = 0;
+    if (!strstr(text, "\"what\":\"zero_stepped\"") || !strstr(text, "\"what\":\"zero_synced\""))
+        FAIL("no zero_stepped / zero_synced event in %s", path);
+    free(text);
+    free(j);
+}
 
 /* The overlap hook's shards (slices of buckets) load into a ZeRO without
  * the hook (PyTorch's partition): the same state. */
@@ -764,6 +775,7 @@ static void overlap_body(int rank, int n, void *arg)
     static model_t m, ref;
     tdist_zero_opts_t o;
     adam_opts(&o);
+    o.overlap_part_bytes = oc->part_bytes;
     zrun_t r;
     zrun_open(&r, &m, &o, 1024, true); /* several buckets */
     ASSERT_TRUE(tdist_ddp_num_buckets(r.ddp) >= 3);
@@ -772,6 +784,7 @@ static void overlap_body(int rank, int n, void *arg)
     const int *batches = oc->batches ? oc->batches : four;
     /* tdist_zero_step does nothing: the step runs in backward_end */
     zrun_train(&r, &m, rank, batches[rank], oc->batches != NULL);
+    if (oc->marks) expect_marks(rank);
     int iters = 0;
     for (int q = 0; q < n; q++) iters = batches[q] > iters ? batches[q] : iters;
     /* the state is sharded: about a third / half of the whole model's */
@@ -793,23 +806,22 @@ static void overlap_body(int rank, int n, void *arg)
     zrun_close(&r);
 }
 
-TEST(zero_overlap_with_ddp_2_ranks, 90)
+static void overlap_run(int world, const int *batches, size_t part_bytes)
 {
-    overlap_case_t c = {2, NULL};
-    tdist_test_run_ranks(2, overlap_body, &c);
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/fr", tdist_test_tmpdir());
+    ASSERT_EQ(setenv("TDIST_FR_DIR", dir, 1), 0); /* inherited by the ranks */
+    overlap_case_t c = {world, batches, part_bytes, world == 2 && !batches};
+    tdist_test_run_ranks(world, overlap_body, &c);
 }
 
-TEST(zero_overlap_with_ddp_3_ranks, 90)
-{
-    overlap_case_t c = {3, NULL};
-    tdist_test_run_ranks(3, overlap_body, &c);
-}
-
+/* slices of 128 elements in parts of 11 */
+TEST(zero_overlap_with_ddp_2_ranks, 90) { overlap_run(2, NULL, 44); }
+TEST(zero_overlap_with_ddp_3_ranks, 90) { overlap_run(3, NULL, 0); }
 TEST(zero_overlap_with_ddp_under_join, 90)
 {
     static const int b[2] = {2, 4};
-    overlap_case_t c = {2, b};
-    tdist_test_run_ranks(2, overlap_body, &c);
+    overlap_run(2, b, 1u << 20);
 }
 
 /* ======================================================== 6. state bytes */
@@ -818,12 +830,10 @@ static void bytes_body(int rank, int n, void *arg)
 {
     (void)arg;
     static model_t m;
-    model_init(&m, h5a_init);
     tdist_world_t *w;
     tdist_pg_t *pg;
-    open_pg(&w, &pg);
     tdist_zero_opts_t o;
-    adam_opts(&o);
+    adam_setup(&m, &w, &pg, &o);
     for (int part = 0; part < 2; part++) {
         o.partition = part ? TDIST_ZERO_FLAT : TDIST_ZERO_BY_PARAMS;
         tdist_zero_t *z = NULL;

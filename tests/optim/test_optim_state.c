@@ -369,3 +369,52 @@ TEST(optim_state_ptr_and_step_count, 10)
     ASSERT_STATUS(tdist_optim_state_ptr(opt, 0, 0, &buf), TDIST_ERR_INVALID_ARG);
     tdist_optim_destroy(opt);
 }
+
+/* The state as one flat vector: buffer by buffer, slot by slot, the
+ * arrays state_ptr points at; copying a changed vector back in changes
+ * exactly those arrays and leaves the step counts alone. */
+TEST(optim_state_flat_vector, 10)
+{
+    model_t m;
+    model_init(&m);
+    tdist_optim_param_t params[NB];
+    params_of(&m, params);
+    tdist_optim_t *opt = NULL;
+    ASSERT_OK(tdist_optim_create_adam(params, NB, NULL, &opt));
+    for (int t = 0; t < 2; t++) {
+        model_grads(&m, t);
+        ASSERT_OK(tdist_optim_step(opt));
+    }
+    size_t count = 0;
+    ASSERT_OK(tdist_optim_state_count(opt, &count));
+    ASSERT_EQ(count, 2 * (counts[0] + counts[1] + counts[2]));
+    float *v = malloc(count * sizeof *v);
+    ASSERT_TRUE(v != NULL);
+    ASSERT_STATUS(tdist_optim_copy_state_out(opt, v, count - 1), TDIST_ERR_INVALID_ARG);
+    ASSERT_OK(tdist_optim_copy_state_out(opt, v, count));
+    size_t at = 0;
+    for (size_t b = 0; b < NB; b++)
+        for (int s = 0; s < 2; s++, at += counts[b]) {
+            float *arr = NULL;
+            ASSERT_OK(tdist_optim_state_ptr(opt, b, s, &arr));
+            ASSERT_TRUE(memcmp(v + at, arr, counts[b] * sizeof(float)) == 0);
+        }
+    for (size_t i = 0; i < count; i++) v[i] = (float)i;
+    ASSERT_STATUS(tdist_optim_copy_state_in(opt, v, count + 1), TDIST_ERR_INVALID_ARG);
+    ASSERT_OK(tdist_optim_copy_state_in(opt, v, count));
+    float *arr = NULL;
+    ASSERT_OK(tdist_optim_state_ptr(opt, 1, 1, &arr)); /* fc1.weight's exp_avg_sq */
+    ASSERT_EQ(arr[3], (float)(2 * counts[0] + counts[1] + 3));
+    uint64_t steps = 0;
+    ASSERT_OK(tdist_optim_step_count(opt, 2, &steps));
+    ASSERT_EQ(steps, 2);
+    free(v);
+    tdist_optim_destroy(opt);
+    tdist_optim_sgd_opts_t o; /* SGD without momentum: an empty vector */
+    tdist_optim_sgd_opts_init(&o);
+    ASSERT_OK(tdist_optim_create_sgd(params, NB, &o, &opt));
+    ASSERT_OK(tdist_optim_state_count(opt, &count));
+    ASSERT_EQ(count, 0);
+    ASSERT_OK(tdist_optim_copy_state_out(opt, NULL, 0));
+    tdist_optim_destroy(opt);
+}
