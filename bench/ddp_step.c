@@ -38,7 +38,16 @@
  *                       allreduce_hook  tdist_ddp_allreduce_hook registered
  *                                       explicitly (the same all_reduce,
  *                                       through the hook path: bucket copies)
- *                       fp16, bf16      tdist_compress_hook (16-bit wire)
+ *                       allreduce_grads the same hook registered with
+ *                                       TDIST_DDP_HOOK_GRADS (one coalesced
+ *                                       all_reduce of the gradients where
+ *                                       they are: no bucket copies)
+ *                       fp16, bf16      tdist_compress_hook (16-bit wire),
+ *                                       tdist_compress_register (the casts
+ *                                       read and write the gradients)
+ *                       fp16_bucket     the fp16 hook registered with the
+ *                                       plain tdist_ddp_register_comm_hook
+ *                                       (the bucket path, with copies)
  *                       powersgdR       tdist_powersgd_hook, matrix rank R
  *                                       (1..64), start_powerSGD_iter
  *                                       --psgd-start (default 2), error
@@ -173,7 +182,7 @@ typedef struct cfg {
 } cfg_t;
 
 enum { HOOK_NONE, HOOK_ALLREDUCE, HOOK_ALLREDUCE_HOOK, HOOK_FP16, HOOK_BF16, HOOK_POWERSGD,
-       HOOK_INT8 };
+       HOOK_INT8, HOOK_ALLREDUCE_GRADS, HOOK_FP16_BUCKET };
 
 /* --hook powersgdR: elements of the two all_reduces per bucket, summed
  * (the observer sees [uncompressed | P] and Q just before they are posted). */
@@ -554,11 +563,12 @@ out:
     return rc;
 }
 
-/* --hook's name as printed: allreduce, allreduce_hook, fp16, bf16, powersgdR, int8. */
+/* --hook's name as printed: allreduce, allreduce_hook, fp16, bf16, powersgdR, int8,
+ * allreduce_grads, fp16_bucket. */
 static const char *hook_name(const cfg_t *c, char *buf, size_t cap)
 {
     static const char *const names[] = {"none", "allreduce", "allreduce_hook", "fp16", "bf16",
-                                         "powersgd", "int8"};
+                                         "powersgd", "int8", "allreduce_grads", "fp16_bucket"};
     if (c->hook == HOOK_POWERSGD) snprintf(buf, cap, "powersgd%d", c->psgd_rank);
     else snprintf(buf, cap, "%s", names[c->hook]);
     return buf;
@@ -599,13 +609,21 @@ static tdist_status_t register_hook(const cfg_t *c, tdist_ddp_t *ddp, const size
     case HOOK_ALLREDUCE_HOOK:
         st = tdist_ddp_register_comm_hook(ddp, NULL, tdist_ddp_allreduce_hook);
         break;
+    case HOOK_ALLREDUCE_GRADS:
+        st = tdist_ddp_register_comm_hook_flags(ddp, NULL, tdist_ddp_allreduce_hook,
+                                                TDIST_DDP_HOOK_GRADS);
+        break;
     case HOOK_FP16:
-    case HOOK_BF16: {
+    case HOOK_BF16:
+    case HOOK_FP16_BUCKET: {
         tdist_compress_opts_t o;
         tdist_compress_opts_init(&o);
         o.wire = c->hook == HOOK_BF16 ? TDIST_BF16 : TDIST_F16;
         st = tdist_compress_hook_create(&o, hc);
-        if (st == TDIST_OK) st = tdist_compress_register(ddp, *hc);
+        if (st == TDIST_OK && c->hook == HOOK_FP16_BUCKET) /* the bucket path, with copies */
+            st = tdist_ddp_register_comm_hook(ddp, *hc, tdist_compress_hook);
+        else if (st == TDIST_OK)
+            st = tdist_compress_register(ddp, *hc);
         break;
     }
     case HOOK_POWERSGD: {
@@ -922,6 +940,7 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
         hb[1] = ring * dst[4]; /* dst[4]: f32 bucket bytes per iteration */
         switch (c->hook) {
         case HOOK_FP16:
+        case HOOK_FP16_BUCKET:
         case HOOK_BF16: hb[0] = hb[1] / 2; break; /* the same all_reduce of 2-byte values */
         case HOOK_POWERSGD:
             hb[2] = (double)(pc.pu_elems - pc0.pu_elems) / n_it;
@@ -1068,7 +1087,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: bench_ddp_step --mode local|ddp [--model 3M|25M|all] [-n STEPS] [-w WARMUP]\n"
                "                      [--batch B] [--threads T] [--cap MiB] [--first MiB] [--view]\n"
                "                      [--no-probe] [--trace]\n"
-               "                      [--hook allreduce|allreduce_hook|fp16|bf16|powersgdR|int8]"
+               "                      [--hook allreduce|allreduce_hook|allreduce_grads|fp16|fp16_bucket|bf16|powersgdR|int8]"
                " [--psgd-start N]\n"
                "                      [--join | --join-disabled | --join-empty-rank R]\n"
                "                      [--join-alternate ddp,join,off,empty [--block K]]\n"
@@ -1127,6 +1146,8 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--hook")) {
             if (!strcmp(v, "allreduce")) c.hook = HOOK_ALLREDUCE;
             else if (!strcmp(v, "allreduce_hook")) c.hook = HOOK_ALLREDUCE_HOOK;
+            else if (!strcmp(v, "allreduce_grads")) c.hook = HOOK_ALLREDUCE_GRADS;
+            else if (!strcmp(v, "fp16_bucket")) c.hook = HOOK_FP16_BUCKET;
             else if (!strcmp(v, "fp16")) c.hook = HOOK_FP16;
             else if (!strcmp(v, "bf16")) c.hook = HOOK_BF16;
             else if (!strcmp(v, "int8")) c.hook = HOOK_INT8;

@@ -201,6 +201,14 @@ typedef struct tdist_ddp_bucket {
     uint64_t iteration;      /* the reducer's iteration number (1, 2, ...) */
     int64_t divisor;         /* divide the sum by this to average (world size) */
     tdist_pg_t *pg;          /* the reducer's group */
+    /* NULL unless the hook was registered with TDIST_DDP_HOOK_GRADS. Then
+     * grads[k] is where parameter param_indices[k]'s gradient lives
+     * (counts[k] elements of dtype: the caller's grad buffer, or its slot
+     * in buffer with gradient_as_bucket_view; zeros of the reducer's own on
+     * a rank that shadows under Join): the hook's input, and where its
+     * result must be left. buffer is then not filled, and may be the same
+     * memory as the gradients: read and write through grads only. */
+    void *const *grads;
 } tdist_ddp_bucket_t;
 
 typedef struct tdist_ddp_hook_result tdist_ddp_hook_result_t;
@@ -234,9 +242,28 @@ typedef tdist_status_t (*tdist_ddp_comm_hook_fn)(void *state, const tdist_ddp_bu
 TDIST_API tdist_status_t tdist_ddp_register_comm_hook(tdist_ddp_t *ddp, void *state,
                                                       tdist_ddp_comm_hook_fn fn);
 
+/* Flags of tdist_ddp_register_comm_hook_flags. */
+enum {
+    /* The hook reads each gradient from bucket->grads[k] and leaves its
+     * result there: the reducer then copies no gradient into the bucket in
+     * grad_ready and none back in backward_end (without the flag, and
+     * without gradient_as_bucket_view, it copies both ways, because the
+     * hook works on the flat bucket->buffer). */
+    TDIST_DDP_HOOK_GRADS = 1u << 0,
+};
+
+/* tdist_ddp_register_comm_hook with flags (TDIST_DDP_HOOK_*; 0: the same
+ * as tdist_ddp_register_comm_hook). Unknown flags: TDIST_ERR_INVALID_ARG.
+ * Same rules: once per reducer, before the first forward_begin; state is
+ * borrowed. Training thread. */
+TDIST_API tdist_status_t tdist_ddp_register_comm_hook_flags(tdist_ddp_t *ddp, void *state,
+                                                            tdist_ddp_comm_hook_fn fn,
+                                                            unsigned flags);
+
 /* The default hook, for hooks that wrap it: an asynchronous PREMUL_SUM
- * all_reduce of the bucket in place with factor 1 / bucket->divisor.
- * state is unused. */
+ * all_reduce of the bucket in place with factor 1 / bucket->divisor (with
+ * bucket->grads set, one all_reduce_coalesced of the gradients in place,
+ * the same bits). state is unused. */
 TDIST_API tdist_status_t tdist_ddp_allreduce_hook(void *state, const tdist_ddp_bucket_t *bucket,
                                                   tdist_ddp_hook_result_t *result);
 

@@ -431,9 +431,19 @@ void *tdist_ddp_grad_ptr(const tdist_ddp_t *ddp, size_t i)
 
 tdist_status_t tdist_ddp_register_comm_hook(tdist_ddp_t *ddp, void *state, tdist_ddp_comm_hook_fn fn)
 {
+    return tdist_ddp_register_comm_hook_flags(ddp, state, fn, 0);
+}
+
+tdist_status_t tdist_ddp_register_comm_hook_flags(tdist_ddp_t *ddp, void *state,
+                                                  tdist_ddp_comm_hook_fn fn, unsigned flags)
+{
     const char *op = "register_comm_hook";
     if (!ddp) return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op, "ddp is NULL");
     if (!fn) return tdist__ddp_error(ddp, TDIST_ERR_INVALID_ARG, op, "fn is NULL");
+    if (flags & ~(unsigned)TDIST_DDP_HOOK_GRADS)
+        return tdist__ddp_error(ddp, TDIST_ERR_INVALID_ARG, op,
+                                "unknown flags 0x%x (known: TDIST_DDP_HOOK_GRADS)",
+                                flags & ~(unsigned)TDIST_DDP_HOOK_GRADS);
     if (ddp->hook)
         return tdist__ddp_error(ddp, TDIST_ERR_INVALID_ARG, op,
                                 "a comm hook is already registered (a hook is registered once)");
@@ -443,6 +453,7 @@ tdist_status_t tdist_ddp_register_comm_hook(tdist_ddp_t *ddp, void *state, tdist
                                 "comm hook before the first iteration");
     ddp->hook = fn;
     ddp->hook_state = state;
+    ddp->hook_flags = flags;
     return TDIST_OK;
 }
 

@@ -43,6 +43,10 @@ tdist_status_t tdist_ddp_allreduce_hook(void *state, const tdist_ddp_bucket_t *b
     tdist_coll_opts_t co;
     tdist_coll_opts_init(&co);
     co.premul_factor = 1.0 / (double)bucket->divisor;
+    if (bucket->grads)
+        return tdist_all_reduce_coalesced(bucket->pg, bucket->grads, bucket->counts,
+                                          bucket->num_params, bucket->dtype, TDIST_PREMUL_SUM,
+                                          &co, &result->work);
     return tdist_all_reduce(bucket->pg, bucket->buffer, bucket->buffer, bucket->count,
                             bucket->dtype, TDIST_PREMUL_SUM, &co, &result->work);
 }
@@ -66,6 +70,14 @@ static tdist_status_t launch(tdist_ddp_t *d, size_t bi, unsigned char *base, boo
     desc->iteration = d->iteration;
     desc->divisor = d->divisor;
     desc->pg = d->pg;
+    desc->grads = NULL;
+    if (d->hook && (d->hook_flags & TDIST_DDP_HOOK_GRADS)) {
+        size_t es = tdist_dtype_size(b->dtype);
+        for (size_t k = 0; k < b->nparams; k++)
+            b->grads[k] = shadow ? (void *)(base + b->arena_off + b->offsets[k] * es)
+                                 : tdist__ddp_reduce_loc(d, b->params[k]);
+        desc->grads = b->grads;
+    }
     memset(&b->res, 0, sizeof b->res);
     atomic_store(&b->done_ns, 0);
     b->launched = true;
@@ -239,8 +251,7 @@ tdist_status_t tdist_ddp_grad_ready(tdist_ddp_t *ddp, size_t index)
     ddp->order[ddp->norder++] = (int32_t)index;
     ddp->t_last_ready_ns = tdist__now_ns();
     if (ddp->iter_no_sync) return TDIST_OK;
-    if (!ddp->opts.gradient_as_bucket_view && !tdist__ddp_direct(ddp))
-        memcpy(tdist__ddp_slot(ddp, index), p->grad, p->bytes);
+    if (tdist__ddp_copies(ddp)) memcpy(tdist__ddp_slot(ddp, index), p->grad, p->bytes);
     ddp_bucket_t *b = &ddp->buckets[p->bucket];
     if (--b->pending == 0) {
         (void)tdist_pg_mark(ddp->pg, "bucket_ready", p->bucket); /* flight recorder */
@@ -350,33 +361,33 @@ static void append_name(char *buf, size_t cap, size_t *len, size_t *listed, size
 
 /* Every parameter without grad_ready in this iteration. One accumulated
  * during no_sync iterations is final as it stands; any other contributes
- * zeros: unused with find_unused (with bucket views its slot is stashed,
- * to be restored if no rank used it), missing without. Then the buckets
- * this completes are launched. */
+ * zeros: unused with find_unused (when it is reduced where it lives, with
+ * bucket views or a hook on the gradients, its contents are stashed, to be
+ * restored if no rank used it), missing without. Then the buckets this
+ * completes are launched. */
 static void mark_unready(tdist_ddp_t *d, unready_t *u, const char *op)
 {
-    bool view = d->opts.gradient_as_bucket_view;
+    bool copies = tdist__ddp_copies(d);
     bool find_unused = d->opts.find_unused_parameters;
-    bool direct = tdist__ddp_direct(d);
     size_t n = d->np, mlen = 0, stash_bytes = 0, so = 0;
     memset(u, 0, sizeof *u);
     for (size_t i = 0; i < n; i++)
-        if (!d->ready[i] && !d->used_since_sync[i] && find_unused && view)
+        if (!d->ready[i] && !d->used_since_sync[i] && find_unused && !copies)
             stash_bytes += d->params[i].bytes;
     if (stash_bytes && !(u->stash = malloc(stash_bytes)))
         record_err(d, tdist__ddp_error(d, TDIST_ERR_NO_MEMORY, op, "out of memory"));
     for (size_t i = 0; i < n; i++) {
         if (d->ready[i]) continue;
         ddp_param_t *p = &d->params[i];
-        void *slot = tdist__ddp_slot(d, i);
+        void *loc = tdist__ddp_reduce_loc(d, i);
         if (d->used_since_sync[i]) {
             /* accumulated during no_sync iterations: final as it stands */
-            if (!view && !direct) memcpy(slot, p->grad, p->bytes);
+            if (copies) memcpy(loc, p->grad, p->bytes);
         } else {
             if (find_unused) {
                 u->nunused++;
                 if (u->stash) {
-                    memcpy(u->stash + so, slot, p->bytes);
+                    memcpy(u->stash + so, loc, p->bytes);
                     so += p->bytes;
                 }
             } else {
@@ -385,7 +396,7 @@ static void mark_unready(tdist_ddp_t *d, unready_t *u, const char *op)
             }
             /* a zero contribution (direct: in the caller's gradient, which
              * this rank reports as an error anyway) */
-            memset(direct ? p->grad : slot, 0, p->bytes);
+            memset(loc, 0, p->bytes);
         }
         d->buckets[p->bucket].pending--;
     }
@@ -485,23 +496,24 @@ static tdist_status_t missing_error(const tdist_ddp_t *d, const unready_t *u, co
         u->nmissing, u->nmissing == 1 ? "" : "s", u->missing, u->nmissing > u->listed ? ", ..." : "");
 }
 
-/* The averaged gradients to the caller's grad buffers. The direct path
- * reduced them there in place; with bucket views they stay in the arena,
- * except that a slot no rank used gets its stashed contents back. */
+/* The averaged gradients to the caller's grad buffers. Reduced where
+ * they live (the direct path, bucket views, a hook on the gradients), they
+ * stay there, except that a gradient no rank used gets its stashed
+ * contents back; else they are copied from the arena. */
 static void write_back(tdist_ddp_t *d, const unsigned char *stash)
 {
     if (tdist__ddp_direct(d)) return;
-    bool view = d->opts.gradient_as_bucket_view;
+    bool copies = tdist__ddp_copies(d);
     bool find_unused = d->opts.find_unused_parameters;
     size_t so = 0;
     for (size_t i = 0; i < d->np; i++) {
         ddp_param_t *p = &d->params[i];
         bool local_unused = !d->ready[i] && !d->used_since_sync[i];
         bool global_used = !find_unused || d->used_map[i];
-        if (!view) {
+        if (copies) {
             if (global_used) memcpy(p->grad, tdist__ddp_slot(d, i), p->bytes);
         } else if (local_unused && find_unused) {
-            if (!global_used && stash) memcpy(tdist__ddp_slot(d, i), stash + so, p->bytes);
+            if (!global_used && stash) memcpy(tdist__ddp_reduce_loc(d, i), stash + so, p->bytes);
             so += p->bytes;
         }
     }

@@ -49,7 +49,8 @@ typedef struct scenario {
     int micro;         /* micro-batches per step; all but the last under no_sync */
     int extra;         /* 0: no extra param; 1: never used; 2: used for shard 0's samples only */
     int order;         /* 0: reverse order; 1: another order, rank dependent */
-    int hook;          /* 0: default; 1: all_reduce sum then x2 in a continuation; 2: wraps the public default */
+    int hook;          /* 0: default; 1: all_reduce sum then x2 in a continuation; 2: wraps the public default;
+                        * 3: the public default registered with TDIST_DDP_HOOK_GRADS */
     bool check_stats;
 } scenario_t;
 
@@ -202,7 +203,14 @@ static tdist_status_t test_hook(void *state, const tdist_ddp_bucket_t *b, tdist_
         off += b->counts[j];
     }
     ASSERT_EQ(off, b->count);
-    if (hs->mode == 2) return tdist_ddp_allreduce_hook(NULL, b, r);
+    if ((b->grads != NULL) != (hs->mode == 3)) FAIL("bucket %zu: grads %p in mode %d", b->index, (void *)b->grads, hs->mode);
+    if (hs->mode == 3) {
+        /* each gradient where it lives: the caller's, or its slot with bucket views */
+        for (size_t j = 0; j < b->num_params; j++)
+            if (b->grads[j] != tdist_ddp_grad_ptr(hs->ddp, idx[j]))
+                FAIL("bucket %zu: grads[%zu] is not parameter %zu's gradient", b->index, j, idx[j]);
+    }
+    if (hs->mode == 2 || hs->mode == 3) return tdist_ddp_allreduce_hook(NULL, b, r);
     r->then = times_two;
     return tdist_all_reduce(b->pg, b->buffer, b->buffer, b->count, b->dtype, TDIST_SUM, NULL, &r->work);
 }
@@ -235,7 +243,9 @@ static void run_scenario(int rank, int n, const scenario_t *sc, tdist_pg_t *pg)
         ASSERT_EQ(dm.batches, rm.batches);
     }
     hook_state_t hs = {ddp, 0, 0, 0, sc->hook};
-    if (sc->hook) ASSERT_OK(tdist_ddp_register_comm_hook(ddp, &hs, test_hook));
+    if (sc->hook)
+        ASSERT_OK(tdist_ddp_register_comm_hook_flags(ddp, &hs, test_hook,
+                                                     sc->hook == 3 ? TDIST_DDP_HOOK_GRADS : 0));
     double gscale = sc->hook == 1 ? 2.0 * n : 1.0;
 
     /* grad_ready orders */
@@ -592,3 +602,26 @@ TEST(ddp_comm_hook_wrapping_default, 60)
     run_1_to_4(&sc);
 }
 
+
+/* A hook on the gradients where they live: no copies, the same results,
+ * with no_sync, unused parameters (one used nowhere keeps its gradient)
+ * and bucket views. */
+TEST(ddp_comm_hook_on_gradients, 90)
+{
+    scenario_t sc;
+    scenario_defaults(&sc);
+    sc.hook = 3;
+    sc.order = 1;
+    sc.opts.bucket_cap_bytes = 300;
+    sc.opts.first_bucket_bytes = 64;
+    run_1_to_4(&sc);
+    sc.micro = 2;
+    sc.extra = 2;
+    sc.opts.find_unused_parameters = true;
+    run_1_to_4(&sc);
+    sc.micro = 1;
+    sc.extra = 1;
+    run_1_to_4(&sc);
+    sc.opts.gradient_as_bucket_view = true;
+    run_1_to_4(&sc);
+}

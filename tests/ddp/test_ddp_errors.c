@@ -286,6 +286,9 @@ static void misuse_body(int rank, int n, void *arg)
     ASSERT_TRUE(tdist_ddp_grad_ptr(ddp, NP) == NULL);
     ASSERT_STATUS(tdist_ddp_get_stats(ddp, NULL), TDIST_ERR_INVALID_ARG);
     ASSERT_STATUS(tdist_ddp_register_comm_hook(ddp, NULL, NULL), TDIST_ERR_INVALID_ARG);
+    ASSERT_STATUS(tdist_ddp_register_comm_hook_flags(ddp, NULL, noop_hook, 1u << 7),
+                  TDIST_ERR_INVALID_ARG);
+    ASSERT_CONTAINS(tdist_last_error(), "unknown flags 0x80");
 
     /* loop calls out of order */
     ASSERT_STATUS(tdist_ddp_grad_ready(ddp, 0), TDIST_ERR_INVALID_ARG);
