@@ -78,8 +78,26 @@ typedef struct tdist_ddp_buffer {
     const char *name;
 } tdist_ddp_buffer_t;
 
+/* Where the default hook's bucket reductions run (tdist_ddp_opts_t.overlap). */
+typedef enum tdist_ddp_overlap {
+    /* ON when this process may run on more than one CPU (its affinity
+     * mask), OFF when it is bound to one (e.g. tdistrun --bind-to core). */
+    TDIST_DDP_OVERLAP_AUTO = 0,
+    /* Launched asynchronously when the bucket is complete; the group's
+     * engine thread reduces it while backward goes on. */
+    TDIST_DDP_OVERLAP_ON = 1,
+    /* Reduced on the training thread, inside the grad_ready (or
+     * backward_end) that completes the bucket, before it returns. With no
+     * CPU of its own the engine thread could only take turns with
+     * backward: every wait of the reduction on a peer then lasts until
+     * both ranks' engine threads happen to be scheduled, so the buckets
+     * pile up behind backward's end and each costs thread switches. */
+    TDIST_DDP_OVERLAP_OFF = 2,
+} tdist_ddp_overlap_t;
+
 /* Options. Fill with tdist_ddp_opts_init(); NULL options mean defaults.
- * Every rank must pass the same options (checked at create). */
+ * Every rank must pass the same options (checked at create), except
+ * overlap. */
 typedef struct tdist_ddp_opts {
     /* Largest bucket in bytes (a single parameter larger than this gets a
      * bucket of its own). Default 25 MiB. Must be > 0. */
@@ -113,6 +131,11 @@ typedef struct tdist_ddp_opts {
      * iteration) and not again; a later iteration that uses a different
      * set is an error. Default false. */
     bool static_graph;
+    /* Where the default hook's reductions run (above). Default
+     * TDIST_DDP_OVERLAP_AUTO. A comm hook's collectives are always
+     * asynchronous. Only this option may differ between ranks (the same
+     * collectives are issued either way). */
+    tdist_ddp_overlap_t overlap;
 } tdist_ddp_opts_t;
 
 /* Fill *opts with the defaults above. Thread-safe. */
@@ -289,10 +312,36 @@ typedef struct tdist_ddp_stats {
     /* 1 - wait / comm over all synchronised iterations (0 when nothing was
      * reduced): the share of communication hidden behind backward. */
     double overlap_fraction;
+    /* Copying gradients into the buckets (grad_ready) and back
+     * (backward_end): 0 when they are reduced where they live (the default
+     * hook without find_unused_parameters, gradient_as_bucket_view, a hook
+     * registered with TDIST_DDP_HOOK_GRADS). */
+    double last_copy_ms;
+    double total_copy_ms;
 } tdist_ddp_stats_t;
 
 /* Copy the statistics into *stats. Training thread. */
 TDIST_API tdist_status_t tdist_ddp_get_stats(const tdist_ddp_t *ddp, tdist_ddp_stats_t *stats);
+
+/* Where the time of one bucket went in the last synchronised iteration,
+ * in ms since that iteration's forward_begin. */
+typedef struct tdist_ddp_bucket_timeline {
+    double ready_ms;  /* its last gradient became ready (grad_ready, or backward_end
+                       * for parameters that never did) */
+    double launch_ms; /* handed to the comm hook: later than ready_ms when an
+                       * earlier bucket was still waiting for a gradient */
+    double done_ms;   /* reduced: the default hook's collective completed (on the
+                       * group's engine thread); a custom hook's work and
+                       * continuations were seen done in backward_end */
+} tdist_ddp_bucket_timeline_t;
+
+/* Fill *out with bucket b's timeline. Valid between backward_end and the
+ * next forward_begin (a rebuild after the first synchronised iteration
+ * starts the buckets afresh: all zeros until the next one).
+ * TDIST_ERR_INVALID_ARG for a NULL argument or b out of range. Training
+ * thread. */
+TDIST_API tdist_status_t tdist_ddp_bucket_timeline(const tdist_ddp_t *ddp, size_t b,
+                                                   tdist_ddp_bucket_timeline_t *out);
 
 /* Bucket layout, for inspection and tests: the number of buckets, and the
  * parameter indices of bucket b in bucket order (up to cap written to

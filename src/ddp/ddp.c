@@ -5,6 +5,7 @@
  * the Join knobs).
  */
 #include <inttypes.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,6 +59,17 @@ static uint64_t opts_hash(const tdist_ddp_opts_t *o)
                      o->broadcast_buffers, o->find_unused_parameters,
                      o->gradient_as_bucket_view, o->static_graph};
     return fnv1a(v, sizeof v, FNV0);
+}
+
+/* opts.overlap resolved: whether the default hook reduces each bucket on
+ * the training thread. AUTO: when this process may run on one CPU only,
+ * where the engine thread has no CPU of its own. */
+static bool reduce_on_caller(tdist_ddp_overlap_t ov)
+{
+    if (ov != TDIST_DDP_OVERLAP_AUTO) return ov == TDIST_DDP_OVERLAP_OFF;
+    cpu_set_t cpus;
+    CPU_ZERO(&cpus);
+    return sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) == 1;
 }
 
 static void free_ddp(tdist_ddp_t *d)
@@ -380,6 +392,11 @@ tdist_status_t tdist_ddp_create(tdist_pg_t *pg, const tdist_ddp_param_t *params,
     tdist_ddp_opts_t o;
     if (opts) o = *opts;
     else tdist_ddp_opts_init(&o);
+    if (o.overlap != TDIST_DDP_OVERLAP_AUTO && o.overlap != TDIST_DDP_OVERLAP_ON &&
+        o.overlap != TDIST_DDP_OVERLAP_OFF)
+        return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op,
+                                "opts.overlap is %d: expected TDIST_DDP_OVERLAP_AUTO, _ON or _OFF",
+                                (int)o.overlap);
     if (o.bucket_cap_bytes == 0 || o.first_bucket_bytes == 0)
         return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op,
                                 "bucket_cap_bytes and first_bucket_bytes must be > 0 (got %zu, %zu)",
@@ -391,6 +408,7 @@ tdist_status_t tdist_ddp_create(tdist_pg_t *pg, const tdist_ddp_param_t *params,
 
     tdist_ddp_t *d = NULL;
     TDIST_CHECK(alloc_ddp(pg, rank, size, &o, n, m, op, &d));
+    d->sync_buckets = reduce_on_caller(o.overlap);
     tdist_status_t st = TDIST_OK;
     TDIST_CHECK_GOTO(copy_model(d, params, buffers, op), st, fail);
     TDIST_CHECK_GOTO(check_shapes(d), st, fail);
@@ -484,6 +502,27 @@ tdist_status_t tdist_ddp_get_stats(const tdist_ddp_t *ddp, tdist_ddp_stats_t *st
 }
 
 size_t tdist_ddp_num_buckets(const tdist_ddp_t *ddp) { return ddp ? ddp->nb : 0; }
+
+static double since_fwd_ms(const tdist_ddp_t *ddp, uint64_t t)
+{
+    return t > ddp->t_fwd_ns ? (double)(t - ddp->t_fwd_ns) / 1e6 : 0.0;
+}
+
+tdist_status_t tdist_ddp_bucket_timeline(const tdist_ddp_t *ddp, size_t b,
+                                         tdist_ddp_bucket_timeline_t *out)
+{
+    const char *op = "bucket_timeline";
+    if (!ddp || !out)
+        return tdist__ddp_error(ddp, TDIST_ERR_INVALID_ARG, op, "%s is NULL", ddp ? "out" : "ddp");
+    if (b >= ddp->nb)
+        return tdist__ddp_error(ddp, TDIST_ERR_INVALID_ARG, op,
+                                "bucket %zu out of range (%zu buckets)", b, ddp->nb);
+    const ddp_bucket_t *bk = &ddp->buckets[b];
+    out->ready_ms = since_fwd_ms(ddp, bk->ready_ns);
+    out->launch_ms = since_fwd_ms(ddp, bk->launch_ns);
+    out->done_ms = since_fwd_ms(ddp, atomic_load(&((ddp_bucket_t *)bk)->done_ns));
+    return TDIST_OK;
+}
 
 size_t tdist_ddp_bucket_params(const tdist_ddp_t *ddp, size_t b, size_t *out, size_t cap)
 {

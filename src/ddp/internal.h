@@ -61,6 +61,7 @@ typedef struct ddp_bucket {
     bool launched;
     tdist_ddp_hook_result_t res;
     tdist_ddp_bucket_t desc;
+    uint64_t ready_ns;      /* pending reached 0 */
     uint64_t launch_ns;
     _Atomic uint64_t done_ns; /* set by the default hook's on_complete */
 } ddp_bucket_t;
@@ -87,6 +88,7 @@ struct tdist_ddp {
     tdist_ddp_comm_hook_fn hook; /* NULL: the default (timed) hook */
     void *hook_state;
     unsigned hook_flags;         /* TDIST_DDP_HOOK_* */
+    bool sync_buckets;           /* overlap resolved to OFF: the default hook blocks */
     /* launch scratch of the direct path: np gradient pointers and counts */
     void **direct_bufs;
     size_t *direct_counts;
@@ -107,6 +109,7 @@ struct tdist_ddp {
     tdist_status_t iter_err; /* first error of the iteration (or shadow iteration) */
     char iter_msg[768];      /* ... and its message */
     uint64_t t_fwd_ns, t_last_ready_ns, t_first_launch_ns;
+    uint64_t copy_ns;       /* this iteration's gradient copies into buckets and back */
 
     bool rebuilt;           /* rebuild step done (whether or not it changed) */
     bool static_agreed;     /* static_graph: used set agreed */

@@ -51,6 +51,44 @@ tdist_status_t tdist_ddp_allreduce_hook(void *state, const tdist_ddp_bucket_t *b
                             bucket->dtype, TDIST_PREMUL_SUM, &co, &result->work);
 }
 
+/* The default hook: one PREMUL_SUM all_reduce by 1/divisor of bucket b
+ * over the storage at base. On the direct path in place over the caller's
+ * gradients, one coalesced call (no bucket copies; a shadow iteration
+ * issues the same call over zeros). Asynchronous, its completion time
+ * taken on the engine thread; with overlap off (never in a shadow
+ * iteration, which launches every bucket at once), blocking on this
+ * thread, which then runs it itself (the group is idle: earlier buckets
+ * were reduced the same way). */
+static tdist_status_t default_reduce(tdist_ddp_t *d, ddp_bucket_t *b, unsigned char *base,
+                                     bool shadow)
+{
+    bool sync = d->sync_buckets && !shadow;
+    tdist_coll_opts_t co;
+    tdist_coll_opts_init(&co);
+    co.premul_factor = 1.0 / (double)d->divisor;
+    if (!sync) {
+        co.on_complete = on_bucket_done;
+        co.user_data = b;
+    }
+    tdist_work_t **work = sync ? NULL : &b->res.work;
+    tdist_status_t st;
+    if (tdist__ddp_direct(d)) {
+        size_t es = tdist_dtype_size(b->dtype);
+        for (size_t k = 0; k < b->nparams; k++) {
+            d->direct_bufs[k] = shadow ? (void *)(base + b->arena_off + b->offsets[k] * es)
+                                       : d->params[b->params[k]].grad;
+            d->direct_counts[k] = b->counts[k];
+        }
+        st = tdist_all_reduce_coalesced(d->pg, d->direct_bufs, d->direct_counts, b->nparams,
+                                        b->dtype, TDIST_PREMUL_SUM, &co, work);
+    } else {
+        void *buf = base + b->arena_off;
+        st = tdist_all_reduce(d->pg, buf, buf, b->count, b->dtype, TDIST_PREMUL_SUM, &co, work);
+    }
+    if (sync && st == TDIST_OK) on_bucket_done(st, b);
+    return st;
+}
+
 /* Launch bucket bi over the storage at base (the arena, or zeros for a
  * shadow iteration). */
 static tdist_status_t launch(tdist_ddp_t *d, size_t bi, unsigned char *base, bool shadow)
@@ -85,34 +123,8 @@ static tdist_status_t launch(tdist_ddp_t *d, size_t bi, unsigned char *base, boo
     if (!d->t_first_launch_ns) d->t_first_launch_ns = b->launch_ns;
     (void)tdist_pg_mark(d->pg, shadow ? "bucket_launched_shadow" : "bucket_launched", bi);
 
-    tdist_status_t st;
-    if (d->hook) {
-        st = d->hook(d->hook_state, desc, &b->res);
-    } else if (tdist__ddp_direct(d)) {
-        /* in place over the caller's gradients: no bucket copies (a
-         * shadow iteration issues the same call over zeros) */
-        size_t es = tdist_dtype_size(b->dtype);
-        for (size_t k = 0; k < b->nparams; k++) {
-            d->direct_bufs[k] = shadow ? (void *)(base + b->arena_off + b->offsets[k] * es)
-                                       : d->params[b->params[k]].grad;
-            d->direct_counts[k] = b->counts[k];
-        }
-        tdist_coll_opts_t co;
-        tdist_coll_opts_init(&co);
-        co.premul_factor = 1.0 / (double)d->divisor;
-        co.on_complete = on_bucket_done;
-        co.user_data = b;
-        st = tdist_all_reduce_coalesced(d->pg, d->direct_bufs, d->direct_counts, b->nparams,
-                                        b->dtype, TDIST_PREMUL_SUM, &co, &b->res.work);
-    } else {
-        tdist_coll_opts_t co;
-        tdist_coll_opts_init(&co);
-        co.premul_factor = 1.0 / (double)d->divisor;
-        co.on_complete = on_bucket_done;
-        co.user_data = b;
-        st = tdist_all_reduce(d->pg, desc->buffer, desc->buffer, b->count, b->dtype,
-                              TDIST_PREMUL_SUM, &co, &b->res.work);
-    }
+    tdist_status_t st = d->hook ? d->hook(d->hook_state, desc, &b->res)
+                                : default_reduce(d, b, base, shadow);
     if (st != TDIST_OK) {
         if (b->res.work) tdist_work_free(b->res.work);
         memset(&b->res, 0, sizeof b->res);
@@ -202,6 +214,7 @@ static void reset_iteration(tdist_ddp_t *d)
         d->buckets[b].launched = false;
     }
     d->t_first_launch_ns = 0;
+    d->copy_ns = 0;
 }
 
 tdist_status_t tdist_ddp_forward_begin(tdist_ddp_t *ddp)
@@ -251,9 +264,13 @@ tdist_status_t tdist_ddp_grad_ready(tdist_ddp_t *ddp, size_t index)
     ddp->order[ddp->norder++] = (int32_t)index;
     ddp->t_last_ready_ns = tdist__now_ns();
     if (ddp->iter_no_sync) return TDIST_OK;
-    if (tdist__ddp_copies(ddp)) memcpy(tdist__ddp_slot(ddp, index), p->grad, p->bytes);
+    if (tdist__ddp_copies(ddp)) {
+        memcpy(tdist__ddp_slot(ddp, index), p->grad, p->bytes);
+        ddp->copy_ns += tdist__now_ns() - ddp->t_last_ready_ns;
+    }
     ddp_bucket_t *b = &ddp->buckets[p->bucket];
     if (--b->pending == 0) {
+        b->ready_ns = tdist__now_ns();
         (void)tdist_pg_mark(ddp->pg, "bucket_ready", p->bucket); /* flight recorder */
         return launch_ready(ddp);
     }
@@ -398,7 +415,7 @@ static void mark_unready(tdist_ddp_t *d, unready_t *u, const char *op)
              * this rank reports as an error anyway) */
             memset(loc, 0, p->bytes);
         }
-        d->buckets[p->bucket].pending--;
+        if (--d->buckets[p->bucket].pending == 0) d->buckets[p->bucket].ready_ns = tdist__now_ns();
     }
     launch_ready(d);
 }
@@ -449,7 +466,10 @@ static uint64_t wait_buckets(tdist_ddp_t *d, const char *op)
         uint64_t lo = bk->launch_ns;
         record_err(d, finish_bucket(d, bk, op));
         uint64_t done = atomic_load(&bk->done_ns);
-        if (!done) done = tdist__now_ns();
+        if (!done) {
+            done = tdist__now_ns();
+            atomic_store(&bk->done_ns, done); /* a hook's: when seen done here */
+        }
         if (done < lo) done = lo;
         if (cur_hi == 0 || lo > cur_hi) {
             busy += cur_hi - cur_lo;
@@ -504,6 +524,7 @@ static void write_back(tdist_ddp_t *d, const unsigned char *stash)
 {
     if (tdist__ddp_direct(d)) return;
     bool copies = tdist__ddp_copies(d);
+    uint64_t t0 = copies ? tdist__now_ns() : 0;
     bool find_unused = d->opts.find_unused_parameters;
     size_t so = 0;
     for (size_t i = 0; i < d->np; i++) {
@@ -517,6 +538,7 @@ static void write_back(tdist_ddp_t *d, const unsigned char *stash)
             so += p->bytes;
         }
     }
+    if (copies) d->copy_ns += tdist__now_ns() - t0;
 }
 
 /* The one-time rebuild takes part in the iteration's collectives even
@@ -547,6 +569,8 @@ static void record_stats(tdist_ddp_t *d, size_t nunused, const end_times_t *tm)
     s->total_compute_ms += s->last_compute_ms;
     s->total_comm_ms += s->last_comm_ms;
     s->total_wait_ms += s->last_wait_ms;
+    s->last_copy_ms = (double)d->copy_ns / 1e6;
+    s->total_copy_ms += s->last_copy_ms;
 }
 
 tdist_status_t tdist_ddp_backward_end(tdist_ddp_t *ddp)

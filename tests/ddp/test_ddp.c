@@ -217,6 +217,31 @@ static tdist_status_t test_hook(void *state, const tdist_ddp_bucket_t *b, tdist_
 
 /* ------------------------------------------------------------ the run */
 
+/* After a synchronised backward_end: every bucket's timeline is in order
+ * (ready <= launch <= done), except in the first iteration, whose rebuild
+ * may start the buckets afresh; gradient copies only on the copy path. */
+static void check_timeline(tdist_ddp_t *ddp, const scenario_t *sc, int step)
+{
+    tdist_ddp_bucket_timeline_t t;
+    size_t nb = tdist_ddp_num_buckets(ddp);
+    ASSERT_STATUS(tdist_ddp_bucket_timeline(ddp, nb, &t), TDIST_ERR_INVALID_ARG);
+    ASSERT_STATUS(tdist_ddp_bucket_timeline(ddp, 0, NULL), TDIST_ERR_INVALID_ARG);
+    for (size_t b = 0; b < nb && step > 0; b++) {
+        ASSERT_OK(tdist_ddp_bucket_timeline(ddp, b, &t));
+        if (!(t.ready_ms > 0 && t.ready_ms <= t.launch_ms && t.launch_ms <= t.done_ms))
+            FAIL("step %d bucket %zu: timeline ready %.6f launch %.6f done %.6f out of order", step,
+                 b, t.ready_ms, t.launch_ms, t.done_ms);
+    }
+    tdist_ddp_stats_t st;
+    ASSERT_OK(tdist_ddp_get_stats(ddp, &st));
+    bool copies = !sc->opts.gradient_as_bucket_view &&
+                  (sc->hook == 1 || sc->hook == 2 || (sc->hook == 0 && sc->opts.find_unused_parameters));
+    if (copies ? !(st.last_copy_ms > 0) : st.last_copy_ms != 0)
+        FAIL("step %d: last_copy_ms %.6f on the %s path", step, st.last_copy_ms,
+             copies ? "copy" : "in-place");
+    ASSERT_TRUE(st.total_copy_ms >= st.last_copy_ms);
+}
+
 static void run_scenario(int rank, int n, const scenario_t *sc, tdist_pg_t *pg)
 {
     static model_t dm, rm; /* DDP model (this rank) and the reference */
@@ -294,6 +319,7 @@ static void run_scenario(int rank, int n, const scenario_t *sc, tdist_pg_t *pg)
             fwd_bwd(&dm, g, x, y, r0, r1, 1.0f / (float)(r1 - r0), sc->extra != 0, ex_end, ddp,
                     ord2, n2, ord1, 2, rank + 1);
             ASSERT_OK(tdist_ddp_backward_end(ddp));
+            if (last) check_timeline(ddp, sc, step);
             /* the reference: whole batch; rank 0's buffers: rank 0's rows */
             float *rg[NPAR];
             for (int i = 0; i < NPAR; i++) rg[i] = rm.g[i];
@@ -416,6 +442,7 @@ TEST(ddp_opts_defaults, 5)
     ASSERT_EQ(o.first_bucket_bytes, 1 << 20);
     ASSERT_TRUE(o.sync_at_create && o.broadcast_buffers);
     ASSERT_FALSE(o.find_unused_parameters || o.gradient_as_bucket_view || o.static_graph);
+    ASSERT_EQ(o.overlap, TDIST_DDP_OVERLAP_AUTO);
 }
 
 TEST(ddp_mlp_matches_single_process, 60)
@@ -624,4 +651,67 @@ TEST(ddp_comm_hook_on_gradients, 90)
     run_1_to_4(&sc);
     sc.opts.gradient_as_bucket_view = true;
     run_1_to_4(&sc);
+}
+
+/* Overlap off: the default hook reduces each bucket on the training thread
+ * inside the grad_ready that completes it; the same results, with the
+ * direct path, unused parameters, no_sync and bucket views. */
+TEST(ddp_overlap_off, 90)
+{
+    scenario_t sc;
+    scenario_defaults(&sc);
+    sc.opts.overlap = TDIST_DDP_OVERLAP_OFF;
+    sc.opts.bucket_cap_bytes = 300;
+    sc.opts.first_bucket_bytes = 64;
+    sc.order = 1;
+    sc.check_stats = true;
+    run_1_to_4(&sc);
+    sc.check_stats = false;
+    sc.micro = 2;
+    sc.extra = 2;
+    sc.opts.find_unused_parameters = true;
+    sc.opts.gradient_as_bucket_view = true;
+    run_1_to_4(&sc);
+}
+
+/* Overlap off, the direct path: the average is in the caller's gradient
+ * when the grad_ready that completes its bucket returns, before
+ * backward_end (with overlap on it would still be in flight). */
+static void overlap_off_body(int rank, int n, void *arg)
+{
+    (void)arg;
+    tdist_world_t *w;
+    tdist_pg_t *pg;
+    open_pg(&w, &pg);
+    float p[2][3] = {{0}}, g[2][3];
+    tdist_ddp_param_t params[2] = {{p[0], g[0], 3, TDIST_F32, "a"}, {p[1], g[1], 3, TDIST_F32, "b"}};
+    tdist_ddp_opts_t o;
+    tdist_ddp_opts_init(&o);
+    o.overlap = TDIST_DDP_OVERLAP_OFF;
+    o.bucket_cap_bytes = o.first_bucket_bytes = 12; /* a bucket each */
+    tdist_ddp_t *ddp;
+    ASSERT_OK(tdist_ddp_create(pg, params, 2, NULL, 0, &o, &ddp));
+    for (int step = 0; step < 3; step++) {
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 3; j++) g[i][j] = (float)((rank + 1) * (j + 1 + 10 * i + step));
+        float want[2][3];
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 3; j++) /* the mean over ranks of (r + 1) x v */
+                want[i][j] = (float)((j + 1 + 10 * i + step) * (n + 1)) / 2.0f;
+        ASSERT_OK(tdist_ddp_forward_begin(ddp));
+        ASSERT_OK(tdist_ddp_grad_ready(ddp, 1)); /* bucket 0 */
+        expect_close("gradient before backward_end", "b", step, g[1], want[1], 3, 1);
+        ASSERT_OK(tdist_ddp_grad_ready(ddp, 0));
+        expect_close("gradient before backward_end", "a", step, g[0], want[0], 3, 1);
+        ASSERT_OK(tdist_ddp_backward_end(ddp));
+    }
+    tdist_ddp_destroy(ddp);
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
+}
+
+TEST(ddp_overlap_off_reduced_in_grad_ready, 30)
+{
+    tdist_test_run_ranks(2, overlap_off_body, NULL);
+    tdist_test_run_ranks(3, overlap_off_body, NULL);
 }

@@ -268,6 +268,11 @@ static void misuse_body(int rank, int n, void *arg)
     ASSERT_STATUS(tdist_ddp_create(pg, t.params, NP, NULL, 0, &o, &ddp), TDIST_ERR_INVALID_ARG);
     ASSERT_CONTAINS(tdist_last_error(), "bucket_cap_bytes");
     ASSERT_TRUE(ddp == NULL);
+    tdist_ddp_opts_init(&o);
+    o.overlap = (tdist_ddp_overlap_t)7;
+    ASSERT_STATUS(tdist_ddp_create(pg, t.params, NP, NULL, 0, &o, &ddp), TDIST_ERR_INVALID_ARG);
+    ASSERT_CONTAINS(tdist_last_error(), "opts.overlap is 7");
+    ASSERT_TRUE(ddp == NULL);
 
     /* NULL reducer everywhere */
     ASSERT_STATUS(tdist_ddp_forward_begin(NULL), TDIST_ERR_INVALID_ARG);
