@@ -80,8 +80,9 @@ typedef struct tdist_ddp_buffer {
 
 /* Where the default hook's bucket reductions run (tdist_ddp_opts_t.overlap). */
 typedef enum tdist_ddp_overlap {
-    /* ON when this process may run on more than one CPU (its affinity
-     * mask), OFF when it is bound to one (e.g. tdistrun --bind-to core). */
+    /* OFF when this process is bound to one CPU (its affinity mask, e.g.
+     * tdistrun --bind-to core) and the group has no more ranks than the
+     * host has CPUs; ON otherwise. */
     TDIST_DDP_OVERLAP_AUTO = 0,
     /* Launched asynchronously when the bucket is complete; the group's
      * engine thread reduces it while backward goes on. */

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ddp/internal.h"
 
@@ -63,13 +64,17 @@ static uint64_t opts_hash(const tdist_ddp_opts_t *o)
 
 /* opts.overlap resolved: whether the default hook reduces each bucket on
  * the training thread. AUTO: when this process may run on one CPU only,
- * where the engine thread has no CPU of its own. */
-static bool reduce_on_caller(tdist_ddp_overlap_t ov)
+ * where the engine thread has no CPU of its own, and the group has no more
+ * ranks than the host has CPUs (ranks sharing CPUs would meet at every
+ * bucket while the others hold the CPU). */
+static bool reduce_on_caller(tdist_ddp_overlap_t ov, int group_size)
 {
     if (ov != TDIST_DDP_OVERLAP_AUTO) return ov == TDIST_DDP_OVERLAP_OFF;
     cpu_set_t cpus;
     CPU_ZERO(&cpus);
-    return sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) == 1;
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    return sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) == 1 &&
+           online > 0 && group_size <= online;
 }
 
 static void free_ddp(tdist_ddp_t *d)
@@ -408,7 +413,7 @@ tdist_status_t tdist_ddp_create(tdist_pg_t *pg, const tdist_ddp_param_t *params,
 
     tdist_ddp_t *d = NULL;
     TDIST_CHECK(alloc_ddp(pg, rank, size, &o, n, m, op, &d));
-    d->sync_buckets = reduce_on_caller(o.overlap);
+    d->sync_buckets = reduce_on_caller(o.overlap, size);
     tdist_status_t st = TDIST_OK;
     TDIST_CHECK_GOTO(copy_model(d, params, buffers, op), st, fail);
     TDIST_CHECK_GOTO(check_shapes(d), st, fail);
