@@ -19,8 +19,9 @@
  *   -n N, -w W        timed and warm-up steps (defaults: 3M 30 + 5, 25M 10 + 3)
  *   --batch B         samples per rank (default 64)
  *   --threads T       OpenBLAS threads per process (default 1)
- *   --overlap auto|on|off  the reducer's opts.overlap (default auto: off when
- *                     each rank is bound to one CPU, as ddp.sh runs it)
+ *   --overlap on|off  the reducer's opts.overlap (default on: buckets reduced
+ *                     by the engine thread beside backward; off: in
+ *                     backward_end on the training thread)
  *   --cap MiB, --first MiB, --view   reducer options (defaults: 25, 1, off);
  *                     for experiments only, the table uses the defaults
  *   --no-probe        skip the stand-alone all_reduce of each bucket
@@ -98,8 +99,8 @@
  *                     default the last, has no inputs: it enters
  *                     tdist_join_end at once and shadows the block),
  *                     serial (no Join, a second reducer over the same
- *                     parameters with opts.overlap off: each bucket reduced
- *                     on the training thread; not with --view). Whatever
+ *                     parameters with opts.overlap off: the buckets reduced
+ *                     in backward_end; not with --view). Whatever
  *                     else runs on the machine hits every mode alike, so
  *                     the ratios are steadier than between processes. The
  *                     Join's begin and end (a notification, the final
@@ -1173,7 +1174,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: bench_ddp_step --mode local|ddp [--model 3M|25M|all] [-n STEPS] [-w WARMUP]\n"
                "                      [--batch B] [--threads T] [--cap MiB] [--first MiB] [--view]\n"
-               "                      [--overlap auto|on|off]\n"
+               "                      [--overlap on|off]\n"
                "                      [--no-probe] [--trace]\n"
                "                      [--hook allreduce|allreduce_hook|allreduce_grads|fp16|fp16_bucket|bf16|powersgdR|int8]"
                " [--psgd-start N]\n"
@@ -1203,8 +1204,7 @@ int main(int argc, char **argv)
             usage(stdout);
             return 0;
         } else if (!strcmp(a, "--overlap")) {
-            if (!strcmp(v, "auto")) c.overlap = TDIST_DDP_OVERLAP_AUTO;
-            else if (!strcmp(v, "on")) c.overlap = TDIST_DDP_OVERLAP_ON;
+            if (!strcmp(v, "on")) c.overlap = TDIST_DDP_OVERLAP_ON;
             else if (!strcmp(v, "off")) c.overlap = TDIST_DDP_OVERLAP_OFF;
             else goto bad;
             i++;

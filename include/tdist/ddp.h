@@ -78,22 +78,20 @@ typedef struct tdist_ddp_buffer {
     const char *name;
 } tdist_ddp_buffer_t;
 
-/* Where the default hook's bucket reductions run (tdist_ddp_opts_t.overlap). */
+/* Whether the default hook's bucket reductions overlap backward
+ * (tdist_ddp_opts_t.overlap). */
 typedef enum tdist_ddp_overlap {
-    /* OFF when this process is bound to one CPU (its affinity mask, e.g.
-     * tdistrun --bind-to core) and the group has no more ranks than the
-     * host has CPUs; ON otherwise. */
-    TDIST_DDP_OVERLAP_AUTO = 0,
     /* Launched asynchronously when the bucket is complete; the group's
-     * engine thread reduces it while backward goes on. */
-    TDIST_DDP_OVERLAP_ON = 1,
-    /* Reduced on the training thread, inside the grad_ready (or
-     * backward_end) that completes the bucket, before it returns. With no
-     * CPU of its own the engine thread could only take turns with
-     * backward: every wait of the reduction on a peer then lasts until
-     * both ranks' engine threads happen to be scheduled, so the buckets
-     * pile up behind backward's end and each costs thread switches. */
-    TDIST_DDP_OVERLAP_OFF = 2,
+     * engine thread reduces it while backward goes on. The default. */
+    TDIST_DDP_OVERLAP_ON = 0,
+    /* No overlap: backward_end reduces the buckets one after another on
+     * the training thread (grad_ready launches nothing). For ranks whose
+     * engine thread has no CPU of its own (one CPU per rank): there it can
+     * only take turns with backward, and every wait of a reduction on a
+     * peer lasts until both ranks' engine threads happen to be scheduled,
+     * so the buckets pile up behind backward's end anyway, with thread
+     * switches on top. */
+    TDIST_DDP_OVERLAP_OFF = 1,
 } tdist_ddp_overlap_t;
 
 /* Options. Fill with tdist_ddp_opts_init(); NULL options mean defaults.
@@ -132,10 +130,10 @@ typedef struct tdist_ddp_opts {
      * iteration) and not again; a later iteration that uses a different
      * set is an error. Default false. */
     bool static_graph;
-    /* Where the default hook's reductions run (above). Default
-     * TDIST_DDP_OVERLAP_AUTO. A comm hook's collectives are always
-     * asynchronous. Only this option may differ between ranks (the same
-     * collectives are issued either way). */
+    /* Whether the default hook's reductions overlap backward (above).
+     * Default TDIST_DDP_OVERLAP_ON. A comm hook's collectives are always
+     * launched as buckets complete. Only this option may differ between
+     * ranks (the same collectives are issued either way). */
     tdist_ddp_overlap_t overlap;
 } tdist_ddp_opts_t;
 
@@ -173,10 +171,11 @@ TDIST_API void tdist_ddp_destroy(tdist_ddp_t *ddp);
 TDIST_API tdist_status_t tdist_ddp_forward_begin(tdist_ddp_t *ddp);
 
 /* Parameter `index`'s gradient is final for this iteration. Copies it into
- * its bucket (unless gradient_as_bucket_view) and, if that completes the
- * bucket (and every earlier bucket is launched), launches the bucket's
- * reduction asynchronously through the comm hook. Does not wait for
- * communication. Errors: no iteration begun, index out of range, the same
+ * its bucket (unless gradient_as_bucket_view, or a hook registered with
+ * TDIST_DDP_HOOK_GRADS) and, if that completes the bucket (and every
+ * earlier bucket is launched), launches the bucket's reduction
+ * asynchronously through the comm hook (the default hook with overlap
+ * off: in backward_end instead). Does not wait for communication. Errors: no iteration begun, index out of range, the same
  * parameter twice in one iteration (named), or the hook/collective failing.
  * In no_sync mode it only records the call. Training thread. */
 TDIST_API tdist_status_t tdist_ddp_grad_ready(tdist_ddp_t *ddp, size_t index);
@@ -330,7 +329,8 @@ typedef struct tdist_ddp_bucket_timeline {
     double ready_ms;  /* its last gradient became ready (grad_ready, or backward_end
                        * for parameters that never did) */
     double launch_ms; /* handed to the comm hook: later than ready_ms when an
-                       * earlier bucket was still waiting for a gradient */
+                       * earlier bucket was still waiting for a gradient, or
+                       * with overlap off (in backward_end) */
     double done_ms;   /* reduced: the default hook's collective completed (on the
                        * group's engine thread); a custom hook's work and
                        * continuations were seen done in backward_end */

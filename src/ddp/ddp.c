@@ -5,12 +5,10 @@
  * the Join knobs).
  */
 #include <inttypes.h>
-#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "ddp/internal.h"
 
@@ -60,21 +58,6 @@ static uint64_t opts_hash(const tdist_ddp_opts_t *o)
                      o->broadcast_buffers, o->find_unused_parameters,
                      o->gradient_as_bucket_view, o->static_graph};
     return fnv1a(v, sizeof v, FNV0);
-}
-
-/* opts.overlap resolved: whether the default hook reduces each bucket on
- * the training thread. AUTO: when this process may run on one CPU only,
- * where the engine thread has no CPU of its own, and the group has no more
- * ranks than the host has CPUs (ranks sharing CPUs would meet at every
- * bucket while the others hold the CPU). */
-static bool reduce_on_caller(tdist_ddp_overlap_t ov, int group_size)
-{
-    if (ov != TDIST_DDP_OVERLAP_AUTO) return ov == TDIST_DDP_OVERLAP_OFF;
-    cpu_set_t cpus;
-    CPU_ZERO(&cpus);
-    long online = sysconf(_SC_NPROCESSORS_ONLN);
-    return sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) == 1 &&
-           online > 0 && group_size <= online;
 }
 
 static void free_ddp(tdist_ddp_t *d)
@@ -397,10 +380,9 @@ tdist_status_t tdist_ddp_create(tdist_pg_t *pg, const tdist_ddp_param_t *params,
     tdist_ddp_opts_t o;
     if (opts) o = *opts;
     else tdist_ddp_opts_init(&o);
-    if (o.overlap != TDIST_DDP_OVERLAP_AUTO && o.overlap != TDIST_DDP_OVERLAP_ON &&
-        o.overlap != TDIST_DDP_OVERLAP_OFF)
+    if (o.overlap != TDIST_DDP_OVERLAP_ON && o.overlap != TDIST_DDP_OVERLAP_OFF)
         return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op,
-                                "opts.overlap is %d: expected TDIST_DDP_OVERLAP_AUTO, _ON or _OFF",
+                                "opts.overlap is %d: expected TDIST_DDP_OVERLAP_ON or _OFF",
                                 (int)o.overlap);
     if (o.bucket_cap_bytes == 0 || o.first_bucket_bytes == 0)
         return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op,
@@ -413,7 +395,7 @@ tdist_status_t tdist_ddp_create(tdist_pg_t *pg, const tdist_ddp_param_t *params,
 
     tdist_ddp_t *d = NULL;
     TDIST_CHECK(alloc_ddp(pg, rank, size, &o, n, m, op, &d));
-    d->sync_buckets = reduce_on_caller(o.overlap, size);
+    d->sync_buckets = o.overlap == TDIST_DDP_OVERLAP_OFF;
     tdist_status_t st = TDIST_OK;
     TDIST_CHECK_GOTO(copy_model(d, params, buffers, op), st, fail);
     TDIST_CHECK_GOTO(check_shapes(d), st, fail);

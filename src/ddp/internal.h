@@ -88,7 +88,7 @@ struct tdist_ddp {
     tdist_ddp_comm_hook_fn hook; /* NULL: the default (timed) hook */
     void *hook_state;
     unsigned hook_flags;         /* TDIST_DDP_HOOK_* */
-    bool sync_buckets;           /* overlap resolved to OFF: the default hook blocks */
+    bool sync_buckets;           /* overlap off: the default hook reduces in backward_end, blocking */
     /* launch scratch of the direct path: np gradient pointers and counts */
     void **direct_bufs;
     size_t *direct_counts;

@@ -55,10 +55,10 @@ tdist_status_t tdist_ddp_allreduce_hook(void *state, const tdist_ddp_bucket_t *b
  * over the storage at base. On the direct path in place over the caller's
  * gradients, one coalesced call (no bucket copies; a shadow iteration
  * issues the same call over zeros). Asynchronous, its completion time
- * taken on the engine thread; with overlap off (never in a shadow
- * iteration, which launches every bucket at once), blocking on this
- * thread, which then runs it itself (the group is idle: earlier buckets
- * were reduced the same way). */
+ * taken on the engine thread; with overlap off (launched from
+ * backward_end; never in a shadow iteration), blocking on this thread,
+ * which then runs it itself (the group is idle: earlier buckets were
+ * reduced the same way). */
 static tdist_status_t default_reduce(tdist_ddp_t *d, ddp_bucket_t *b, unsigned char *base,
                                      bool shadow)
 {
@@ -272,6 +272,7 @@ tdist_status_t tdist_ddp_grad_ready(tdist_ddp_t *ddp, size_t index)
     if (--b->pending == 0) {
         b->ready_ns = tdist__now_ns();
         (void)tdist_pg_mark(ddp->pg, "bucket_ready", p->bucket); /* flight recorder */
+        if (ddp->sync_buckets && !ddp->hook) return TDIST_OK; /* overlap off: in backward_end */
         return launch_ready(ddp);
     }
     return TDIST_OK;

@@ -442,7 +442,7 @@ TEST(ddp_opts_defaults, 5)
     ASSERT_EQ(o.first_bucket_bytes, 1 << 20);
     ASSERT_TRUE(o.sync_at_create && o.broadcast_buffers);
     ASSERT_FALSE(o.find_unused_parameters || o.gradient_as_bucket_view || o.static_graph);
-    ASSERT_EQ(o.overlap, TDIST_DDP_OVERLAP_AUTO);
+    ASSERT_EQ(o.overlap, TDIST_DDP_OVERLAP_ON);
 }
 
 TEST(ddp_mlp_matches_single_process, 60)
@@ -653,9 +653,9 @@ TEST(ddp_comm_hook_on_gradients, 90)
     run_1_to_4(&sc);
 }
 
-/* Overlap off: the default hook reduces each bucket on the training thread
- * inside the grad_ready that completes it; the same results, with the
- * direct path, unused parameters, no_sync and bucket views. */
+/* Overlap off: backward_end reduces the buckets on the training thread;
+ * the same results, with the direct path, unused parameters, no_sync and
+ * bucket views. */
 TEST(ddp_overlap_off, 90)
 {
     scenario_t sc;
@@ -674,9 +674,10 @@ TEST(ddp_overlap_off, 90)
     run_1_to_4(&sc);
 }
 
-/* Overlap off, the direct path: the average is in the caller's gradient
- * when the grad_ready that completes its bucket returns, before
- * backward_end (with overlap on it would still be in flight). */
+/* Overlap off, the direct path: nothing is reduced before backward_end
+ * (the gradients are still this rank's own after every grad_ready; with
+ * overlap on they could already be averaged), and the averages are there
+ * after it. */
 static void overlap_off_body(int rank, int n, void *arg)
 {
     (void)arg;
@@ -698,19 +699,25 @@ static void overlap_off_body(int rank, int n, void *arg)
         for (int i = 0; i < 2; i++)
             for (int j = 0; j < 3; j++) /* the mean over ranks of (r + 1) x v */
                 want[i][j] = (float)((j + 1 + 10 * i + step) * (n + 1)) / 2.0f;
+        float own[2][3];
+        memcpy(own, g, sizeof own);
         ASSERT_OK(tdist_ddp_forward_begin(ddp));
         ASSERT_OK(tdist_ddp_grad_ready(ddp, 1)); /* bucket 0 */
-        expect_close("gradient before backward_end", "b", step, g[1], want[1], 3, 1);
         ASSERT_OK(tdist_ddp_grad_ready(ddp, 0));
-        expect_close("gradient before backward_end", "a", step, g[0], want[0], 3, 1);
+        ASSERT_MEMEQ(g, own, sizeof own);
+        tdist_ddp_stats_t st;
+        ASSERT_OK(tdist_ddp_get_stats(ddp, &st));
+        ASSERT_EQ(st.buckets_reduced, 2 * (uint64_t)step); /* none launched yet */
         ASSERT_OK(tdist_ddp_backward_end(ddp));
+        expect_close("gradient", "b", step, g[1], want[1], 3, 1);
+        expect_close("gradient", "a", step, g[0], want[0], 3, 1);
     }
     tdist_ddp_destroy(ddp);
     tdist_pg_destroy(pg);
     tdist_world_destroy(w);
 }
 
-TEST(ddp_overlap_off_reduced_in_grad_ready, 30)
+TEST(ddp_overlap_off_reduced_in_backward_end, 30)
 {
     tdist_test_run_ranks(2, overlap_off_body, NULL);
     tdist_test_run_ranks(3, overlap_off_body, NULL);
