@@ -630,6 +630,28 @@ TEST(ddp_comm_hook_wrapping_default, 60)
 }
 
 
+/* sc (a reduction path) with several buckets and a rebuild, then with
+ * no_sync and a parameter used on rank 0 only, one used nowhere (its
+ * gradient untouched), and that with bucket views. */
+static void run_option_matrix(scenario_t *sc)
+{
+    sc->order = 1;
+    sc->opts.bucket_cap_bytes = 300;
+    sc->opts.first_bucket_bytes = 64;
+    sc->check_stats = true;
+    run_1_to_4(sc);
+    sc->check_stats = false;
+    sc->micro = 2;
+    sc->extra = 2;
+    sc->opts.find_unused_parameters = true;
+    run_1_to_4(sc);
+    sc->micro = 1;
+    sc->extra = 1;
+    run_1_to_4(sc);
+    sc->opts.gradient_as_bucket_view = true;
+    run_1_to_4(sc);
+}
+
 /* A hook on the gradients where they live: no copies, the same results,
  * with no_sync, unused parameters (one used nowhere keeps its gradient)
  * and bucket views. */
@@ -638,19 +660,7 @@ TEST(ddp_comm_hook_on_gradients, 90)
     scenario_t sc;
     scenario_defaults(&sc);
     sc.hook = 3;
-    sc.order = 1;
-    sc.opts.bucket_cap_bytes = 300;
-    sc.opts.first_bucket_bytes = 64;
-    run_1_to_4(&sc);
-    sc.micro = 2;
-    sc.extra = 2;
-    sc.opts.find_unused_parameters = true;
-    run_1_to_4(&sc);
-    sc.micro = 1;
-    sc.extra = 1;
-    run_1_to_4(&sc);
-    sc.opts.gradient_as_bucket_view = true;
-    run_1_to_4(&sc);
+    run_option_matrix(&sc);
 }
 
 /* Overlap off: backward_end reduces the buckets on the training thread;
@@ -661,17 +671,7 @@ TEST(ddp_overlap_off, 90)
     scenario_t sc;
     scenario_defaults(&sc);
     sc.opts.overlap = TDIST_DDP_OVERLAP_OFF;
-    sc.opts.bucket_cap_bytes = 300;
-    sc.opts.first_bucket_bytes = 64;
-    sc.order = 1;
-    sc.check_stats = true;
-    run_1_to_4(&sc);
-    sc.check_stats = false;
-    sc.micro = 2;
-    sc.extra = 2;
-    sc.opts.find_unused_parameters = true;
-    sc.opts.gradient_as_bucket_view = true;
-    run_1_to_4(&sc);
+    run_option_matrix(&sc);
 }
 
 /* Overlap off, the direct path: nothing is reduced before backward_end
