@@ -175,9 +175,10 @@ TDIST_API tdist_status_t tdist_ddp_forward_begin(tdist_ddp_t *ddp);
  * TDIST_DDP_HOOK_GRADS) and, if that completes the bucket (and every
  * earlier bucket is launched), launches the bucket's reduction
  * asynchronously through the comm hook (the default hook with overlap
- * off: in backward_end instead). Does not wait for communication. Errors: no iteration begun, index out of range, the same
- * parameter twice in one iteration (named), or the hook/collective failing.
- * In no_sync mode it only records the call. Training thread. */
+ * off: in backward_end instead). Does not wait for communication.
+ * Errors: no iteration begun, index out of range, the same parameter
+ * twice in one iteration (named), or the hook/collective failing. In
+ * no_sync mode it only records the call. Training thread. */
 TDIST_API tdist_status_t tdist_ddp_grad_ready(tdist_ddp_t *ddp, size_t index);
 
 /* End the iteration: handles parameters that never became ready (zeros
