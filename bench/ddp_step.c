@@ -19,6 +19,9 @@
  *   -n N, -w W        timed and warm-up steps (defaults: 3M 30 + 5, 25M 10 + 3)
  *   --batch B         samples per rank (default 64)
  *   --threads T       OpenBLAS threads per process (default 1)
+ *   --overlap on|off  the reducer's opts.overlap (default on: buckets reduced
+ *                     by the engine thread beside backward; off: in
+ *                     backward_end on the training thread)
  *   --cap MiB, --first MiB, --view   reducer options (defaults: 25, 1, off);
  *                     for experiments only, the table uses the defaults
  *   --no-probe        skip the stand-alone all_reduce of each bucket
@@ -38,7 +41,16 @@
  *                       allreduce_hook  tdist_ddp_allreduce_hook registered
  *                                       explicitly (the same all_reduce,
  *                                       through the hook path: bucket copies)
- *                       fp16, bf16      tdist_compress_hook (16-bit wire)
+ *                       allreduce_grads the same hook registered with
+ *                                       TDIST_DDP_HOOK_GRADS (one coalesced
+ *                                       all_reduce of the gradients where
+ *                                       they are: no bucket copies)
+ *                       fp16, bf16      tdist_compress_hook (16-bit wire),
+ *                                       tdist_compress_register (the casts
+ *                                       read and write the gradients)
+ *                       fp16_bucket     the fp16 hook registered with the
+ *                                       plain tdist_ddp_register_comm_hook
+ *                                       (the bucket path, with copies)
  *                       powersgdR       tdist_powersgd_hook, matrix rank R
  *                                       (1..64), start_powerSGD_iter
  *                                       --psgd-start (default 2), error
@@ -85,7 +97,10 @@
  *                     inside a Join), off (a Join with enable = false),
  *                     empty (a Join in which rank --join-empty-rank R,
  *                     default the last, has no inputs: it enters
- *                     tdist_join_end at once and shadows the block). Whatever
+ *                     tdist_join_end at once and shadows the block),
+ *                     serial (no Join, a second reducer over the same
+ *                     parameters with opts.overlap off: the buckets reduced
+ *                     in backward_end; not with --view). Whatever
  *                     else runs on the machine hits every mode alike, so
  *                     the ratios are steadier than between processes. The
  *                     Join's begin and end (a notification, the final
@@ -160,11 +175,12 @@ typedef struct cfg {
     int threads;
     double cap_mib, first_mib;
     int view;
+    int overlap; /* --overlap: tdist_ddp_overlap_t */
     int probe;
     int trace;
     int join;       /* 0: no Join; 1: Join enabled; 2: Join with enable = false */
     int join_empty; /* rank without inputs under --join, or -1 */
-    int alt[4];     /* --join-alternate: modes (ALT_*), alt_n of them */
+    int alt[5];     /* --join-alternate: modes (ALT_*), alt_n of them */
     int alt_n;
     int block;      /* --block */
     int hook;       /* --hook: HOOK_* */
@@ -173,7 +189,7 @@ typedef struct cfg {
 } cfg_t;
 
 enum { HOOK_NONE, HOOK_ALLREDUCE, HOOK_ALLREDUCE_HOOK, HOOK_FP16, HOOK_BF16, HOOK_POWERSGD,
-       HOOK_INT8 };
+       HOOK_INT8, HOOK_ALLREDUCE_GRADS, HOOK_FP16_BUCKET };
 
 /* --hook powersgdR: elements of the two all_reduces per bucket, summed
  * (the observer sees [uncompressed | P] and Q just before they are posted). */
@@ -195,8 +211,8 @@ static void psgd_observe(void *arg, const tdist_ddp_bucket_t *b, tdist_powersgd_
     }
 }
 
-enum { ALT_DDP, ALT_JOIN, ALT_OFF, ALT_EMPTY };
-static const char *const ALT_NAME[4] = {"ddp", "join", "off", "empty"};
+enum { ALT_DDP, ALT_JOIN, ALT_OFF, ALT_EMPTY, ALT_SERIAL, ALT_COUNT };
+static const char *const ALT_NAME[ALT_COUNT] = {"ddp", "join", "off", "empty", "serial"};
 
 /* --trace: per-bucket launch / completion times of the current step (ns,
  * CLOCK_MONOTONIC). done[] is written by the group's engine thread. */
@@ -422,6 +438,7 @@ typedef struct step_ctx {
     const int *labels;
     float *dlogits;
     size_t B, din;
+    tdist_ddp_t *serial; /* mode serial: a second reducer, overlap off */
 } step_ctx_t;
 
 /* One whole step on batch `it`; its time in ms, or -1 after an error
@@ -466,14 +483,22 @@ static int alt_loop(const cfg_t *c, const model_spec_t *ms, const step_ctx_t *k,
         fprintf(stderr, "bench_ddp_step: out of memory\n");
         goto out;
     }
+    step_ctx_t ks = *k; /* mode serial: the same step on the second reducer */
+    ks.ddp = k->serial;
     for (int w = 0; w < warmup; w++)
         if (one_step(k, it++) < 0) goto out;
+    if (ks.ddp) {
+        k->rctx->ddp = ks.ddp;
+        for (int w = 0; w < warmup; w++)
+            if (one_step(&ks, it++) < 0) goto out;
+        k->rctx->ddp = k->ddp;
+    }
     for (int r = 0; r < rounds; r++) {
         for (int q = 0; q < nm; q++) {
             int mi = (q + r) % nm, mode = c->alt[mi];
             tdist_join_t *join = NULL;
             tdist_status_t st;
-            if (mode != ALT_DDP) {
+            if (mode != ALT_DDP && mode != ALT_SERIAL) {
                 tdist_joinable_t j;
                 tdist_join_opts_t jo;
                 tdist_join_opts_init(&jo);
@@ -485,14 +510,17 @@ static int alt_loop(const cfg_t *c, const model_spec_t *ms, const step_ctx_t *k,
                 }
             }
             bool idle = mode == ALT_EMPTY && g_rank == empty_rank;
+            const step_ctx_t *kk = mode == ALT_SERIAL ? &ks : k;
+            k->rctx->ddp = kk->ddp;
             for (int s = 0; s < K && !idle; s++) {
-                double dt = one_step(k, it++);
+                double dt = one_step(kk, it++);
                 if (dt < 0) {
                     if (join) (void)tdist_join_end(join);
                     goto out;
                 }
                 t[(size_t)mi * per + (size_t)r * K + s] = dt;
             }
+            k->rctx->ddp = k->ddp;
             if (join && (st = tdist_join_end(join)) != TDIST_OK) {
                 fail_tdist("tdist_join_end", st);
                 goto out;
@@ -500,7 +528,7 @@ static int alt_loop(const cfg_t *c, const model_spec_t *ms, const step_ctx_t *k,
         }
     }
     if (max_over_ranks(pg, t, (size_t)nm * per) != 0) goto out;
-    double med[4];
+    double med[ALT_COUNT];
     for (int mi = 0; mi < nm; mi++) {
         med[mi] = median(t + (size_t)mi * per, per);
         for (int r = 0; r < rounds; r++) rr[(size_t)mi * rounds + r] = median(t + (size_t)mi * per + (size_t)r * K, K);
@@ -554,11 +582,43 @@ out:
     return rc;
 }
 
-/* --hook's name as printed: allreduce, allreduce_hook, fp16, bf16, powersgdR, int8. */
+/* Where a DDP step's communication time goes (mean over timed steps and
+ * ranks: tl holds sums over both, n of them): each bucket's timeline since
+ * forward_begin, its start estimated as the later of its launch and the
+ * previous bucket's completion (the group runs one collective at a time),
+ * so launch -> start is the wait behind earlier buckets, start -> done the
+ * reduction itself as it ran beside backward; then the reductions' busy
+ * time, the part after backward ended (exposed), the gradient copies and
+ * backward_end's blocked wait. */
+static void print_breakdown(tdist_ddp_t *ddp, const double *tl, size_t tl_max, double n,
+                            double copy_ms, double wait_ms)
+{
+    size_t nb = tdist_ddp_num_buckets(ddp);
+    if (nb > tl_max) nb = tl_max;
+    double bwd = tl[3 * tl_max] / n, prev_done = 0, busy = 0, exposed = 0;
+    printf("# breakdown (ms since forward_begin, mean over steps and ranks): backward ends %.3f;",
+           bwd);
+    for (size_t b = 0; b < nb; b++) {
+        double ready = tl[3 * b] / n, launch = tl[3 * b + 1] / n, done = tl[3 * b + 2] / n;
+        double start = launch > prev_done ? launch : prev_done;
+        double run = done > start ? done - start : 0;
+        busy += run;
+        if (done > bwd) exposed += done - (start > bwd ? start : bwd);
+        printf(" b%zu ready %.3f launch %.3f start %.3f done %.3f (runs %.3f);", b, ready, launch,
+               start, done, run);
+        prev_done = done;
+    }
+    printf("\n# breakdown: reductions running %.3f ms, of which %.3f after backward ended;"
+           " gradient copies %.3f ms; backward_end blocked %.3f ms\n",
+           busy, exposed, copy_ms, wait_ms);
+}
+
+/* --hook's name as printed: allreduce, allreduce_hook, fp16, bf16, powersgdR, int8,
+ * allreduce_grads, fp16_bucket. */
 static const char *hook_name(const cfg_t *c, char *buf, size_t cap)
 {
     static const char *const names[] = {"none", "allreduce", "allreduce_hook", "fp16", "bf16",
-                                         "powersgd", "int8"};
+                                         "powersgd", "int8", "allreduce_grads", "fp16_bucket"};
     if (c->hook == HOOK_POWERSGD) snprintf(buf, cap, "powersgd%d", c->psgd_rank);
     else snprintf(buf, cap, "%s", names[c->hook]);
     return buf;
@@ -599,13 +659,21 @@ static tdist_status_t register_hook(const cfg_t *c, tdist_ddp_t *ddp, const size
     case HOOK_ALLREDUCE_HOOK:
         st = tdist_ddp_register_comm_hook(ddp, NULL, tdist_ddp_allreduce_hook);
         break;
+    case HOOK_ALLREDUCE_GRADS:
+        st = tdist_ddp_register_comm_hook_flags(ddp, NULL, tdist_ddp_allreduce_hook,
+                                                TDIST_DDP_HOOK_GRADS);
+        break;
     case HOOK_FP16:
-    case HOOK_BF16: {
+    case HOOK_BF16:
+    case HOOK_FP16_BUCKET: {
         tdist_compress_opts_t o;
         tdist_compress_opts_init(&o);
         o.wire = c->hook == HOOK_BF16 ? TDIST_BF16 : TDIST_F16;
         st = tdist_compress_hook_create(&o, hc);
-        if (st == TDIST_OK) st = tdist_compress_register(ddp, *hc);
+        if (st == TDIST_OK && c->hook == HOOK_FP16_BUCKET) /* the bucket path, with copies */
+            st = tdist_ddp_register_comm_hook(ddp, *hc, tdist_compress_hook);
+        else if (st == TDIST_OK)
+            st = tdist_compress_register(ddp, *hc);
         break;
     }
     case HOOK_POWERSGD: {
@@ -642,7 +710,7 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
     nn_seq_t *m = build_model(ms);
     tdist_ddp_param_t *dp = NULL;
     tdist_optim_param_t *op = NULL;
-    tdist_ddp_t *ddp = NULL;
+    tdist_ddp_t *ddp = NULL, *serial = NULL; /* serial: --join-alternate mode serial */
     tdist_optim_t *opt = NULL;
     float *x = NULL, *dlogits = NULL;
     int *labels = NULL;
@@ -705,6 +773,7 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
         if (c->cap_mib > 0) o.bucket_cap_bytes = (size_t)(c->cap_mib * 1048576.0);
         if (c->first_mib > 0) o.first_bucket_bytes = (size_t)(c->first_mib * 1048576.0);
         o.gradient_as_bucket_view = c->view != 0;
+        o.overlap = (tdist_ddp_overlap_t)c->overlap;
         st = tdist_ddp_create(pg, dp, np, NULL, 0, &o, &ddp);
         if (st != TDIST_OK) {
             rc = fail_tdist("tdist_ddp_create", st);
@@ -757,7 +826,20 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
     }
 
     if (c->alt_n > 0) {
-        step_ctx_t k = {m, ddp, opt, &rctx, x, labels, dlogits, B, din};
+        step_ctx_t k = {m, ddp, opt, &rctx, x, labels, dlogits, B, din, NULL};
+        for (int q = 0; q < c->alt_n; q++)
+            if (c->alt[q] == ALT_SERIAL && !serial) {
+                tdist_ddp_opts_t o;
+                tdist_ddp_opts_init(&o);
+                if (c->cap_mib > 0) o.bucket_cap_bytes = (size_t)(c->cap_mib * 1048576.0);
+                if (c->first_mib > 0) o.first_bucket_bytes = (size_t)(c->first_mib * 1048576.0);
+                o.overlap = TDIST_DDP_OVERLAP_OFF;
+                if ((st = tdist_ddp_create(pg, dp, np, NULL, 0, &o, &serial)) != TDIST_OK) {
+                    rc = fail_tdist("tdist_ddp_create (mode serial)", st);
+                    goto out;
+                }
+            }
+        k.serial = serial;
         rc = alt_loop(c, ms, &k, pg, world, steps, warmup);
         goto out;
     }
@@ -766,6 +848,12 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
     memset(&s1, 0, sizeof s1);
     float loss = 0, first_loss = 0;
     double tr_busy = 0, tr_exposed = 0; /* --trace sums over the timed steps */
+    /* the breakdown: sums over the timed steps of each bucket's timeline
+     * (tdist_ddp_bucket_timeline) and of when backward ended, ms since
+     * forward_begin; [3 * TL_MAX] the backward end */
+    enum { TL_MAX = 64 };
+    double tl[3 * TL_MAX + 1];
+    memset(tl, 0, sizeof tl);
     uint64_t tr_t1 = 0, tr_t2 = 0; /* last step: backward start, backward_end start */
     int total = empty ? 0 : warmup + steps;
     if (ddp && c->join) {
@@ -859,6 +947,17 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
                 tr_busy += trace_busy_ms(tr);
                 tr_exposed += last_done > tr_t2 ? (double)(last_done - tr_t2) * 1e-6 : 0.0;
             }
+            if (ddp) {
+                size_t nbk = tdist_ddp_num_buckets(ddp);
+                for (size_t b = 0; b < nbk && b < TL_MAX; b++) {
+                    tdist_ddp_bucket_timeline_t bt;
+                    if (tdist_ddp_bucket_timeline(ddp, b, &bt) != TDIST_OK) continue;
+                    tl[3 * b] += bt.ready_ms;
+                    tl[3 * b + 1] += bt.launch_ms;
+                    tl[3 * b + 2] += bt.done_ms;
+                }
+                tl[3 * TL_MAX] += t2 - t0;
+            }
             times[k] = t4 - t0;
             times[steps + k] = t1 - t0;
             times[2 * steps + k] = t2 - t1;
@@ -908,6 +1007,10 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
     }
     dst[6] = empty ? 0.0 : 1.0;
     if (sum_over_ranks(ddp ? pg : NULL, dst, 7) != 0) goto out;
+    double copy_ms = ddp && !empty && n_it > 0 ? (s1.total_copy_ms - s0.total_copy_ms) / n_it : 0;
+    if (sum_over_ranks(ddp ? pg : NULL, &copy_ms, 1) != 0) goto out;
+    if (empty) memset(tl, 0, sizeof tl);
+    if (sum_over_ranks(ddp ? pg : NULL, tl, 3 * TL_MAX + 1) != 0) goto out;
     int active = ddp ? (int)lround(dst[6]) : world;
     if (ddp && active > 0)
         for (int j = 0; j < 6; j++) dst[j] /= active;
@@ -922,6 +1025,7 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
         hb[1] = ring * dst[4]; /* dst[4]: f32 bucket bytes per iteration */
         switch (c->hook) {
         case HOOK_FP16:
+        case HOOK_FP16_BUCKET:
         case HOOK_BF16: hb[0] = hb[1] / 2; break; /* the same all_reduce of 2-byte values */
         case HOOK_POWERSGD:
             hb[2] = (double)(pc.pu_elems - pc0.pu_elems) / n_it;
@@ -973,6 +1077,8 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
                    active < world ? "the active" : "all", dst[0], dst[1], dst[2], overlap, dst[5], dst[4] * 1e-6, nb,
                    (unsigned long long)s1.bucket_rebuilds);
         }
+        if (ddp && active > 0 && n_it > 0)
+            print_breakdown(ddp, tl, TL_MAX, (double)active * n_it, copy_ms / active, dst[2]);
         if (ddp && c->hook != HOOK_NONE) {
             printf("# comm hook %s: %.4f MB sent per iteration by each rank, %.4f of a ring"
                    " all_reduce of the f32 buckets (%.4f MB = 2 (W-1)/W x %.4f MB)\n",
@@ -1047,6 +1153,7 @@ out:
     if (m) nn_set_grad_ready_hook(m, NULL, NULL);
     if (join) (void)tdist_join_end(join); /* after an error: frees it */
     tdist_ddp_destroy(ddp);
+    tdist_ddp_destroy(serial);
     tdist_compress_destroy(hk_c); /* after the reducer */
     tdist_powersgd_destroy(hk_p);
     tdist_int8_destroy(hk_i);
@@ -1067,8 +1174,9 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: bench_ddp_step --mode local|ddp [--model 3M|25M|all] [-n STEPS] [-w WARMUP]\n"
                "                      [--batch B] [--threads T] [--cap MiB] [--first MiB] [--view]\n"
+               "                      [--overlap on|off]\n"
                "                      [--no-probe] [--trace]\n"
-               "                      [--hook allreduce|allreduce_hook|fp16|bf16|powersgdR|int8]"
+               "                      [--hook allreduce|allreduce_hook|allreduce_grads|fp16|fp16_bucket|bf16|powersgdR|int8]"
                " [--psgd-start N]\n"
                "                      [--join | --join-disabled | --join-empty-rank R]\n"
                "                      [--join-alternate ddp,join,off,empty [--block K]]\n"
@@ -1095,6 +1203,11 @@ int main(int argc, char **argv)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
+        } else if (!strcmp(a, "--overlap")) {
+            if (!strcmp(v, "on")) c.overlap = TDIST_DDP_OVERLAP_ON;
+            else if (!strcmp(v, "off")) c.overlap = TDIST_DDP_OVERLAP_OFF;
+            else goto bad;
+            i++;
         } else if (!strcmp(a, "--view")) {
             c.view = 1;
         } else if (!strcmp(a, "--no-probe")) {
@@ -1127,6 +1240,8 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--hook")) {
             if (!strcmp(v, "allreduce")) c.hook = HOOK_ALLREDUCE;
             else if (!strcmp(v, "allreduce_hook")) c.hook = HOOK_ALLREDUCE_HOOK;
+            else if (!strcmp(v, "allreduce_grads")) c.hook = HOOK_ALLREDUCE_GRADS;
+            else if (!strcmp(v, "fp16_bucket")) c.hook = HOOK_FP16_BUCKET;
             else if (!strcmp(v, "fp16")) c.hook = HOOK_FP16;
             else if (!strcmp(v, "bf16")) c.hook = HOOK_BF16;
             else if (!strcmp(v, "int8")) c.hook = HOOK_INT8;
@@ -1146,9 +1261,9 @@ int main(int argc, char **argv)
             c.alt_n = 0;
             for (char *sv = NULL, *tok = strtok_r(buf, ",", &sv); tok; tok = strtok_r(NULL, ",", &sv)) {
                 int mode = -1;
-                for (int q = 0; q < 4; q++)
+                for (int q = 0; q < ALT_COUNT; q++)
                     if (!strcmp(tok, ALT_NAME[q])) mode = q;
-                if (mode < 0 || c.alt_n == 4) goto bad;
+                if (mode < 0 || c.alt_n == ALT_COUNT) goto bad;
                 for (int q = 0; q < c.alt_n; q++)
                     if (c.alt[q] == mode) goto bad;
                 c.alt[c.alt_n++] = mode;

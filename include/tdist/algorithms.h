@@ -139,8 +139,13 @@ TDIST_API tdist_status_t tdist_compress_wrapper_create(tdist_ddp_comm_hook_fn in
  * last backward_end (or after tdist_ddp_destroy). NULL does nothing. */
 TDIST_API void tdist_compress_destroy(tdist_compress_t *c);
 
-/* Register c as ddp's comm hook: tdist_ddp_register_comm_hook(ddp, c,
- * tdist_compress_hook), after checking that neither is NULL. The rules of
+/* Register c as ddp's comm hook: tdist_ddp_register_comm_hook_flags(ddp,
+ * c, tdist_compress_hook, TDIST_DDP_HOOK_GRADS), after checking that
+ * neither is NULL: the hook casts each gradient where it lives into its
+ * 16-bit staging and the result back, so the reducer copies no gradient
+ * into the bucket and none back (registered with the plain
+ * tdist_ddp_register_comm_hook, the hook works on the bucket, with those
+ * copies; the results are the same bits). The rules of
  * tdist_ddp_register_comm_hook apply (once, before the first
  * forward_begin). Does not communicate. c is borrowed: it must outlive
  * the reducer's last backward_end. Training thread. */

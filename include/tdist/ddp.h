@@ -78,8 +78,25 @@ typedef struct tdist_ddp_buffer {
     const char *name;
 } tdist_ddp_buffer_t;
 
+/* Whether the default hook's bucket reductions overlap backward
+ * (tdist_ddp_opts_t.overlap). */
+typedef enum tdist_ddp_overlap {
+    /* Launched asynchronously when the bucket is complete; the group's
+     * engine thread reduces it while backward goes on. The default. */
+    TDIST_DDP_OVERLAP_ON = 0,
+    /* No overlap: backward_end reduces the buckets one after another on
+     * the training thread (grad_ready launches nothing). For ranks whose
+     * engine thread has no CPU of its own (one CPU per rank): there it can
+     * only take turns with backward, and every wait of a reduction on a
+     * peer lasts until both ranks' engine threads happen to be scheduled,
+     * so the buckets pile up behind backward's end anyway, with thread
+     * switches on top. */
+    TDIST_DDP_OVERLAP_OFF = 1,
+} tdist_ddp_overlap_t;
+
 /* Options. Fill with tdist_ddp_opts_init(); NULL options mean defaults.
- * Every rank must pass the same options (checked at create). */
+ * Every rank must pass the same options (checked at create), except
+ * overlap. */
 typedef struct tdist_ddp_opts {
     /* Largest bucket in bytes (a single parameter larger than this gets a
      * bucket of its own). Default 25 MiB. Must be > 0. */
@@ -113,6 +130,11 @@ typedef struct tdist_ddp_opts {
      * iteration) and not again; a later iteration that uses a different
      * set is an error. Default false. */
     bool static_graph;
+    /* Whether the default hook's reductions overlap backward (above).
+     * Default TDIST_DDP_OVERLAP_ON. A comm hook's collectives are always
+     * launched as buckets complete. Only this option may differ between
+     * ranks (the same collectives are issued either way). */
+    tdist_ddp_overlap_t overlap;
 } tdist_ddp_opts_t;
 
 /* Fill *opts with the defaults above. Thread-safe. */
@@ -149,12 +171,14 @@ TDIST_API void tdist_ddp_destroy(tdist_ddp_t *ddp);
 TDIST_API tdist_status_t tdist_ddp_forward_begin(tdist_ddp_t *ddp);
 
 /* Parameter `index`'s gradient is final for this iteration. Copies it into
- * its bucket (unless gradient_as_bucket_view) and, if that completes the
- * bucket (and every earlier bucket is launched), launches the bucket's
- * reduction asynchronously through the comm hook. Does not wait for
- * communication. Errors: no iteration begun, index out of range, the same
- * parameter twice in one iteration (named), or the hook/collective failing.
- * In no_sync mode it only records the call. Training thread. */
+ * its bucket (unless gradient_as_bucket_view, or a hook registered with
+ * TDIST_DDP_HOOK_GRADS) and, if that completes the bucket (and every
+ * earlier bucket is launched), launches the bucket's reduction
+ * asynchronously through the comm hook (the default hook with overlap
+ * off: in backward_end instead). Does not wait for communication.
+ * Errors: no iteration begun, index out of range, the same parameter
+ * twice in one iteration (named), or the hook/collective failing. In
+ * no_sync mode it only records the call. Training thread. */
 TDIST_API tdist_status_t tdist_ddp_grad_ready(tdist_ddp_t *ddp, size_t index);
 
 /* End the iteration: handles parameters that never became ready (zeros
@@ -201,6 +225,14 @@ typedef struct tdist_ddp_bucket {
     uint64_t iteration;      /* the reducer's iteration number (1, 2, ...) */
     int64_t divisor;         /* divide the sum by this to average (world size) */
     tdist_pg_t *pg;          /* the reducer's group */
+    /* NULL unless the hook was registered with TDIST_DDP_HOOK_GRADS. Then
+     * grads[k] is where parameter param_indices[k]'s gradient lives
+     * (counts[k] elements of dtype: the caller's grad buffer, or its slot
+     * in buffer with gradient_as_bucket_view; zeros of the reducer's own on
+     * a rank that shadows under Join): the hook's input, and where its
+     * result must be left. buffer is then not filled, and may be the same
+     * memory as the gradients: read and write through grads only. */
+    void *const *grads;
 } tdist_ddp_bucket_t;
 
 typedef struct tdist_ddp_hook_result tdist_ddp_hook_result_t;
@@ -234,9 +266,28 @@ typedef tdist_status_t (*tdist_ddp_comm_hook_fn)(void *state, const tdist_ddp_bu
 TDIST_API tdist_status_t tdist_ddp_register_comm_hook(tdist_ddp_t *ddp, void *state,
                                                       tdist_ddp_comm_hook_fn fn);
 
+/* Flags of tdist_ddp_register_comm_hook_flags. */
+enum {
+    /* The hook reads each gradient from bucket->grads[k] and leaves its
+     * result there: the reducer then copies no gradient into the bucket in
+     * grad_ready and none back in backward_end (without the flag, and
+     * without gradient_as_bucket_view, it copies both ways, because the
+     * hook works on the flat bucket->buffer). */
+    TDIST_DDP_HOOK_GRADS = 1u << 0,
+};
+
+/* tdist_ddp_register_comm_hook with flags (TDIST_DDP_HOOK_*; 0: the same
+ * as tdist_ddp_register_comm_hook). Unknown flags: TDIST_ERR_INVALID_ARG.
+ * Same rules: once per reducer, before the first forward_begin; state is
+ * borrowed. Training thread. */
+TDIST_API tdist_status_t tdist_ddp_register_comm_hook_flags(tdist_ddp_t *ddp, void *state,
+                                                            tdist_ddp_comm_hook_fn fn,
+                                                            unsigned flags);
+
 /* The default hook, for hooks that wrap it: an asynchronous PREMUL_SUM
- * all_reduce of the bucket in place with factor 1 / bucket->divisor.
- * state is unused. */
+ * all_reduce of the bucket in place with factor 1 / bucket->divisor (with
+ * bucket->grads set, one all_reduce_coalesced of the gradients in place,
+ * the same bits). state is unused. */
 TDIST_API tdist_status_t tdist_ddp_allreduce_hook(void *state, const tdist_ddp_bucket_t *bucket,
                                                   tdist_ddp_hook_result_t *result);
 
@@ -262,10 +313,37 @@ typedef struct tdist_ddp_stats {
     /* 1 - wait / comm over all synchronised iterations (0 when nothing was
      * reduced): the share of communication hidden behind backward. */
     double overlap_fraction;
+    /* Copying gradients into the buckets (grad_ready) and back
+     * (backward_end): 0 when they are reduced where they live (the default
+     * hook without find_unused_parameters, gradient_as_bucket_view, a hook
+     * registered with TDIST_DDP_HOOK_GRADS). */
+    double last_copy_ms;
+    double total_copy_ms;
 } tdist_ddp_stats_t;
 
 /* Copy the statistics into *stats. Training thread. */
 TDIST_API tdist_status_t tdist_ddp_get_stats(const tdist_ddp_t *ddp, tdist_ddp_stats_t *stats);
+
+/* Where the time of one bucket went in the last synchronised iteration,
+ * in ms since that iteration's forward_begin. */
+typedef struct tdist_ddp_bucket_timeline {
+    double ready_ms;  /* its last gradient became ready (grad_ready, or backward_end
+                       * for parameters that never did) */
+    double launch_ms; /* handed to the comm hook: later than ready_ms when an
+                       * earlier bucket was still waiting for a gradient, or
+                       * with overlap off (in backward_end) */
+    double done_ms;   /* reduced: the default hook's collective completed (on the
+                       * group's engine thread); a custom hook's work and
+                       * continuations were seen done in backward_end */
+} tdist_ddp_bucket_timeline_t;
+
+/* Fill *out with bucket b's timeline. Valid between backward_end and the
+ * next forward_begin (a rebuild after the first synchronised iteration
+ * starts the buckets afresh: all zeros until the next one).
+ * TDIST_ERR_INVALID_ARG for a NULL argument or b out of range. Training
+ * thread. */
+TDIST_API tdist_status_t tdist_ddp_bucket_timeline(const tdist_ddp_t *ddp, size_t b,
+                                                   tdist_ddp_bucket_timeline_t *out);
 
 /* Bucket layout, for inspection and tests: the number of buckets, and the
  * parameter indices of bucket b in bucket order (up to cap written to

@@ -106,17 +106,17 @@ static const float *as_f32(const void *buf, tdist_dtype_t dt, size_t i, size_t n
     }
 }
 
-/* The bucket cast to the wire format into wire: with the division by the
- * divisor (the hook) or without (the wrapper). */
-static void compress(const tdist_compress_t *c, uint16_t *wire, const tdist_ddp_bucket_t *b)
+/* count values of dtype dt at buf cast to the wire format into wire:
+ * with the division by the divisor (the hook) or without (the wrapper). */
+static void compress_run(const tdist_compress_t *c, uint16_t *wire, const void *buf,
+                         tdist_dtype_t dt, size_t count, float dv)
 {
     float tmp[CHUNK];
-    const float dv = (float)b->divisor;
     const tdist_dtype_t wt = c->wire;
-    for (size_t i = 0; i < b->count; i += CHUNK) {
-        size_t n = TDIST_MIN((size_t)CHUNK, b->count - i);
+    for (size_t i = 0; i < count; i += CHUNK) {
+        size_t n = TDIST_MIN((size_t)CHUNK, count - i);
         uint16_t *h = wire + i;
-        const float *g = as_f32(b->buffer, b->dtype, i, n, tmp);
+        const float *g = as_f32(buf, dt, i, n, tmp);
         if (!c->inner) {
             tdist__hook16_cast(h, g, n, dv, wt); /* one fused pass */
             continue;
@@ -125,30 +125,56 @@ static void compress(const tdist_compress_t *c, uint16_t *wire, const tdist_ddp_
         /* Tensor.to(bfloat16): 0xFFFF from f32 (vectorised), 0x7FC0 otherwise */
         if (wt == TDIST_BF16)
             for (size_t k = 0; k < n; k++)
-                if (is_nan16(h[k], wt)) h[k] = b->dtype == TDIST_F32 ? 0xffffu : 0x7fc0u;
+                if (is_nan16(h[k], wt)) h[k] = dt == TDIST_F32 ? 0xffffu : 0x7fc0u;
     }
 }
 
-/* The 16-bit result cast back into the bucket (exact for f32 and f64). */
-static void decompress(const tdist_compress_t *c, const uint16_t *wire, const tdist_ddp_bucket_t *b)
+/* The bucket cast into wire: from the flat buffer, or (a hook on the
+ * gradients) from each gradient straight into its place in wire. */
+static void compress(const tdist_compress_t *c, uint16_t *wire, const tdist_ddp_bucket_t *b)
 {
-    if (b->dtype == TDIST_F32) {
-        from_wire(b->buffer, wire, b->count, c->wire);
+    const float dv = (float)b->divisor;
+    if (!b->grads) {
+        compress_run(c, wire, b->buffer, b->dtype, b->count, dv);
         return;
     }
-    if (b->dtype == c->wire) {
-        memcpy(b->buffer, wire, b->count * sizeof *wire);
+    for (size_t k = 0; k < b->num_params; k++)
+        compress_run(c, wire + b->offsets[k], b->grads[k], b->dtype, b->counts[k], dv);
+}
+
+/* count 16-bit results cast back into buf of dtype dt (exact for f32 and
+ * f64). */
+static void decompress_run(const tdist_compress_t *c, const uint16_t *wire, void *buf,
+                           tdist_dtype_t dt, size_t count)
+{
+    if (dt == TDIST_F32) {
+        from_wire(buf, wire, count, c->wire);
+        return;
+    }
+    if (dt == c->wire) {
+        memcpy(buf, wire, count * sizeof *wire);
         return;
     }
     float tmp[CHUNK];
-    for (size_t i = 0; i < b->count; i += CHUNK) {
-        size_t n = TDIST_MIN((size_t)CHUNK, b->count - i);
+    for (size_t i = 0; i < count; i += CHUNK) {
+        size_t n = TDIST_MIN((size_t)CHUNK, count - i);
         from_wire(tmp, wire + i, n, c->wire);
-        if (b->dtype == TDIST_F64)
-            for (size_t k = 0; k < n; k++) ((double *)b->buffer)[i + k] = (double)tmp[k];
+        if (dt == TDIST_F64)
+            for (size_t k = 0; k < n; k++) ((double *)buf)[i + k] = (double)tmp[k];
         else
-            to_wire((uint16_t *)b->buffer + i, tmp, n, b->dtype);
+            to_wire((uint16_t *)buf + i, tmp, n, dt);
     }
+}
+
+/* The result cast back into the flat buffer, or into each gradient. */
+static void decompress(const tdist_compress_t *c, const uint16_t *wire, const tdist_ddp_bucket_t *b)
+{
+    if (!b->grads) {
+        decompress_run(c, wire, b->buffer, b->dtype, b->count);
+        return;
+    }
+    for (size_t k = 0; k < b->num_params; k++)
+        decompress_run(c, wire + b->offsets[k], b->grads[k], b->dtype, b->counts[k]);
 }
 
 /* ----------------------------------------------------------- the state */
@@ -263,7 +289,9 @@ tdist_status_t tdist_compress_register(tdist_ddp_t *ddp, tdist_compress_t *c)
     if (!ddp || !c)
         return tdist__error(TDIST_ERR_INVALID_ARG, "tdist_compress_register: %s is NULL",
                             !ddp ? "ddp" : "the compression state");
-    return tdist_ddp_register_comm_hook(ddp, c, tdist_compress_hook);
+    /* the casts read the gradients where they are and write them back:
+     * the reducer's copies into the bucket and back are not needed */
+    return tdist_ddp_register_comm_hook_flags(ddp, c, tdist_compress_hook, TDIST_DDP_HOOK_GRADS);
 }
 
 /* ------------------------------------------------------------ the hook */
@@ -338,6 +366,7 @@ static tdist_status_t call_inner(tdist_compress_t *c, slot_t *s, const tdist_ddp
     s->b16 = *bucket;
     s->b16.buffer = s->wire;
     s->b16.dtype = c->wire;
+    s->b16.grads = NULL; /* the inner hook works on the 16-bit bucket */
     s->inner_then = NULL;
     tdist_ddp_hook_result_t in = {0};
     tdist_status_t st = c->inner(c->inner_state, &s->b16, &in);

@@ -24,6 +24,12 @@ void *tdist__ddp_slot(const tdist_ddp_t *ddp, size_t i)
     return ddp->arena + b->arena_off + p->offset * tdist_dtype_size(p->dtype);
 }
 
+void *tdist__ddp_reduce_loc(const tdist_ddp_t *ddp, size_t i)
+{
+    if (ddp->opts.gradient_as_bucket_view || tdist__ddp_copies(ddp)) return tdist__ddp_slot(ddp, i);
+    return ddp->params[i].grad;
+}
+
 void tdist__ddp_free_buckets(ddp_bucket_t *b, size_t nb)
 {
     if (!b) return;
@@ -31,6 +37,7 @@ void tdist__ddp_free_buckets(ddp_bucket_t *b, size_t nb)
         free(b[i].params);
         free(b[i].offsets);
         free(b[i].counts);
+        free(b[i].grads);
     }
     free(b);
 }
@@ -80,7 +87,8 @@ static tdist_status_t lay_out(tdist_ddp_t *ddp, const int32_t *order, ddp_bucket
         bk->params = malloc(bk->nparams * sizeof(size_t));
         bk->offsets = malloc(bk->nparams * sizeof(size_t));
         bk->counts = malloc(bk->nparams * sizeof(size_t));
-        if (!bk->params || !bk->offsets || !bk->counts)
+        bk->grads = malloc(bk->nparams * sizeof(void *));
+        if (!bk->params || !bk->offsets || !bk->counts || !bk->grads)
             return tdist__ddp_error(ddp, TDIST_ERR_NO_MEMORY, "create", "out of memory for buckets");
         bk->arena_off = arena;
         arena += (bk->bytes + 63) & ~(size_t)63;

@@ -380,6 +380,10 @@ tdist_status_t tdist_ddp_create(tdist_pg_t *pg, const tdist_ddp_param_t *params,
     tdist_ddp_opts_t o;
     if (opts) o = *opts;
     else tdist_ddp_opts_init(&o);
+    if (o.overlap != TDIST_DDP_OVERLAP_ON && o.overlap != TDIST_DDP_OVERLAP_OFF)
+        return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op,
+                                "opts.overlap is %d: expected TDIST_DDP_OVERLAP_ON or _OFF",
+                                (int)o.overlap);
     if (o.bucket_cap_bytes == 0 || o.first_bucket_bytes == 0)
         return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op,
                                 "bucket_cap_bytes and first_bucket_bytes must be > 0 (got %zu, %zu)",
@@ -391,6 +395,7 @@ tdist_status_t tdist_ddp_create(tdist_pg_t *pg, const tdist_ddp_param_t *params,
 
     tdist_ddp_t *d = NULL;
     TDIST_CHECK(alloc_ddp(pg, rank, size, &o, n, m, op, &d));
+    d->sync_buckets = o.overlap == TDIST_DDP_OVERLAP_OFF;
     tdist_status_t st = TDIST_OK;
     TDIST_CHECK_GOTO(copy_model(d, params, buffers, op), st, fail);
     TDIST_CHECK_GOTO(check_shapes(d), st, fail);
@@ -431,9 +436,19 @@ void *tdist_ddp_grad_ptr(const tdist_ddp_t *ddp, size_t i)
 
 tdist_status_t tdist_ddp_register_comm_hook(tdist_ddp_t *ddp, void *state, tdist_ddp_comm_hook_fn fn)
 {
+    return tdist_ddp_register_comm_hook_flags(ddp, state, fn, 0);
+}
+
+tdist_status_t tdist_ddp_register_comm_hook_flags(tdist_ddp_t *ddp, void *state,
+                                                  tdist_ddp_comm_hook_fn fn, unsigned flags)
+{
     const char *op = "register_comm_hook";
     if (!ddp) return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op, "ddp is NULL");
     if (!fn) return tdist__ddp_error(ddp, TDIST_ERR_INVALID_ARG, op, "fn is NULL");
+    if (flags & ~(unsigned)TDIST_DDP_HOOK_GRADS)
+        return tdist__ddp_error(ddp, TDIST_ERR_INVALID_ARG, op,
+                                "unknown flags 0x%x (known: TDIST_DDP_HOOK_GRADS)",
+                                flags & ~(unsigned)TDIST_DDP_HOOK_GRADS);
     if (ddp->hook)
         return tdist__ddp_error(ddp, TDIST_ERR_INVALID_ARG, op,
                                 "a comm hook is already registered (a hook is registered once)");
@@ -443,6 +458,7 @@ tdist_status_t tdist_ddp_register_comm_hook(tdist_ddp_t *ddp, void *state, tdist
                                 "comm hook before the first iteration");
     ddp->hook = fn;
     ddp->hook_state = state;
+    ddp->hook_flags = flags;
     return TDIST_OK;
 }
 
@@ -473,6 +489,27 @@ tdist_status_t tdist_ddp_get_stats(const tdist_ddp_t *ddp, tdist_ddp_stats_t *st
 }
 
 size_t tdist_ddp_num_buckets(const tdist_ddp_t *ddp) { return ddp ? ddp->nb : 0; }
+
+static double since_fwd_ms(const tdist_ddp_t *ddp, uint64_t t)
+{
+    return t > ddp->t_fwd_ns ? (double)(t - ddp->t_fwd_ns) / 1e6 : 0.0;
+}
+
+tdist_status_t tdist_ddp_bucket_timeline(const tdist_ddp_t *ddp, size_t b,
+                                         tdist_ddp_bucket_timeline_t *out)
+{
+    const char *op = "bucket_timeline";
+    if (!ddp || !out)
+        return tdist__ddp_error(ddp, TDIST_ERR_INVALID_ARG, op, "%s is NULL", ddp ? "out" : "ddp");
+    if (b >= ddp->nb)
+        return tdist__ddp_error(ddp, TDIST_ERR_INVALID_ARG, op,
+                                "bucket %zu out of range (%zu buckets)", b, ddp->nb);
+    const ddp_bucket_t *bk = &ddp->buckets[b];
+    out->ready_ms = since_fwd_ms(ddp, bk->ready_ns);
+    out->launch_ms = since_fwd_ms(ddp, bk->launch_ns);
+    out->done_ms = since_fwd_ms(ddp, atomic_load(&((ddp_bucket_t *)bk)->done_ns));
+    return TDIST_OK;
+}
 
 size_t tdist_ddp_bucket_params(const tdist_ddp_t *ddp, size_t b, size_t *out, size_t cap)
 {

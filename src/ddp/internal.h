@@ -56,10 +56,12 @@ typedef struct ddp_bucket {
     size_t *params;         /* indices, bucket order */
     size_t *offsets;        /* element offsets */
     size_t *counts;
+    void **grads;           /* nparams: where each gradient is reduced (hook with grads) */
     size_t pending;         /* gradients not ready yet this iteration */
     bool launched;
     tdist_ddp_hook_result_t res;
     tdist_ddp_bucket_t desc;
+    uint64_t ready_ns;      /* pending reached 0 */
     uint64_t launch_ns;
     _Atomic uint64_t done_ns; /* set by the default hook's on_complete */
 } ddp_bucket_t;
@@ -85,6 +87,8 @@ struct tdist_ddp {
 
     tdist_ddp_comm_hook_fn hook; /* NULL: the default (timed) hook */
     void *hook_state;
+    unsigned hook_flags;         /* TDIST_DDP_HOOK_* */
+    bool sync_buckets;           /* overlap off: the default hook reduces in backward_end, blocking */
     /* launch scratch of the direct path: np gradient pointers and counts */
     void **direct_bufs;
     size_t *direct_counts;
@@ -105,6 +109,7 @@ struct tdist_ddp {
     tdist_status_t iter_err; /* first error of the iteration (or shadow iteration) */
     char iter_msg[768];      /* ... and its message */
     uint64_t t_fwd_ns, t_last_ready_ns, t_first_launch_ns;
+    uint64_t copy_ns;       /* this iteration's gradient copies into buckets and back */
 
     bool rebuilt;           /* rebuild step done (whether or not it changed) */
     bool static_agreed;     /* static_graph: used set agreed */
@@ -128,6 +133,20 @@ static inline bool tdist__ddp_direct(const struct tdist_ddp *d)
 {
     return !d->hook && !d->opts.gradient_as_bucket_view && !d->opts.find_unused_parameters;
 }
+
+/* Whether each gradient is copied into its bucket in grad_ready and back
+ * in backward_end: not on the direct path, not with bucket views (the
+ * gradients are the bucket), not for a hook that works on the gradients
+ * where they are (TDIST_DDP_HOOK_GRADS). */
+static inline bool tdist__ddp_copies(const struct tdist_ddp *d)
+{
+    return !d->opts.gradient_as_bucket_view && !tdist__ddp_direct(d) &&
+           !(d->hook && (d->hook_flags & TDIST_DDP_HOOK_GRADS));
+}
+
+/* Where parameter i's gradient is reduced: its slot in the arena when the
+ * reducer copies (or with bucket views), else the caller's grad buffer. */
+void *tdist__ddp_reduce_loc(const tdist_ddp_t *ddp, size_t i);
 
 /* Set a ddp error: "tdist_ddp_<op>: rank R group G iteration K: msg". */
 tdist_status_t tdist__ddp_error(const tdist_ddp_t *ddp, tdist_status_t st, const char *op,

@@ -43,8 +43,50 @@ tdist_status_t tdist_ddp_allreduce_hook(void *state, const tdist_ddp_bucket_t *b
     tdist_coll_opts_t co;
     tdist_coll_opts_init(&co);
     co.premul_factor = 1.0 / (double)bucket->divisor;
+    if (bucket->grads)
+        return tdist_all_reduce_coalesced(bucket->pg, bucket->grads, bucket->counts,
+                                          bucket->num_params, bucket->dtype, TDIST_PREMUL_SUM,
+                                          &co, &result->work);
     return tdist_all_reduce(bucket->pg, bucket->buffer, bucket->buffer, bucket->count,
                             bucket->dtype, TDIST_PREMUL_SUM, &co, &result->work);
+}
+
+/* The default hook: one PREMUL_SUM all_reduce by 1/divisor of bucket b
+ * over the storage at base. On the direct path in place over the caller's
+ * gradients, one coalesced call (no bucket copies; a shadow iteration
+ * issues the same call over zeros). Asynchronous, its completion time
+ * taken on the engine thread; with overlap off (launched from
+ * backward_end; never in a shadow iteration), blocking on this thread,
+ * which then runs it itself (the group is idle: earlier buckets were
+ * reduced the same way). */
+static tdist_status_t default_reduce(tdist_ddp_t *d, ddp_bucket_t *b, unsigned char *base,
+                                     bool shadow)
+{
+    bool sync = d->sync_buckets && !shadow;
+    tdist_coll_opts_t co;
+    tdist_coll_opts_init(&co);
+    co.premul_factor = 1.0 / (double)d->divisor;
+    if (!sync) {
+        co.on_complete = on_bucket_done;
+        co.user_data = b;
+    }
+    tdist_work_t **work = sync ? NULL : &b->res.work;
+    tdist_status_t st;
+    if (tdist__ddp_direct(d)) {
+        size_t es = tdist_dtype_size(b->dtype);
+        for (size_t k = 0; k < b->nparams; k++) {
+            d->direct_bufs[k] = shadow ? (void *)(base + b->arena_off + b->offsets[k] * es)
+                                       : d->params[b->params[k]].grad;
+            d->direct_counts[k] = b->counts[k];
+        }
+        st = tdist_all_reduce_coalesced(d->pg, d->direct_bufs, d->direct_counts, b->nparams,
+                                        b->dtype, TDIST_PREMUL_SUM, &co, work);
+    } else {
+        void *buf = base + b->arena_off;
+        st = tdist_all_reduce(d->pg, buf, buf, b->count, b->dtype, TDIST_PREMUL_SUM, &co, work);
+    }
+    if (sync && st == TDIST_OK) on_bucket_done(st, b);
+    return st;
 }
 
 /* Launch bucket bi over the storage at base (the arena, or zeros for a
@@ -66,6 +108,14 @@ static tdist_status_t launch(tdist_ddp_t *d, size_t bi, unsigned char *base, boo
     desc->iteration = d->iteration;
     desc->divisor = d->divisor;
     desc->pg = d->pg;
+    desc->grads = NULL;
+    if (d->hook && (d->hook_flags & TDIST_DDP_HOOK_GRADS)) {
+        size_t es = tdist_dtype_size(b->dtype);
+        for (size_t k = 0; k < b->nparams; k++)
+            b->grads[k] = shadow ? (void *)(base + b->arena_off + b->offsets[k] * es)
+                                 : tdist__ddp_reduce_loc(d, b->params[k]);
+        desc->grads = b->grads;
+    }
     memset(&b->res, 0, sizeof b->res);
     atomic_store(&b->done_ns, 0);
     b->launched = true;
@@ -73,34 +123,8 @@ static tdist_status_t launch(tdist_ddp_t *d, size_t bi, unsigned char *base, boo
     if (!d->t_first_launch_ns) d->t_first_launch_ns = b->launch_ns;
     (void)tdist_pg_mark(d->pg, shadow ? "bucket_launched_shadow" : "bucket_launched", bi);
 
-    tdist_status_t st;
-    if (d->hook) {
-        st = d->hook(d->hook_state, desc, &b->res);
-    } else if (tdist__ddp_direct(d)) {
-        /* in place over the caller's gradients: no bucket copies (a
-         * shadow iteration issues the same call over zeros) */
-        size_t es = tdist_dtype_size(b->dtype);
-        for (size_t k = 0; k < b->nparams; k++) {
-            d->direct_bufs[k] = shadow ? (void *)(base + b->arena_off + b->offsets[k] * es)
-                                       : d->params[b->params[k]].grad;
-            d->direct_counts[k] = b->counts[k];
-        }
-        tdist_coll_opts_t co;
-        tdist_coll_opts_init(&co);
-        co.premul_factor = 1.0 / (double)d->divisor;
-        co.on_complete = on_bucket_done;
-        co.user_data = b;
-        st = tdist_all_reduce_coalesced(d->pg, d->direct_bufs, d->direct_counts, b->nparams,
-                                        b->dtype, TDIST_PREMUL_SUM, &co, &b->res.work);
-    } else {
-        tdist_coll_opts_t co;
-        tdist_coll_opts_init(&co);
-        co.premul_factor = 1.0 / (double)d->divisor;
-        co.on_complete = on_bucket_done;
-        co.user_data = b;
-        st = tdist_all_reduce(d->pg, desc->buffer, desc->buffer, b->count, b->dtype,
-                              TDIST_PREMUL_SUM, &co, &b->res.work);
-    }
+    tdist_status_t st = d->hook ? d->hook(d->hook_state, desc, &b->res)
+                                : default_reduce(d, b, base, shadow);
     if (st != TDIST_OK) {
         if (b->res.work) tdist_work_free(b->res.work);
         memset(&b->res, 0, sizeof b->res);
@@ -190,6 +214,7 @@ static void reset_iteration(tdist_ddp_t *d)
         d->buckets[b].launched = false;
     }
     d->t_first_launch_ns = 0;
+    d->copy_ns = 0;
 }
 
 tdist_status_t tdist_ddp_forward_begin(tdist_ddp_t *ddp)
@@ -241,11 +266,15 @@ tdist_status_t tdist_ddp_grad_ready(tdist_ddp_t *ddp, size_t index)
     if (ddp->iter_no_sync) return TDIST_OK;
     /* the flight recorder's backward span starts at the first gradient */
     if (ddp->nready == 1) (void)tdist_pg_mark(ddp->pg, "backward_begin", ddp->iteration);
-    if (!ddp->opts.gradient_as_bucket_view && !tdist__ddp_direct(ddp))
+    if (tdist__ddp_copies(ddp)) {
         memcpy(tdist__ddp_slot(ddp, index), p->grad, p->bytes);
+        ddp->copy_ns += tdist__now_ns() - ddp->t_last_ready_ns;
+    }
     ddp_bucket_t *b = &ddp->buckets[p->bucket];
     if (--b->pending == 0) {
+        b->ready_ns = tdist__now_ns();
         (void)tdist_pg_mark(ddp->pg, "bucket_ready", p->bucket); /* flight recorder */
+        if (ddp->sync_buckets && !ddp->hook) return TDIST_OK; /* overlap off: in backward_end */
         return launch_ready(ddp);
     }
     return TDIST_OK;
@@ -352,33 +381,33 @@ static void append_name(char *buf, size_t cap, size_t *len, size_t *listed, size
 
 /* Every parameter without grad_ready in this iteration. One accumulated
  * during no_sync iterations is final as it stands; any other contributes
- * zeros: unused with find_unused (with bucket views its slot is stashed,
- * to be restored if no rank used it), missing without. Then the buckets
- * this completes are launched. */
+ * zeros: unused with find_unused (when it is reduced where it lives, with
+ * bucket views or a hook on the gradients, its contents are stashed, to be
+ * restored if no rank used it), missing without. Then the buckets this
+ * completes are launched. */
 static void mark_unready(tdist_ddp_t *d, unready_t *u, const char *op)
 {
-    bool view = d->opts.gradient_as_bucket_view;
+    bool copies = tdist__ddp_copies(d);
     bool find_unused = d->opts.find_unused_parameters;
-    bool direct = tdist__ddp_direct(d);
     size_t n = d->np, mlen = 0, stash_bytes = 0, so = 0;
     memset(u, 0, sizeof *u);
     for (size_t i = 0; i < n; i++)
-        if (!d->ready[i] && !d->used_since_sync[i] && find_unused && view)
+        if (!d->ready[i] && !d->used_since_sync[i] && find_unused && !copies)
             stash_bytes += d->params[i].bytes;
     if (stash_bytes && !(u->stash = malloc(stash_bytes)))
         record_err(d, tdist__ddp_error(d, TDIST_ERR_NO_MEMORY, op, "out of memory"));
     for (size_t i = 0; i < n; i++) {
         if (d->ready[i]) continue;
         ddp_param_t *p = &d->params[i];
-        void *slot = tdist__ddp_slot(d, i);
+        void *loc = tdist__ddp_reduce_loc(d, i);
         if (d->used_since_sync[i]) {
             /* accumulated during no_sync iterations: final as it stands */
-            if (!view && !direct) memcpy(slot, p->grad, p->bytes);
+            if (copies) memcpy(loc, p->grad, p->bytes);
         } else {
             if (find_unused) {
                 u->nunused++;
                 if (u->stash) {
-                    memcpy(u->stash + so, slot, p->bytes);
+                    memcpy(u->stash + so, loc, p->bytes);
                     so += p->bytes;
                 }
             } else {
@@ -387,9 +416,9 @@ static void mark_unready(tdist_ddp_t *d, unready_t *u, const char *op)
             }
             /* a zero contribution (direct: in the caller's gradient, which
              * this rank reports as an error anyway) */
-            memset(direct ? p->grad : slot, 0, p->bytes);
+            memset(loc, 0, p->bytes);
         }
-        d->buckets[p->bucket].pending--;
+        if (--d->buckets[p->bucket].pending == 0) d->buckets[p->bucket].ready_ns = tdist__now_ns();
     }
     launch_ready(d);
 }
@@ -440,7 +469,10 @@ static uint64_t wait_buckets(tdist_ddp_t *d, const char *op)
         uint64_t lo = bk->launch_ns;
         record_err(d, finish_bucket(d, bk, op));
         uint64_t done = atomic_load(&bk->done_ns);
-        if (!done) done = tdist__now_ns();
+        if (!done) {
+            done = tdist__now_ns();
+            atomic_store(&bk->done_ns, done); /* a hook's: when seen done here */
+        }
         if (done < lo) done = lo;
         if (cur_hi == 0 || lo > cur_hi) {
             busy += cur_hi - cur_lo;
@@ -487,26 +519,29 @@ static tdist_status_t missing_error(const tdist_ddp_t *d, const unready_t *u, co
         u->nmissing, u->nmissing == 1 ? "" : "s", u->missing, u->nmissing > u->listed ? ", ..." : "");
 }
 
-/* The averaged gradients to the caller's grad buffers. The direct path
- * reduced them there in place; with bucket views they stay in the arena,
- * except that a slot no rank used gets its stashed contents back. */
+/* The averaged gradients to the caller's grad buffers. Reduced where
+ * they live (the direct path, bucket views, a hook on the gradients), they
+ * stay there, except that a gradient no rank used gets its stashed
+ * contents back; else they are copied from the arena. */
 static void write_back(tdist_ddp_t *d, const unsigned char *stash)
 {
     if (tdist__ddp_direct(d)) return;
-    bool view = d->opts.gradient_as_bucket_view;
+    bool copies = tdist__ddp_copies(d);
+    uint64_t t0 = copies ? tdist__now_ns() : 0;
     bool find_unused = d->opts.find_unused_parameters;
     size_t so = 0;
     for (size_t i = 0; i < d->np; i++) {
         ddp_param_t *p = &d->params[i];
         bool local_unused = !d->ready[i] && !d->used_since_sync[i];
         bool global_used = !find_unused || d->used_map[i];
-        if (!view) {
+        if (copies) {
             if (global_used) memcpy(p->grad, tdist__ddp_slot(d, i), p->bytes);
         } else if (local_unused && find_unused) {
-            if (!global_used && stash) memcpy(tdist__ddp_slot(d, i), stash + so, p->bytes);
+            if (!global_used && stash) memcpy(tdist__ddp_reduce_loc(d, i), stash + so, p->bytes);
             so += p->bytes;
         }
     }
+    if (copies) d->copy_ns += tdist__now_ns() - t0;
 }
 
 /* The one-time rebuild takes part in the iteration's collectives even
@@ -537,6 +572,8 @@ static void record_stats(tdist_ddp_t *d, size_t nunused, const end_times_t *tm)
     s->total_compute_ms += s->last_compute_ms;
     s->total_comm_ms += s->last_comm_ms;
     s->total_wait_ms += s->last_wait_ms;
+    s->last_copy_ms = (double)d->copy_ns / 1e6;
+    s->total_copy_ms += s->last_copy_ms;
 }
 
 tdist_status_t tdist_ddp_backward_end(tdist_ddp_t *ddp)

@@ -91,6 +91,10 @@ typedef struct opt_scen {
     kind_t kind;
     tdist_dtype_t wire;
     bool no_sync, find_unused, view;
+    /* registered with the plain tdist_ddp_register_comm_hook: the hook
+     * works on the bucket, the reducer copies the gradients in and out
+     * (tdist_compress_register: on the gradients where they are) */
+    bool bucket_path;
 } opt_scen_t;
 
 #define SENTINEL 42.0 /* the unused-everywhere parameter's gradient */
@@ -148,7 +152,10 @@ static void opt_body(int rank, int n, void *arg)
     tdist_ddp_t *ddp;
     ASSERT_OK(tdist_ddp_create(pg, md.params, SM_NP, NULL, 0, &o, &ddp));
     tdist_compress_t *c = make_state(sc->kind, sc->wire, NULL);
-    ASSERT_OK(tdist_compress_register(ddp, c));
+    if (sc->bucket_path)
+        ASSERT_OK(tdist_ddp_register_comm_hook(ddp, c, tdist_compress_hook));
+    else
+        ASSERT_OK(tdist_compress_register(ddp, c));
     for (int k = 0; k < 3; k++) {
         opt_step(sc, rank, k, ddp, &md);
         opt_check(sc, k, ddp, &md);
@@ -164,37 +171,55 @@ static void opt_body(int rank, int n, void *arg)
 
 TEST(compress_fp16_hook_no_sync, 60)
 {
-    static const opt_scen_t sc = {K_HOOK, TDIST_F16, true, false, false};
+    static const opt_scen_t sc = {K_HOOK, TDIST_F16, true, false, false, false};
     tdist_test_run_ranks(2, opt_body, (void *)&sc);
 }
 
 TEST(compress_fp16_hook_find_unused, 60)
 {
-    static const opt_scen_t sc = {K_HOOK, TDIST_F16, false, true, false};
+    static const opt_scen_t sc = {K_HOOK, TDIST_F16, false, true, false, false};
+    tdist_test_run_ranks(2, opt_body, (void *)&sc);
+}
+
+TEST(compress_fp16_hook_no_sync_find_unused, 60)
+{
+    static const opt_scen_t sc = {K_HOOK, TDIST_F16, true, true, false, false};
+    tdist_test_run_ranks(2, opt_body, (void *)&sc);
+}
+
+TEST(compress_fp16_hook_bucket_path_no_sync_find_unused, 60)
+{
+    static const opt_scen_t sc = {K_HOOK, TDIST_F16, true, true, false, true};
+    tdist_test_run_ranks(2, opt_body, (void *)&sc);
+}
+
+TEST(compress_bf16_wrapper_bucket_path_find_unused, 60)
+{
+    static const opt_scen_t sc = {K_WRAP_SUM_DIV, TDIST_BF16, false, true, false, true};
     tdist_test_run_ranks(2, opt_body, (void *)&sc);
 }
 
 TEST(compress_fp16_hook_bucket_view, 60)
 {
-    static const opt_scen_t sc = {K_HOOK, TDIST_F16, false, false, true};
+    static const opt_scen_t sc = {K_HOOK, TDIST_F16, false, false, true, false};
     tdist_test_run_ranks(2, opt_body, (void *)&sc);
 }
 
 TEST(compress_bf16_hook_all_options, 60)
 {
-    static const opt_scen_t sc = {K_HOOK, TDIST_BF16, true, true, true};
+    static const opt_scen_t sc = {K_HOOK, TDIST_BF16, true, true, true, false};
     tdist_test_run_ranks(2, opt_body, (void *)&sc);
 }
 
 TEST(compress_fp16_wrapper_all_options, 60)
 {
-    static const opt_scen_t sc = {K_WRAP_ALLREDUCE, TDIST_F16, true, true, true};
+    static const opt_scen_t sc = {K_WRAP_ALLREDUCE, TDIST_F16, true, true, true, false};
     tdist_test_run_ranks(2, opt_body, (void *)&sc);
 }
 
 TEST(compress_bf16_wrapper_custom_find_unused_view, 60)
 {
-    static const opt_scen_t sc = {K_WRAP_SUM_DIV, TDIST_BF16, false, true, true};
+    static const opt_scen_t sc = {K_WRAP_SUM_DIV, TDIST_BF16, false, true, true, false};
     tdist_test_run_ranks(2, opt_body, (void *)&sc);
 }
 

@@ -49,7 +49,8 @@ typedef struct scenario {
     int micro;         /* micro-batches per step; all but the last under no_sync */
     int extra;         /* 0: no extra param; 1: never used; 2: used for shard 0's samples only */
     int order;         /* 0: reverse order; 1: another order, rank dependent */
-    int hook;          /* 0: default; 1: all_reduce sum then x2 in a continuation; 2: wraps the public default */
+    int hook;          /* 0: default; 1: all_reduce sum then x2 in a continuation; 2: wraps the public default;
+                        * 3: the public default registered with TDIST_DDP_HOOK_GRADS */
     bool check_stats;
 } scenario_t;
 
@@ -202,12 +203,44 @@ static tdist_status_t test_hook(void *state, const tdist_ddp_bucket_t *b, tdist_
         off += b->counts[j];
     }
     ASSERT_EQ(off, b->count);
-    if (hs->mode == 2) return tdist_ddp_allreduce_hook(NULL, b, r);
+    if ((b->grads != NULL) != (hs->mode == 3)) FAIL("bucket %zu: grads %p in mode %d", b->index, (void *)b->grads, hs->mode);
+    if (hs->mode == 3) {
+        /* each gradient where it lives: the caller's, or its slot with bucket views */
+        for (size_t j = 0; j < b->num_params; j++)
+            if (b->grads[j] != tdist_ddp_grad_ptr(hs->ddp, idx[j]))
+                FAIL("bucket %zu: grads[%zu] is not parameter %zu's gradient", b->index, j, idx[j]);
+    }
+    if (hs->mode == 2 || hs->mode == 3) return tdist_ddp_allreduce_hook(NULL, b, r);
     r->then = times_two;
     return tdist_all_reduce(b->pg, b->buffer, b->buffer, b->count, b->dtype, TDIST_SUM, NULL, &r->work);
 }
 
 /* ------------------------------------------------------------ the run */
+
+/* After a synchronised backward_end: every bucket's timeline is in order
+ * (ready <= launch <= done), except in the first iteration, whose rebuild
+ * may start the buckets afresh; gradient copies only on the copy path. */
+static void check_timeline(tdist_ddp_t *ddp, const scenario_t *sc, int step)
+{
+    tdist_ddp_bucket_timeline_t t;
+    size_t nb = tdist_ddp_num_buckets(ddp);
+    ASSERT_STATUS(tdist_ddp_bucket_timeline(ddp, nb, &t), TDIST_ERR_INVALID_ARG);
+    ASSERT_STATUS(tdist_ddp_bucket_timeline(ddp, 0, NULL), TDIST_ERR_INVALID_ARG);
+    for (size_t b = 0; b < nb && step > 0; b++) {
+        ASSERT_OK(tdist_ddp_bucket_timeline(ddp, b, &t));
+        if (!(t.ready_ms > 0 && t.ready_ms <= t.launch_ms && t.launch_ms <= t.done_ms))
+            FAIL("step %d bucket %zu: timeline ready %.6f launch %.6f done %.6f out of order", step,
+                 b, t.ready_ms, t.launch_ms, t.done_ms);
+    }
+    tdist_ddp_stats_t st;
+    ASSERT_OK(tdist_ddp_get_stats(ddp, &st));
+    bool copies = !sc->opts.gradient_as_bucket_view &&
+                  (sc->hook == 1 || sc->hook == 2 || (sc->hook == 0 && sc->opts.find_unused_parameters));
+    if (copies ? !(st.last_copy_ms > 0) : st.last_copy_ms != 0)
+        FAIL("step %d: last_copy_ms %.6f on the %s path", step, st.last_copy_ms,
+             copies ? "copy" : "in-place");
+    ASSERT_TRUE(st.total_copy_ms >= st.last_copy_ms);
+}
 
 static void run_scenario(int rank, int n, const scenario_t *sc, tdist_pg_t *pg)
 {
@@ -235,7 +268,9 @@ static void run_scenario(int rank, int n, const scenario_t *sc, tdist_pg_t *pg)
         ASSERT_EQ(dm.batches, rm.batches);
     }
     hook_state_t hs = {ddp, 0, 0, 0, sc->hook};
-    if (sc->hook) ASSERT_OK(tdist_ddp_register_comm_hook(ddp, &hs, test_hook));
+    if (sc->hook)
+        ASSERT_OK(tdist_ddp_register_comm_hook_flags(ddp, &hs, test_hook,
+                                                     sc->hook == 3 ? TDIST_DDP_HOOK_GRADS : 0));
     double gscale = sc->hook == 1 ? 2.0 * n : 1.0;
 
     /* grad_ready orders */
@@ -284,6 +319,7 @@ static void run_scenario(int rank, int n, const scenario_t *sc, tdist_pg_t *pg)
             fwd_bwd(&dm, g, x, y, r0, r1, 1.0f / (float)(r1 - r0), sc->extra != 0, ex_end, ddp,
                     ord2, n2, ord1, 2, rank + 1);
             ASSERT_OK(tdist_ddp_backward_end(ddp));
+            if (last) check_timeline(ddp, sc, step);
             /* the reference: whole batch; rank 0's buffers: rank 0's rows */
             float *rg[NPAR];
             for (int i = 0; i < NPAR; i++) rg[i] = rm.g[i];
@@ -406,6 +442,7 @@ TEST(ddp_opts_defaults, 5)
     ASSERT_EQ(o.first_bucket_bytes, 1 << 20);
     ASSERT_TRUE(o.sync_at_create && o.broadcast_buffers);
     ASSERT_FALSE(o.find_unused_parameters || o.gradient_as_bucket_view || o.static_graph);
+    ASSERT_EQ(o.overlap, TDIST_DDP_OVERLAP_ON);
 }
 
 TEST(ddp_mlp_matches_single_process, 60)
@@ -592,3 +629,96 @@ TEST(ddp_comm_hook_wrapping_default, 60)
     run_1_to_4(&sc);
 }
 
+
+/* sc (a reduction path) with several buckets and a rebuild, then with
+ * no_sync and a parameter used on rank 0 only, one used nowhere (its
+ * gradient untouched), and that with bucket views. */
+static void run_option_matrix(scenario_t *sc)
+{
+    sc->order = 1;
+    sc->opts.bucket_cap_bytes = 300;
+    sc->opts.first_bucket_bytes = 64;
+    sc->check_stats = true;
+    run_1_to_4(sc);
+    sc->check_stats = false;
+    sc->micro = 2;
+    sc->extra = 2;
+    sc->opts.find_unused_parameters = true;
+    run_1_to_4(sc);
+    sc->micro = 1;
+    sc->extra = 1;
+    run_1_to_4(sc);
+    sc->opts.gradient_as_bucket_view = true;
+    run_1_to_4(sc);
+}
+
+/* A hook on the gradients where they live: no copies, the same results,
+ * with no_sync, unused parameters (one used nowhere keeps its gradient)
+ * and bucket views. */
+TEST(ddp_comm_hook_on_gradients, 90)
+{
+    scenario_t sc;
+    scenario_defaults(&sc);
+    sc.hook = 3;
+    run_option_matrix(&sc);
+}
+
+/* Overlap off: backward_end reduces the buckets on the training thread;
+ * the same results, with the direct path, unused parameters, no_sync and
+ * bucket views. */
+TEST(ddp_overlap_off, 90)
+{
+    scenario_t sc;
+    scenario_defaults(&sc);
+    sc.opts.overlap = TDIST_DDP_OVERLAP_OFF;
+    run_option_matrix(&sc);
+}
+
+/* Overlap off, the direct path: nothing is reduced before backward_end
+ * (the gradients are still this rank's own after every grad_ready; with
+ * overlap on they could already be averaged), and the averages are there
+ * after it. */
+static void overlap_off_body(int rank, int n, void *arg)
+{
+    (void)arg;
+    tdist_world_t *w;
+    tdist_pg_t *pg;
+    open_pg(&w, &pg);
+    float p[2][3] = {{0}}, g[2][3];
+    tdist_ddp_param_t params[2] = {{p[0], g[0], 3, TDIST_F32, "a"}, {p[1], g[1], 3, TDIST_F32, "b"}};
+    tdist_ddp_opts_t o;
+    tdist_ddp_opts_init(&o);
+    o.overlap = TDIST_DDP_OVERLAP_OFF;
+    o.bucket_cap_bytes = o.first_bucket_bytes = 12; /* a bucket each */
+    tdist_ddp_t *ddp;
+    ASSERT_OK(tdist_ddp_create(pg, params, 2, NULL, 0, &o, &ddp));
+    for (int step = 0; step < 3; step++) {
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 3; j++) g[i][j] = (float)((rank + 1) * (j + 1 + 10 * i + step));
+        float want[2][3];
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 3; j++) /* the mean over ranks of (r + 1) x v */
+                want[i][j] = (float)((j + 1 + 10 * i + step) * (n + 1)) / 2.0f;
+        float own[2][3];
+        memcpy(own, g, sizeof own);
+        ASSERT_OK(tdist_ddp_forward_begin(ddp));
+        ASSERT_OK(tdist_ddp_grad_ready(ddp, 1)); /* bucket 0 */
+        ASSERT_OK(tdist_ddp_grad_ready(ddp, 0));
+        ASSERT_MEMEQ(g, own, sizeof own);
+        tdist_ddp_stats_t st;
+        ASSERT_OK(tdist_ddp_get_stats(ddp, &st));
+        ASSERT_EQ(st.buckets_reduced, 2 * (uint64_t)step); /* none launched yet */
+        ASSERT_OK(tdist_ddp_backward_end(ddp));
+        expect_close("gradient", "b", step, g[1], want[1], 3, 1);
+        expect_close("gradient", "a", step, g[0], want[0], 3, 1);
+    }
+    tdist_ddp_destroy(ddp);
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
+}
+
+TEST(ddp_overlap_off_reduced_in_backward_end, 30)
+{
+    tdist_test_run_ranks(2, overlap_off_body, NULL);
+    tdist_test_run_ranks(3, overlap_off_body, NULL);
+}

@@ -268,6 +268,11 @@ static void misuse_body(int rank, int n, void *arg)
     ASSERT_STATUS(tdist_ddp_create(pg, t.params, NP, NULL, 0, &o, &ddp), TDIST_ERR_INVALID_ARG);
     ASSERT_CONTAINS(tdist_last_error(), "bucket_cap_bytes");
     ASSERT_TRUE(ddp == NULL);
+    tdist_ddp_opts_init(&o);
+    o.overlap = (tdist_ddp_overlap_t)7;
+    ASSERT_STATUS(tdist_ddp_create(pg, t.params, NP, NULL, 0, &o, &ddp), TDIST_ERR_INVALID_ARG);
+    ASSERT_CONTAINS(tdist_last_error(), "opts.overlap is 7: expected TDIST_DDP_OVERLAP_ON or _OFF");
+    ASSERT_TRUE(ddp == NULL);
 
     /* NULL reducer everywhere */
     ASSERT_STATUS(tdist_ddp_forward_begin(NULL), TDIST_ERR_INVALID_ARG);
@@ -286,6 +291,9 @@ static void misuse_body(int rank, int n, void *arg)
     ASSERT_TRUE(tdist_ddp_grad_ptr(ddp, NP) == NULL);
     ASSERT_STATUS(tdist_ddp_get_stats(ddp, NULL), TDIST_ERR_INVALID_ARG);
     ASSERT_STATUS(tdist_ddp_register_comm_hook(ddp, NULL, NULL), TDIST_ERR_INVALID_ARG);
+    ASSERT_STATUS(tdist_ddp_register_comm_hook_flags(ddp, NULL, noop_hook, 1u << 7),
+                  TDIST_ERR_INVALID_ARG);
+    ASSERT_CONTAINS(tdist_last_error(), "unknown flags 0x80");
 
     /* loop calls out of order */
     ASSERT_STATUS(tdist_ddp_grad_ready(ddp, 0), TDIST_ERR_INVALID_ARG);

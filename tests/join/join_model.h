@@ -28,6 +28,7 @@ typedef struct scen {
     int micro;        /* micro-batches per step (0 means 1); all but the last under no_sync */
     bool hook;        /* test_join_more.c: a comm hook whose continuation doubles */
     bool per_param;   /* test_join_more.c: one bucket per parameter */
+    bool overlap_off; /* test_join.c: odd ranks reduce in backward_end (opts.overlap off) */
 } scen_t;
 
 typedef struct model {
