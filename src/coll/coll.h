@@ -126,6 +126,10 @@ typedef struct tdist__coll_check {
     int have;                               /* -1: none */
     tdist_status_t (*exchange)(void *arg, int64_t deadline_ms); /* send, receive, compare */
     tdist_status_t (*compare)(void *arg);   /* theirs filled: OK or the mismatch */
+    /* theirs filled for every rank, this one's included, with the
+     * fingerprints of an exchange that may be an earlier collective's (a
+     * rooted collective's sender compares later): the mismatch, naming it */
+    tdist_status_t (*compare_earlier)(void *arg);
     void *arg;
 } tdist__coll_check_t;
 
@@ -327,7 +331,9 @@ tdist_status_t tdist__coll_barrier(const tdist__coll_ctx_t *c);
  *    TDIST__SHMC_BLOB_MAX bytes (pg/: a hash of the fingerprint, plus a
  *    tiny all_reduce's data) and an aux part (the whole fingerprint, read
  *    only to word a mismatch) and reads every rank's blob — the first step
- *    of every collective, so it is also the check of rule 2 and a barrier;
+ *    of every collective, so it is also the check of rule 2 and a barrier
+ *    (but for a blocking rooted one-shot collective, whose senders do not
+ *    wait: its lines are compared later, before they are overwritten);
  *  - all_reduce / reduce: chunks of the input staged in a 2-slot area,
  *    each rank reducing its slice of every chunk in rank order (results
  *    bit-identical on every rank), peers copying the reduced slices out;
@@ -335,7 +341,7 @@ tdist_status_t tdist__coll_barrier(const tdist__coll_ctx_t *c);
  * Waits go through tdist__tp_wait_until (spin, yield, futex; liveness). */
 
 #define TDIST__SHMC_BLOB_MAX 400 /* the part every reader reads */
-#define TDIST__SHMC_AUX_MAX 96   /* a part read only when needed */
+#define TDIST__SHMC_AUX_MAX 88   /* a part read only when needed (a fingerprint: 80) */
 
 /* Bytes of collective area the shm transport must reserve per rank. */
 size_t tdist__shmc_area_bytes(void);
@@ -358,20 +364,36 @@ tdist_status_t tdist__shmc_exchange(const tdist__coll_ctx_t *c, const void *blob
                                     size_t *lens);
 
 /* An exchange written in place, without staging copies: tdist__shmc_begin
- * gives this rank's blob (TDIST__SHMC_BLOB_MAX bytes) and *aux
- * (TDIST__SHMC_AUX_MAX bytes) of its next exchange, to fill; then
- * tdist__shmc_post publishes len and aux_len bytes of them, and
- * tdist__shmc_gather waits as tdist__shmc_exchange does. */
-uint8_t *tdist__shmc_begin(const tdist__coll_ctx_t *c, uint8_t **aux);
+ * gives this rank's blob (*blob, TDIST__SHMC_BLOB_MAX bytes) and *aux
+ * (TDIST__SHMC_AUX_MAX bytes) of its next exchange, to fill, once the
+ * peers are done with the line it overwrites (a rooted collective's
+ * sender may have run ahead: it waits, bounded by c->deadline_ms);
+ * TDIST_ERR_MISMATCH when a comparison of earlier exchanges' lines found
+ * a difference (tdist__shmc_bad). Then tdist__shmc_post publishes len and
+ * aux_len bytes of them (a line that carries pg/'s check: the hash first
+ * in the blob, the fingerprint in aux), and tdist__shmc_gather waits for
+ * every rank's line as tdist__shmc_exchange does (and compares the lines
+ * of earlier exchanges not yet compared: TDIST_ERR_MISMATCH as above;
+ * this exchange's hashes are the caller's to compare), or
+ * tdist__shmc_gather_one for rank r's alone (*blob: its blob). */
+tdist_status_t tdist__shmc_begin(const tdist__coll_ctx_t *c, uint8_t **blob, uint8_t **aux);
 void tdist__shmc_post(const tdist__coll_ctx_t *c, size_t len, size_t aux_len);
 tdist_status_t tdist__shmc_gather(const tdist__coll_ctx_t *c, const uint8_t **blobs, size_t *lens);
+tdist_status_t tdist__shmc_gather_one(const tdist__coll_ctx_t *c, int r, const uint8_t **blob);
+
+/* The exchange whose lines were found to differ (0: none), this rank's
+ * last exchange, and rank r's aux part of exchange seq while it is still
+ * there (NULL otherwise; a line is kept until every rank has compared it). */
+uint64_t tdist__shmc_bad(const tdist__coll_ctx_t *c);
+uint64_t tdist__shmc_now(const tdist__coll_ctx_t *c);
+const uint8_t *tdist__shmc_aux_of(const tdist__coll_ctx_t *c, int r, uint64_t seq, size_t *len);
 
 /* The two halves of an exchange, for a protocol in which only some ranks
- * read: publish this rank's blob for the next exchange (no wait), and
- * read rank r's blob of the current exchange if it has published it
- * (NULL otherwise). */
-void tdist__shmc_publish(const tdist__coll_ctx_t *c, const void *blob, size_t len,
-                         const void *aux, size_t aux_len);
+ * read: publish this rank's blob for the next exchange (no wait for the
+ * peers' lines; errors as tdist__shmc_begin), and read rank r's blob of
+ * the current exchange if it has published it (NULL otherwise). */
+tdist_status_t tdist__shmc_publish(const tdist__coll_ctx_t *c, const void *blob, size_t len,
+                                   const void *aux, size_t aux_len);
 const uint8_t *tdist__shmc_peek(const tdist__coll_ctx_t *c, int r, size_t *len);
 const uint8_t *tdist__shmc_peek_aux(const tdist__coll_ctx_t *c, int r, size_t *len);
 /* Wait (bounded by c->deadline_ms, failing if r dies) until rank r has
@@ -389,8 +411,8 @@ tdist_status_t tdist__shmc_await_next(const tdist__coll_ctx_t *c, int r, const u
  * tdist__shmc_small_max() bytes); after the exchange, tdist__shmc_slot
  * gives rank r's slot of it (valid until this rank's next exchange). */
 size_t tdist__shmc_small_max(void);
-tdist_status_t tdist__shmc_stage_slot(const tdist__coll_ctx_t *c, uint8_t **slot);
-const uint8_t *tdist__shmc_slot(const tdist__coll_ctx_t *c, int r);
+tdist_status_t tdist__shmc_stage_slot(const tdist__coll_ctx_t *c, size_t bytes, uint8_t **slot);
+const uint8_t *tdist__shmc_slot(const tdist__coll_ctx_t *c, int r, size_t bytes);
 
 /* One-shot collectives on the shm line or the fused exchange (oneshot.c).
  * tdist__oneshot_op: whether op has one; _bytes: the most bytes any rank

@@ -472,6 +472,12 @@ static tdist_status_t check_compare(void *arg)
     return tdist__fp_compare(x->pg);
 }
 
+static tdist_status_t check_compare_earlier(void *arg)
+{
+    check_arg_t *x = arg;
+    return tdist__fp_compare_earlier(x->pg, x->w);
+}
+
 /* The common part of w's fingerprint into pg->chk.common; its hash (0
  * when the check is off). A plain call of the last one's shape (a training
  * loop's loss, a norm) reuses that shape's hash: only seq's term changes. */
@@ -525,7 +531,8 @@ tdist_status_t tdist__pg_run_body(tdist_pg_t *pg, struct tdist_work *w, int64_t 
     tdist__coll_check_t chk = {.on = pg->check_fp, .len = sizeof pg->chk.common,
                                .common = &pg->chk.common, .hash = hash,
                                .theirs = (uint8_t *)pg->chk.theirs, .have = pg->chk.have,
-                               .exchange = check_exchange, .compare = check_compare, .arg = &x};
+                               .exchange = check_exchange, .compare = check_compare,
+                               .compare_earlier = check_compare_earlier, .arg = &x};
     return tdist__coll_run(&c, &a, &chk);
 }
 
