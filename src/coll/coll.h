@@ -86,6 +86,9 @@ typedef enum tdist__op {
 
 /* The largest fingerprint pg/ hands coll/ (it rides in a line's aux part). */
 #define TDIST__COLL_FP_MAX 96
+/* How many acknowledgements a TCP rooted collective's sender may owe a
+ * peer before it reads half of them (fused.c). */
+#define TDIST__ACK_MAX 32
 
 /* "all_reduce", "send", ...; "unknown-op" outside the enum. Thread-safe. */
 const char *tdist__op_name(tdist__op_t op);
@@ -145,6 +148,14 @@ typedef struct tdist__coll_group {
     size_t fused_max;
     uint8_t *fused_out, *fused_in, *fused_acc;
     const uint8_t **blobs;         /* shm line: size entries */
+    /* TCP, rooted one-shot collectives (fused.c): the acknowledgements (a
+     * peer's fingerprint) still to read from each peer, and this rank's
+     * fingerprint each is compared with (per peer, a ring of
+     * TDIST__ACK_MAX) */
+    uint32_t *ack_owed, *ack_head; /* size entries */
+    uint32_t ack_total;
+    uint8_t *ack_fp;               /* size x TDIST__ACK_MAX x TDIST__COLL_FP_MAX */
+    uint8_t *ack_in;               /* TDIST__ACK_MAX x TDIST__COLL_FP_MAX */
     tdist__tp_req_t *reqs;         /* 2 x size: the fused and monitored exchanges */
     tdist__tp_req_t **reqp;
     /* hierarchical route (a group over several hosts): pg/ runs it on its
@@ -429,6 +440,27 @@ const void *tdist__oneshot_input(const tdist__coll_ctx_t *c, const tdist__coll_a
 tdist_status_t tdist__oneshot_scale(const tdist__coll_args_t *a, void *staged, size_t bytes);
 tdist_status_t tdist__oneshot_finish(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
                                          const uint8_t *const *from);
+
+/* How a rank takes part in a rooted one-shot collective that a blocking
+ * call runs (c->spin): a sender (broadcast's and scatter's root,
+ * reduce's and gather's other ranks) hands its data on and leaves
+ * without waiting for the peers' fingerprints; a broadcast's or
+ * scatter's other ranks take the root's alone (FROM_ROOT); reduce's and
+ * gather's root takes every rank's (FROM_ALL). What a rank did not wait
+ * for is compared later (shm_coll.c "checking", fused.c): a difference
+ * fails that rank's next collective, naming the one that differed. An
+ * asynchronous call (its work carries the verdict), a call without
+ * pg/'s check and every other collective exchange with every rank
+ * (ALL). */
+typedef enum tdist__oneshot_role {
+    TDIST__ROLE_ALL = 0,
+    TDIST__ROLE_SEND,
+    TDIST__ROLE_FROM_ROOT,
+    TDIST__ROLE_FROM_ALL,
+} tdist__oneshot_role_t;
+tdist__oneshot_role_t tdist__oneshot_role(const tdist__coll_ctx_t *c,
+                                          const tdist__coll_args_t *a,
+                                          const tdist__coll_check_t *chk);
 
 /* all_reduce (root < 0) or reduce to root through the staging area. */
 tdist_status_t tdist__shmc_all_reduce(const tdist__coll_ctx_t *c, const void *sendbuf,

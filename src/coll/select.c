@@ -140,7 +140,12 @@ tdist_status_t tdist__coll_group_init(tdist__coll_group_t *g, int size)
     g->reqs = calloc(2 * n, sizeof *g->reqs);
     g->reqp = calloc(2 * n, sizeof *g->reqp);
     g->blobs = calloc(n, sizeof *g->blobs);
-    if (!g->fused_out || !g->fused_in || !g->fused_acc || !g->reqs || !g->reqp || !g->blobs) {
+    g->ack_owed = calloc(n, sizeof *g->ack_owed);
+    g->ack_head = calloc(n, sizeof *g->ack_head);
+    g->ack_fp = malloc(n * TDIST__ACK_MAX * TDIST__COLL_FP_MAX);
+    g->ack_in = malloc(TDIST__ACK_MAX * TDIST__COLL_FP_MAX);
+    if (!g->fused_out || !g->fused_in || !g->fused_acc || !g->reqs || !g->reqp || !g->blobs ||
+        !g->ack_owed || !g->ack_head || !g->ack_fp || !g->ack_in) {
         tdist__coll_group_free(g);
         return tdist__error(TDIST_ERR_NO_MEMORY, "collective state for %d ranks: out of memory",
                             size);
@@ -157,6 +162,12 @@ void tdist__coll_group_free(tdist__coll_group_t *g)
     free(g->reqs);
     free(g->reqp);
     free((void *)g->blobs);
+    free(g->ack_owed);
+    free(g->ack_head);
+    free(g->ack_fp);
+    free(g->ack_in);
+    g->ack_owed = g->ack_head = NULL;
+    g->ack_fp = g->ack_in = NULL;
     g->fused_out = g->fused_in = g->fused_acc = NULL;
     g->reqs = NULL;
     g->reqp = NULL;
@@ -520,6 +531,11 @@ tdist_status_t tdist__coll_run(const tdist__coll_ctx_t *c, const tdist__coll_arg
         return tdist__error(TDIST_ERR_NOT_SUPPORTED, "the %s backend has no %s, and the group has "
                             "no native mesh to run it on", c->be_name ? c->be_name : "group's",
                             tdist__op_name(a->op));
+    /* a TCP rooted collective's sender left acknowledgements unread: read
+     * them before anything else is received (a rooted one reads what it needs) */
+    if (c->g && c->g->ack_total && p.route != TDIST__ROUTE_BACKEND &&
+        !(p.route == TDIST__ROUTE_FUSED && tdist__oneshot_role(c, a, chk) != TDIST__ROLE_ALL))
+        TDIST_CHECK(tdist__coll_fused_drain(c, chk, -1));
     switch (p.route) {
     case TDIST__ROUTE_BACKEND:
         if (a->op != TDIST__OP_MONITORED_BARRIER && chk && chk->on && c->size > 1)

@@ -593,7 +593,12 @@ tdist_status_t tdist__shmc_gather_one(const tdist__coll_ctx_t *c, int r, const u
 {
     tdist__shmc_t *s = c->shm;
     TDIST_CHECK(check_earlier(s, TDIST_OK));
-    if (r != s->rank) TDIST_CHECK(check_earlier(s, wait_for(c, W_LINE, s->line_seq, r)));
+    const atomic_uint_least64_t *seq = &line_of(s, r, s->line_seq)->seq;
+    int polls = c->spin && !s->oversub ? QUICK_ROUNDS : 0; /* as tdist__shmc_gather */
+    for (int i = 0; i < polls && atomic_load_explicit(seq, memory_order_acquire) < s->line_seq; i++)
+        tdist__cpu_relax();
+    if (atomic_load_explicit(seq, memory_order_acquire) < s->line_seq)
+        TDIST_CHECK(check_earlier(s, wait_for(c, W_LINE, s->line_seq, r)));
     *blob = tdist__shmc_peek(c, r, NULL);
     if (!*blob)
         return tdist__error(TDIST_ERR_INTERNAL, "rank %d: shm exchange %llu: rank %d is "

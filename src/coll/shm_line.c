@@ -12,7 +12,7 @@
  * A blocking rooted one-shot collective (broadcast, scatter, reduce,
  * gather) is not a barrier: its senders leave after posting, its
  * receivers wait for the lines they read, and the lines nobody waited
- * for are compared later (line_role, shm_coll.c "checking").
+ * for are compared later (tdist__oneshot_role, shm_coll.c "checking").
  * Anything else goes on to its algorithm. all_to_allv's per-pair counts
  * still go through pg's exchange; the monitored barrier goes on over the
  * transport to name who is missing.
@@ -101,44 +101,16 @@ static tdist_status_t finish_oneshot(const tdist__coll_ctx_t *c, const tdist__co
     return tdist__oneshot_finish(c, a, b);
 }
 
-/* How a rank takes part in a rooted one-shot collective that a blocking
- * call runs (c->spin): a sender (broadcast's and scatter's root, reduce's
- * and gather's other ranks) posts its line and leaves; a broadcast's or
- * scatter's other ranks wait for the root's line alone. The lines not
- * waited for are compared later (shm_coll.c, "checking"): a difference
- * fails this rank's next collective, naming the one that differed. An
- * asynchronous call, whose work the caller can wait on for the verdict,
- * and any other collective wait for every rank's line (ROLE_ALL). */
-typedef enum { ROLE_ALL, ROLE_SEND, ROLE_FROM_ROOT } role_t;
-
-static role_t line_role(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
-                        const tdist__coll_check_t *chk, tdist__coll_algo_t algo)
-{
-    if (!c->spin || !chk || !chk->on || !chk->compare_earlier ||
-        (algo != TDIST__ALGO_SHM_IN_LINE && algo != TDIST__ALGO_SHM_ONE_SHOT))
-        return ROLE_ALL;
-    bool root = c->rank == a->root;
-    switch (a->op) {
-    case TDIST__OP_BROADCAST:
-    case TDIST__OP_SCATTER:
-        return root ? ROLE_SEND : ROLE_FROM_ROOT;
-    case TDIST__OP_REDUCE:
-    case TDIST__OP_GATHER:
-        return root ? ROLE_ALL : ROLE_SEND;
-    default:
-        return ROLE_ALL;
-    }
-}
-
-/* A rooted one-shot collective's sender or receiver (line_role). */
+/* A rooted one-shot collective's sender or receiver (tdist__oneshot_role). */
 static tdist_status_t rooted(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
-                             const tdist__coll_check_t *chk, tdist__coll_algo_t algo, role_t role)
+                             const tdist__coll_check_t *chk, tdist__coll_algo_t algo,
+                             tdist__oneshot_role_t role)
 {
     const uint8_t **b = c->g->blobs;
     for (int r = 0; r < c->size; r++) b[r] = NULL;
-    int from = role == ROLE_SEND ? c->rank : a->root;
+    int from = role == TDIST__ROLE_SEND ? c->rank : a->root;
     TDIST_CHECK(tdist__shmc_gather_one(c, from, &b[from]));
-    if (role == ROLE_FROM_ROOT && line_hash(b[from]) != chk->hash) {
+    if (role == TDIST__ROLE_FROM_ROOT && line_hash(b[from]) != chk->hash) {
         /* word it as every rank does: with every rank's fingerprint */
         TDIST_CHECK(line_status(c, chk, tdist__shmc_gather(c, c->g->blobs, NULL)));
         return mismatch(c, chk, tdist__shmc_now(c));
@@ -154,8 +126,11 @@ tdist_status_t tdist__coll_shm_line(const tdist__coll_ctx_t *c, const tdist__col
      * name who is missing); the line just keeps every rank's exchange
      * count and shows this call to a rank that issued something else. */
     if (algo == TDIST__ALGO_MONITORED) return tdist__coll_monitored_barrier(c, chk);
-    role_t role = line_role(c, a, chk, algo);
-    if (role != ROLE_ALL) return rooted(c, a, chk, algo, role);
+    tdist__oneshot_role_t role = TDIST__ROLE_ALL;
+    if (algo == TDIST__ALGO_SHM_IN_LINE || algo == TDIST__ALGO_SHM_ONE_SHOT)
+        role = tdist__oneshot_role(c, a, chk);
+    if (role == TDIST__ROLE_SEND || role == TDIST__ROLE_FROM_ROOT)
+        return rooted(c, a, chk, algo, role);
     const uint8_t **b = c->g->blobs;
     TDIST_CHECK(line_status(c, chk, tdist__shmc_gather(c, b, NULL)));
     if (chk && chk->on) {
