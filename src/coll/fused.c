@@ -153,6 +153,31 @@ static tdist_status_t rooted_fps(const tdist__coll_ctx_t *c, const tdist__coll_a
     return TDIST_OK;
 }
 
+/* A reader found a difference: receive every other peer's fingerprint
+ * of this collective too (every rank sends every peer one), so the
+ * message names what every rank reports, and no peer is left sending to
+ * a rank that has already failed. */
+static tdist_status_t mismatch_all(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
+                                   const tdist__coll_check_t *chk, tdist__oneshot_role_t role)
+{
+    tdist__coll_group_t *g = c->g;
+    size_t fps = chk->len, k = 0;
+    for (int p = 0; p < c->size; p++) {
+        if (p == c->rank || reads_from(a, role, p)) continue;
+        /* the earlier collectives' first; this one's (owed last, by
+         * rooted_fps) is received here */
+        TDIST_CHECK(read_acks(c, chk, p, g->ack_owed[p] - 1));
+        g->ack_head[p]++;
+        g->ack_owed[p]--;
+        g->ack_total--;
+        TDIST_CHECK(tdist__tp_post_recv(c->tp, &g->reqs[k], p, chk->theirs + (size_t)p * fps, fps));
+        g->reqp[k] = &g->reqs[k];
+        k++;
+    }
+    TDIST_CHECK(tdist__tp_wait(c->tp, g->reqp, k, c->deadline_ms));
+    return chk->compare(chk->arg);
+}
+
 /* A reader, the fingerprints in: compare (those not read stand for
  * themselves: each reader compares with the root, or the root with
  * every rank), then receive the data of the ranks it reads. */
@@ -164,7 +189,10 @@ static tdist_status_t rooted_data(const tdist__coll_ctx_t *c, const tdist__coll_
     for (int p = 0; p < c->size; p++)
         if (p == c->rank || !reads_from(a, role, p))
             memcpy(chk->theirs + (size_t)p * fps, chk->common, fps);
-    TDIST_CHECK(chk->compare(chk->arg));
+    tdist_status_t st = chk->compare(chk->arg);
+    if (st == TDIST_ERR_MISMATCH && role == TDIST__ROLE_FROM_ROOT)
+        return mismatch_all(c, a, chk, role);
+    TDIST_CHECK(st);
     for (int p = 0; p < c->size; p++) {
         size_t len = tdist__oneshot_len(a, c->size, p);
         if (p == c->rank || !reads_from(a, role, p) || len == 0) continue;

@@ -325,8 +325,6 @@ static inline bool may_write_known(const tdist__shmc_t *s, uint64_t target)
  * difference was found: s->bad). Between a collective's exchanges only. */
 static bool may_write(tdist__shmc_t *s, uint64_t target)
 {
-    if (!verify_upto(s, all_posted(s))) return true;
-    publish_ack(s);
     uint64_t lo = UINT64_MAX;
     for (int r = 0; r < s->size; r++) {
         if (r == s->rank) continue;
@@ -334,6 +332,12 @@ static bool may_write(tdist__shmc_t *s, uint64_t target)
         if (a < lo) lo = a;
     }
     s->ack_min = lo;
+    /* Every peer's ack at lo means every line up to lo equals the lines
+     * of whoever compared them: nothing left to compare there (and when a
+     * rank found a difference it acknowledges nothing past it). */
+    if (lo > s->verified && lo <= s->line_seq && !s->bad) s->verified = lo;
+    if (!verify_upto(s, all_posted(s))) return true;
+    publish_ack(s);
     return may_write_known(s, target);
 }
 
@@ -592,17 +596,22 @@ tdist_status_t tdist__shmc_gather(const tdist__coll_ctx_t *c, const uint8_t **bl
 tdist_status_t tdist__shmc_gather_one(const tdist__coll_ctx_t *c, int r, const uint8_t **blob)
 {
     tdist__shmc_t *s = c->shm;
-    TDIST_CHECK(check_earlier(s, TDIST_OK));
     const atomic_uint_least64_t *seq = &line_of(s, r, s->line_seq)->seq;
     int polls = c->spin && !s->oversub ? QUICK_ROUNDS : 0; /* as tdist__shmc_gather */
     for (int i = 0; i < polls && atomic_load_explicit(seq, memory_order_acquire) < s->line_seq; i++)
         tdist__cpu_relax();
-    if (atomic_load_explicit(seq, memory_order_acquire) < s->line_seq)
+    if (atomic_load_explicit(seq, memory_order_acquire) < s->line_seq) {
+        /* before waiting: did a rank already find an earlier difference? */
+        TDIST_CHECK(check_earlier(s, TDIST_OK));
         TDIST_CHECK(check_earlier(s, wait_for(c, W_LINE, s->line_seq, r)));
+    }
     *blob = tdist__shmc_peek(c, r, NULL);
     if (!*blob)
         return tdist__error(TDIST_ERR_INTERNAL, "rank %d: shm exchange %llu: rank %d is "
                             "already past it", s->rank, (unsigned long long)s->line_seq, r);
+    /* Two ranks: the caller's comparison of r's hash is this exchange's
+     * whole comparison (the group fails if it differs) */
+    if (s->size == 2 && r != s->rank && s->verified + 1 == s->line_seq) s->verified = s->line_seq;
     return TDIST_OK;
 }
 
