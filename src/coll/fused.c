@@ -30,18 +30,21 @@
 
 #include "coll/coll_internal.h"
 
-/* Post a send to every peer and a receive from every peer of len bytes
- * (recv_at(p): where peer p's goes; a peer whose fingerprint is already
- * in hand (chk->have) is not received from when skip_have), then wait. */
+/* Post a send of out to every peer (its first fp_len bytes only, the
+ * fingerprint, to all but data_to when data_to >= 0) and a receive of
+ * in_len bytes from every peer into in (stride in_stride; not from skip,
+ * whose fingerprint is already in hand: chk->have), then wait. */
 static tdist_status_t exchange(const tdist__coll_ctx_t *c, const void *out, size_t out_len,
-                               uint8_t *in, size_t in_stride, size_t in_len, int skip)
+                               size_t fp_len, int data_to, uint8_t *in, size_t in_stride,
+                               size_t in_len, int skip)
 {
     tdist__coll_group_t *g = c->g;
     size_t k = 0;
     for (int p = 0; p < c->size; p++) {
         if (p == c->rank) continue;
         if (out) {
-            TDIST_CHECK(tdist__tp_post_send(c->tp, &g->reqs[k], p, out, out_len));
+            size_t len = data_to < 0 || p == data_to ? out_len : fp_len;
+            TDIST_CHECK(tdist__tp_post_send(c->tp, &g->reqs[k], p, out, len));
             g->reqp[k] = &g->reqs[k];
             k++;
         }
@@ -229,11 +232,16 @@ tdist_status_t tdist__coll_fused(const tdist__coll_ctx_t *c, const tdist__coll_a
     TDIST_CHECK(tdist__oneshot_scale(a, mine, bytes));
     tdist__oneshot_role_t role = tdist__oneshot_role(c, a, chk);
     if (role != TDIST__ROLE_ALL) return rooted(c, a, chk, role, bytes);
-    TDIST_CHECK(exchange(c, g->fused_out, fps + bytes, chk->theirs, fps, fps, chk->have));
+    /* reduce's and gather's data goes to the root alone (as in the rooted
+     * form, which a rank calling asynchronously must interleave with) */
+    int data_to = a->op == TDIST__OP_REDUCE || a->op == TDIST__OP_GATHER ? a->root : -1;
+    TDIST_CHECK(exchange(c, g->fused_out, fps + bytes, fps, data_to, chk->theirs, fps, fps,
+                         chk->have));
     TDIST_CHECK(chk->compare(chk->arg));
     for (int p = 0; p < c->size; p++) {
         uint8_t *at = g->fused_in + (size_t)p * g->fused_max;
-        size_t len = p == c->rank ? 0 : tdist__oneshot_len(a, c->size, p);
+        bool reads = p != c->rank && (data_to < 0 || c->rank == data_to);
+        size_t len = reads ? tdist__oneshot_len(a, c->size, p) : 0;
         g->blobs[p] = p == c->rank ? mine : at;
         if (len == 0) continue;
         TDIST_CHECK(tdist__tp_post_recv(c->tp, &g->reqs[k], p, at, len));
