@@ -144,8 +144,10 @@ typedef struct tdist__coll_group {
     tdist__ar_algo_t ar_algo;      /* TDIST_ALGO_ALLREDUCE, read at creation: when it
                                       names an algorithm, all_reduce leaves the shm
                                       paths for the point-to-point ones */
-    /* fused all_reduce: fingerprint + payload, fused_max bytes per rank */
-    size_t fused_max;
+    /* fused all_reduce: fingerprint + payload, fused_max bytes per rank
+     * (broadcast, scatter, reduce, gather: fused_rooted_max); fused_in
+     * holds fused_cap bytes per rank */
+    size_t fused_max, fused_rooted_max, fused_cap;
     uint8_t *fused_out, *fused_in, *fused_acc;
     const uint8_t **blobs;         /* shm line: size entries */
     /* TCP, rooted one-shot collectives (fused.c): the acknowledgements (a

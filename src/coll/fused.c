@@ -199,7 +199,7 @@ static tdist_status_t rooted_data(const tdist__coll_ctx_t *c, const tdist__coll_
     for (int p = 0; p < c->size; p++) {
         size_t len = tdist__oneshot_len(a, c->size, p);
         if (p == c->rank || !reads_from(a, role, p) || len == 0) continue;
-        g->blobs[p] = g->fused_in + (size_t)p * g->fused_max;
+        g->blobs[p] = g->fused_in + (size_t)p * g->fused_cap;
         TDIST_CHECK(tdist__tp_post_recv(c->tp, &g->reqs[k], p, (void *)g->blobs[p], len));
         g->reqp[k] = &g->reqs[k];
         k++;
@@ -239,7 +239,7 @@ tdist_status_t tdist__coll_fused(const tdist__coll_ctx_t *c, const tdist__coll_a
                          chk->have));
     TDIST_CHECK(chk->compare(chk->arg));
     for (int p = 0; p < c->size; p++) {
-        uint8_t *at = g->fused_in + (size_t)p * g->fused_max;
+        uint8_t *at = g->fused_in + (size_t)p * g->fused_cap;
         bool reads = p != c->rank && (data_to < 0 || c->rank == data_to);
         size_t len = reads ? tdist__oneshot_len(a, c->size, p) : 0;
         g->blobs[p] = p == c->rank ? mine : at;

@@ -85,7 +85,7 @@
 #define LINE_BYTES 512
 #define QUICK_ROUNDS 64 /* gather's own poll of the lines, in pause rounds */
 #define LINES 64 /* exchange lines, used in turn: how far a rooted collective's sender runs ahead */
-#define STAGE_OFF (CTL_BYTES + LINES * LINE_BYTES + 3840) /* page-aligned slots */
+#define STAGE_OFF ((CTL_BYTES + LINES * LINE_BYTES + 4095) / 4096 * 4096) /* page-aligned slots */
 #ifndef TDIST_SHMC_CHUNK
 #define TDIST_SHMC_CHUNK (256u * 1024u)
 #endif
@@ -298,14 +298,26 @@ static bool verify_upto(tdist__shmc_t *s, uint64_t upto)
     return true;
 }
 
-/* Rank r's ack, as far as this rank can see it. */
+/* Rank r's ack, as far as this rank can see it: the larger of the one it
+ * published while waiting (its control area) and the one in its latest
+ * line this rank can find (it posts one in every collective; a line
+ * whose slot holds a later exchange is only more recent). */
 static uint64_t ack_of(const tdist__shmc_t *s, int r)
 {
-    return atomic_load_explicit(&ctl_of(s, r)->ack, memory_order_acquire);
+    uint64_t a = atomic_load_explicit(&ctl_of(s, r)->ack, memory_order_acquire);
+    for (uint64_t k = s->line_seq; k > 0 && k + LINES > s->line_seq; k--) {
+        const line_t *l = line_of(s, r, k);
+        if (atomic_load_explicit(&l->seq, memory_order_acquire) < k) continue;
+        uint64_t v = atomic_load_explicit(&l->ack, memory_order_relaxed);
+        return v > a ? v : a;
+    }
+    return a;
 }
 
-/* Publish this rank's ack (verified; the caller is between exchanges:
- * every exchange it posted is finished with). Stores only when it moved. */
+/* Publish this rank's ack (verified) in its control area, for a rank
+ * waiting to write while this one waits too (the caller is between
+ * exchanges: every exchange it posted is finished with). Each line it
+ * posts carries it as well. Stores only when it moved. */
 static void publish_ack(tdist__shmc_t *s)
 {
     atomic_uint_least64_t *a = &ctl_of(s, s->rank)->ack;
@@ -454,7 +466,6 @@ void tdist__shmc_post(const tdist__coll_ctx_t *c, size_t len, size_t aux_len)
     mine->len = (uint32_t)TDIST_MIN(len, (size_t)TDIST__SHMC_BLOB_MAX);
     mine->aux_len = (uint32_t)TDIST_MIN(aux_len, (size_t)TDIST__SHMC_AUX_MAX);
     atomic_store_explicit(&mine->ack, s->verified, memory_order_relaxed);
-    publish_ack(s);
     publish(c, &mine->seq, seq);
 }
 

@@ -355,6 +355,7 @@ tdist_status_t tdist__pg_submit(tdist_pg_t *pg, struct tdist_work *w, tdist_work
         pthread_mutex_lock(&pg->mu);
     }
     if (pg->join.mode != TDIST__JOIN_NONE) {
+        w->in_join = true;
         tdist_status_t jst = tdist__pg_join_check(pg, w);
         if (jst != TDIST_OK) {
             pthread_mutex_unlock(&pg->mu);
@@ -532,7 +533,10 @@ tdist_status_t tdist__pg_run_body(tdist_pg_t *pg, struct tdist_work *w, int64_t 
                                .common = &pg->chk.common, .hash = hash,
                                .theirs = (uint8_t *)pg->chk.theirs, .have = pg->chk.have,
                                .exchange = check_exchange, .compare = check_compare,
-                               .compare_earlier = check_compare_earlier, .arg = &x};
+                               /* rooted collectives leave fingerprints unread for later:
+                                * not inside a Join, whose joined ranks read the stream */
+                               .compare_earlier = w->in_join ? NULL : check_compare_earlier,
+                               .arg = &x};
     return tdist__coll_run(&c, &a, &chk);
 }
 

@@ -87,6 +87,8 @@ struct tdist_work {
     bool inline_run;    /* run on the caller's thread: nobody waits on cv */
     bool on_stack;      /* the caller's storage (tdist__work_on_stack) */
     /* Join (rule 4), snapshot of the group's join state at submit */
+    bool in_join;       /* issued inside a Join: exchanges with every rank (a
+                           joined rank reads the leader's stream itself) */
     uint32_t fp_flags;  /* TDIST__FP_* of this call */
     int avg_div;        /* AVG divides by this (0: the group size) */
     int shadow_leader;  /* the leader (lowest active rank) when this rank has
