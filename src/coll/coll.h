@@ -424,6 +424,10 @@ tdist_status_t tdist__shmc_await_next(const tdist__coll_ctx_t *c, int r, const u
  * tdist__shmc_small_max() bytes); after the exchange, tdist__shmc_slot
  * gives rank r's slot of it (valid until this rank's next exchange). */
 size_t tdist__shmc_small_max(void);
+/* The most bytes a rank stages for a rooted one-shot collective to leave
+ * its senders unwaited (tdist__oneshot_role); above it every rank waits
+ * for every line. */
+size_t tdist__shmc_rooted_max(void);
 tdist_status_t tdist__shmc_stage_slot(const tdist__coll_ctx_t *c, size_t bytes, uint8_t **slot);
 const uint8_t *tdist__shmc_slot(const tdist__coll_ctx_t *c, int r, size_t bytes);
 

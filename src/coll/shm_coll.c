@@ -17,8 +17,8 @@
  *          (the whole fingerprint, for the mismatch message)
  *   36864  SLOTS (4) staging slots of CHUNK bytes (used in turn by chunk;
  *          a one-shot collective (oneshot.c) uses the slot of its
- *          exchange's sequence number, or, staging up to 16 KiB a rank,
- *          one of LINES sub-slots carved from the same bytes)
+ *          exchange's sequence number, or, staging up to 4 KiB a rank,
+ *          one of LINES 4 KiB sub-slots carved from the first slot)
  *
  * Every counter and line sequence only grows (no resets, no shared
  * atomics: each is written by its owner alone). All ranks run the same
@@ -140,8 +140,11 @@ struct tdist__shmc {
     uint64_t line_seq;  /* exchanges done */
     uint64_t verified;  /* every peer's lines up to this one compared with this rank's */
     uint64_t ack_min;   /* no peer's ack is below this (from the lines read last) */
+    uint64_t ack_pub;   /* the ack last stored in this rank's control area */
     uint64_t bad;       /* the exchange whose lines differ (0: none found) */
-    uint64_t whole;     /* the last exchange that staged in a whole slot (sub-slots overlap it) */
+    /* per whole slot: the last exchanges that staged in it whole, and in a
+     * sub-slot carved from it (one-shot collectives; they overlap) */
+    uint64_t whole_at[SLOTS], sub_at[SLOTS];
     uint64_t chunks;    /* staged chunks done (global chunk index) */
     uint8_t *scratch;   /* CHUNK bytes: PREMUL_SUM accumulator (ranks >= 2) */
 };
@@ -214,6 +217,7 @@ tdist_status_t tdist__shmc_create(tdist__tp_t *tp, int rank, int size, tdist__sh
         if (l > s->line_seq) s->line_seq = l;
     }
     s->verified = s->ack_min = s->line_seq;
+    s->ack_pub = atomic_load(&ctl_of(s, rank)->ack);
     s->chunks = atomic_load(&ctl_of(s, rank)->out);
     *out = s;
     return TDIST_OK;
@@ -302,14 +306,15 @@ static bool verify_upto(tdist__shmc_t *s, uint64_t upto)
  * published while waiting (its control area) and the one in its latest
  * line this rank can find (it posts one in every collective; a line
  * whose slot holds a later exchange is only more recent). */
-static uint64_t ack_of(const tdist__shmc_t *s, int r)
+static uint64_t ack_of(const tdist__shmc_t *s, int r, uint64_t want)
 {
     uint64_t a = atomic_load_explicit(&ctl_of(s, r)->ack, memory_order_acquire);
-    for (uint64_t k = s->line_seq; k > 0 && k + LINES > s->line_seq; k--) {
-        const line_t *l = line_of(s, r, k);
-        if (atomic_load_explicit(&l->seq, memory_order_acquire) < k) continue;
+    if (a >= want) return a;
+    /* the line r posts after the exchange wanted carries its ack then */
+    const line_t *l = line_of(s, r, want + 1);
+    if (atomic_load_explicit(&l->seq, memory_order_acquire) >= want + 1) {
         uint64_t v = atomic_load_explicit(&l->ack, memory_order_relaxed);
-        return v > a ? v : a;
+        if (v > a) a = v;
     }
     return a;
 }
@@ -317,12 +322,17 @@ static uint64_t ack_of(const tdist__shmc_t *s, int r)
 /* Publish this rank's ack (verified) in its control area, for a rank
  * waiting to write while this one waits too (the caller is between
  * exchanges: every exchange it posted is finished with). Each line it
- * posts carries it as well. Stores only when it moved. */
+ * posts carries it as well, and a post stores it here too once it has
+ * moved ACK_EVERY past the last stored (a rank waiting to write reads
+ * this one, and the line of its own last exchange). */
+#define ACK_EVERY 16
+_Static_assert(ACK_EVERY < LINES / 2, "a reader's ack lags far less than a sender may run");
+
 static void publish_ack(tdist__shmc_t *s)
 {
-    atomic_uint_least64_t *a = &ctl_of(s, s->rank)->ack;
-    if (atomic_load_explicit(a, memory_order_relaxed) != s->verified)
-        atomic_store_explicit(a, s->verified, memory_order_release);
+    if (s->ack_pub == s->verified) return;
+    s->ack_pub = s->verified;
+    atomic_store_explicit(&ctl_of(s, s->rank)->ack, s->verified, memory_order_release);
 }
 
 /* Whether every peer's ack and this rank's comparisons have reached
@@ -340,7 +350,7 @@ static bool may_write(tdist__shmc_t *s, uint64_t target)
     uint64_t lo = UINT64_MAX;
     for (int r = 0; r < s->size; r++) {
         if (r == s->rank) continue;
-        uint64_t a = ack_of(s, r);
+        uint64_t a = ack_of(s, r, target);
         if (a < lo) lo = a;
     }
     s->ack_min = lo;
@@ -353,13 +363,24 @@ static bool may_write(tdist__shmc_t *s, uint64_t target)
     return may_write_known(s, target);
 }
 
+/* While this rank waits for a line: compare what the peers have posted
+ * of the exchanges before this one and publish the ack, as a rank waiting
+ * to write (may_write) may need it. Whether a difference was found. */
+static bool advance(tdist__shmc_t *s)
+{
+    uint64_t upto = all_posted(s);
+    if (s->bad || !verify_upto(s, TDIST_MIN(upto, s->line_seq - 1))) return true;
+    publish_ack(s);
+    return false;
+}
+
 static uint64_t read_counter(const tdist__shmc_t *s, int r, what_t what, uint64_t v)
 {
     switch (what) {
     case W_IN: return atomic_load_explicit(&ctl_of(s, r)->in, memory_order_acquire);
     case W_RED: return atomic_load_explicit(&ctl_of(s, r)->red, memory_order_acquire);
     case W_OUT: return atomic_load_explicit(&ctl_of(s, r)->out, memory_order_acquire);
-    case W_ACK: return ack_of(s, r);
+    case W_ACK: return ack_of(s, r, v);
     case W_LINE:
     default: return atomic_load_explicit(&line_of(s, r, v)->seq, memory_order_acquire);
     }
@@ -371,6 +392,9 @@ static bool reached(void *arg)
     const tdist__shmc_t *s = w->s;
     /* this rank's own state, which only its thread touches */
     if (w->what == W_ACK) return may_write((tdist__shmc_t *)(uintptr_t)s, w->v);
+    if (w->what == W_LINE && (s->verified + 1 < s->line_seq || s->ack_pub != s->verified) &&
+        advance((tdist__shmc_t *)(uintptr_t)s))
+        return true; /* a difference: the caller reports it */
     if (w->only >= 0) return read_counter(s, w->only, w->what, w->v) >= w->v;
     for (int r = 0; r < s->size; r++) {
         if (r == s->rank) continue;
@@ -466,6 +490,7 @@ void tdist__shmc_post(const tdist__coll_ctx_t *c, size_t len, size_t aux_len)
     mine->len = (uint32_t)TDIST_MIN(len, (size_t)TDIST__SHMC_BLOB_MAX);
     mine->aux_len = (uint32_t)TDIST_MIN(aux_len, (size_t)TDIST__SHMC_AUX_MAX);
     atomic_store_explicit(&mine->ack, s->verified, memory_order_relaxed);
+    if (s->verified >= s->ack_pub + ACK_EVERY) publish_ack(s);
     publish(c, &mine->seq, seq);
 }
 
@@ -958,10 +983,16 @@ tdist_status_t tdist__shmc_all_reduce(const tdist__coll_ctx_t *c, const void *se
 size_t tdist__shmc_small_max(void) { return CHUNK; }
 
 /* A one-shot collective staging up to SUB bytes a rank uses the
- * exchange's sub-slot (one of LINES, carved from the staging area), so a
- * rooted sender can run as far ahead as its lines allow; a larger one
- * uses the exchange's whole slot (one of SLOTS). */
-#define SUB (SLOTS * (size_t)CHUNK / LINES)
+ * exchange's sub-slot (one of LINES, a page each, carved from the first
+ * slot), so a rooted sender can run as far ahead as its lines allow; a
+ * larger one uses the exchange's whole slot (one of SLOTS), which stays
+ * warm: sub-slots for larger data would cycle through a MiB of pages,
+ * faulting each in on first use and leaving readers cold caches. */
+#define SUB ((size_t)4096)
+#define AHEAD (128u * 1024u)
+_Static_assert(SUB * LINES <= SLOTS * (size_t)CHUNK, "sub-slots within the slots");
+
+size_t tdist__shmc_rooted_max(void) { return SUB; }
 
 static uint8_t *oneshot_slot(const tdist__shmc_t *s, int r, uint64_t seq, size_t bytes)
 {
@@ -977,11 +1008,20 @@ tdist_status_t tdist__shmc_stage_slot(const tdist__coll_ctx_t *c, size_t bytes, 
     TDIST_CHECK(wait_for(c, W_OUT, s->chunks, -1));
     /* and with the exchange that used this slot last (a rooted
      * collective's sender may be ahead; see "checking") */
-    uint64_t n = s->line_seq + 1, target = n - 1;
-    if (bytes <= SUB) /* the sub-slot's last use, or a whole slot's over it */
-        target = TDIST_MAX(n > LINES ? n - LINES : 0, s->whole);
-    else
-        s->whole = n;
+    uint64_t n = s->line_seq + 1, target;
+    if (bytes <= SUB) {
+        /* the sub-slot's last use, the whole slot's over it, and at most
+         * AHEAD bytes staged ahead of the slowest reader (further, the
+         * readers would find them gone from the caches) */
+        uint64_t depth = TDIST_MAX((uint64_t)2, TDIST_MIN((uint64_t)LINES, AHEAD / bytes));
+        size_t r = (size_t)(n & (LINES - 1)) * SUB / CHUNK;
+        target = TDIST_MAX(n > depth ? n - depth : 0, s->whole_at[r]);
+        s->sub_at[r] = n;
+    } else {
+        size_t r = (size_t)(n % SLOTS);
+        target = TDIST_MAX(n > SLOTS ? n - SLOTS : 0, s->sub_at[r]);
+        s->whole_at[r] = n;
+    }
     if (!may_write_known(s, target)) TDIST_CHECK(reserve(c, target));
     *slot = oneshot_slot(s, s->rank, n, bytes);
     return TDIST_OK;

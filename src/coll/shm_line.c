@@ -127,7 +127,9 @@ tdist_status_t tdist__coll_shm_line(const tdist__coll_ctx_t *c, const tdist__col
      * count and shows this call to a rank that issued something else. */
     if (algo == TDIST__ALGO_MONITORED) return tdist__coll_monitored_barrier(c, chk);
     tdist__oneshot_role_t role = TDIST__ROLE_ALL;
-    if ((algo == TDIST__ALGO_SHM_IN_LINE || algo == TDIST__ALGO_SHM_ONE_SHOT) &&
+    if ((algo == TDIST__ALGO_SHM_IN_LINE ||
+         (algo == TDIST__ALGO_SHM_ONE_SHOT &&
+          tdist__oneshot_bytes(a, c->size) <= tdist__shmc_rooted_max())) &&
         a->op != TDIST__OP_ALL_REDUCE) /* the one-shot all_reduce's path: no call */
         role = tdist__oneshot_role(c, a, chk);
     if (role == TDIST__ROLE_SEND || role == TDIST__ROLE_FROM_ROOT)
