@@ -94,10 +94,15 @@ static tdist_status_t post_line(const tdist__coll_ctx_t *c, const tdist__coll_ar
 static tdist_status_t finish_oneshot(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
                                      const uint8_t **b, tdist__coll_algo_t algo)
 {
-    const size_t hs = sizeof(uint64_t), staged = tdist__oneshot_bytes(a, c->size);
-    for (int r = 0; r < c->size; r++)
-        if (b[r])
-            b[r] = algo == TDIST__ALGO_SHM_IN_LINE ? b[r] + hs : tdist__shmc_slot(c, r, staged);
+    const size_t hs = sizeof(uint64_t);
+    if (algo == TDIST__ALGO_SHM_IN_LINE) {
+        for (int r = 0; r < c->size; r++)
+            if (b[r]) b[r] += hs;
+    } else {
+        size_t staged = tdist__oneshot_bytes(a, c->size);
+        for (int r = 0; r < c->size; r++)
+            if (b[r]) b[r] = tdist__shmc_slot(c, r, staged);
+    }
     return tdist__oneshot_finish(c, a, b);
 }
 
