@@ -86,6 +86,9 @@ typedef enum tdist__op {
 
 /* The largest fingerprint pg/ hands coll/ (it rides in a line's aux part). */
 #define TDIST__COLL_FP_MAX 96
+/* How many acknowledgements a TCP rooted collective's sender may owe a
+ * peer before it reads half of them (fused.c). */
+#define TDIST__ACK_MAX 32
 
 /* "all_reduce", "send", ...; "unknown-op" outside the enum. Thread-safe. */
 const char *tdist__op_name(tdist__op_t op);
@@ -126,6 +129,10 @@ typedef struct tdist__coll_check {
     int have;                               /* -1: none */
     tdist_status_t (*exchange)(void *arg, int64_t deadline_ms); /* send, receive, compare */
     tdist_status_t (*compare)(void *arg);   /* theirs filled: OK or the mismatch */
+    /* theirs filled for every rank, this one's included, with the
+     * fingerprints of an exchange that may be an earlier collective's (a
+     * rooted collective's sender compares later): the mismatch, naming it */
+    tdist_status_t (*compare_earlier)(void *arg);
     void *arg;
 } tdist__coll_check_t;
 
@@ -146,10 +153,20 @@ typedef struct tdist__coll_group {
     tdist__ar_algo_t ar_algo;      /* TDIST_ALGO_ALLREDUCE, read at creation: when it
                                       names an algorithm, all_reduce leaves the shm
                                       paths for the point-to-point ones */
-    /* fused all_reduce: fingerprint + payload, fused_max bytes per rank */
-    size_t fused_max;
+    /* fused all_reduce: fingerprint + payload, fused_max bytes per rank
+     * (broadcast, scatter, reduce, gather: fused_rooted_max); fused_in
+     * holds fused_cap bytes per rank */
+    size_t fused_max, fused_rooted_max, fused_cap;
     uint8_t *fused_out, *fused_in, *fused_acc;
     const uint8_t **blobs;         /* shm line: size entries */
+    /* TCP, rooted one-shot collectives (fused.c): the acknowledgements (a
+     * peer's fingerprint) still to read from each peer, and this rank's
+     * fingerprint each is compared with (per peer, a ring of
+     * TDIST__ACK_MAX) */
+    uint32_t *ack_owed, *ack_head; /* size entries */
+    uint32_t ack_total;
+    uint8_t *ack_fp;               /* size x TDIST__ACK_MAX x TDIST__COLL_FP_MAX */
+    uint8_t *ack_in;               /* TDIST__ACK_MAX x TDIST__COLL_FP_MAX */
     tdist__tp_req_t *reqs;         /* 2 x size: the fused and monitored exchanges */
     tdist__tp_req_t **reqp;
     /* hierarchical route (a group over several hosts): pg/ runs it on its
@@ -339,7 +356,9 @@ tdist_status_t tdist__coll_barrier(const tdist__coll_ctx_t *c);
  *    TDIST__SHMC_BLOB_MAX bytes (pg/: a hash of the fingerprint, plus a
  *    tiny all_reduce's data) and an aux part (the whole fingerprint, read
  *    only to word a mismatch) and reads every rank's blob — the first step
- *    of every collective, so it is also the check of rule 2 and a barrier;
+ *    of every collective, so it is also the check of rule 2 and a barrier
+ *    (but for a blocking rooted one-shot collective, whose senders do not
+ *    wait: its lines are compared later, before they are overwritten);
  *  - all_reduce / reduce: chunks of the input staged in a 2-slot area,
  *    each rank reducing its slice of every chunk in rank order (results
  *    bit-identical on every rank), peers copying the reduced slices out;
@@ -347,7 +366,7 @@ tdist_status_t tdist__coll_barrier(const tdist__coll_ctx_t *c);
  * Waits go through tdist__tp_wait_until (spin, yield, futex; liveness). */
 
 #define TDIST__SHMC_BLOB_MAX 400 /* the part every reader reads */
-#define TDIST__SHMC_AUX_MAX 96   /* a part read only when needed */
+#define TDIST__SHMC_AUX_MAX 88   /* a part read only when needed (a fingerprint: 80) */
 
 /* Bytes of collective area the shm transport must reserve per rank. */
 size_t tdist__shmc_area_bytes(void);
@@ -370,20 +389,36 @@ tdist_status_t tdist__shmc_exchange(const tdist__coll_ctx_t *c, const void *blob
                                     size_t *lens);
 
 /* An exchange written in place, without staging copies: tdist__shmc_begin
- * gives this rank's blob (TDIST__SHMC_BLOB_MAX bytes) and *aux
- * (TDIST__SHMC_AUX_MAX bytes) of its next exchange, to fill; then
- * tdist__shmc_post publishes len and aux_len bytes of them, and
- * tdist__shmc_gather waits as tdist__shmc_exchange does. */
-uint8_t *tdist__shmc_begin(const tdist__coll_ctx_t *c, uint8_t **aux);
+ * gives this rank's blob (*blob, TDIST__SHMC_BLOB_MAX bytes) and *aux
+ * (TDIST__SHMC_AUX_MAX bytes) of its next exchange, to fill, once the
+ * peers are done with the line it overwrites (a rooted collective's
+ * sender may have run ahead: it waits, bounded by c->deadline_ms);
+ * TDIST_ERR_MISMATCH when a comparison of earlier exchanges' lines found
+ * a difference (tdist__shmc_bad). Then tdist__shmc_post publishes len and
+ * aux_len bytes of them (a line that carries pg/'s check: the hash first
+ * in the blob, the fingerprint in aux), and tdist__shmc_gather waits for
+ * every rank's line as tdist__shmc_exchange does (and compares the lines
+ * of earlier exchanges not yet compared: TDIST_ERR_MISMATCH as above;
+ * this exchange's hashes are the caller's to compare), or
+ * tdist__shmc_gather_one for rank r's alone (*blob: its blob). */
+tdist_status_t tdist__shmc_begin(const tdist__coll_ctx_t *c, uint8_t **blob, uint8_t **aux);
 void tdist__shmc_post(const tdist__coll_ctx_t *c, size_t len, size_t aux_len);
 tdist_status_t tdist__shmc_gather(const tdist__coll_ctx_t *c, const uint8_t **blobs, size_t *lens);
+tdist_status_t tdist__shmc_gather_one(const tdist__coll_ctx_t *c, int r, const uint8_t **blob);
+
+/* The exchange whose lines were found to differ (0: none), this rank's
+ * last exchange, and rank r's aux part of exchange seq while it is still
+ * there (NULL otherwise; a line is kept until every rank has compared it). */
+uint64_t tdist__shmc_bad(const tdist__coll_ctx_t *c);
+uint64_t tdist__shmc_now(const tdist__coll_ctx_t *c);
+const uint8_t *tdist__shmc_aux_of(const tdist__coll_ctx_t *c, int r, uint64_t seq, size_t *len);
 
 /* The two halves of an exchange, for a protocol in which only some ranks
- * read: publish this rank's blob for the next exchange (no wait), and
- * read rank r's blob of the current exchange if it has published it
- * (NULL otherwise). */
-void tdist__shmc_publish(const tdist__coll_ctx_t *c, const void *blob, size_t len,
-                         const void *aux, size_t aux_len);
+ * read: publish this rank's blob for the next exchange (no wait for the
+ * peers' lines; errors as tdist__shmc_begin), and read rank r's blob of
+ * the current exchange if it has published it (NULL otherwise). */
+tdist_status_t tdist__shmc_publish(const tdist__coll_ctx_t *c, const void *blob, size_t len,
+                                   const void *aux, size_t aux_len);
 const uint8_t *tdist__shmc_peek(const tdist__coll_ctx_t *c, int r, size_t *len);
 const uint8_t *tdist__shmc_peek_aux(const tdist__coll_ctx_t *c, int r, size_t *len);
 /* Wait (bounded by c->deadline_ms, failing if r dies) until rank r has
@@ -401,8 +436,12 @@ tdist_status_t tdist__shmc_await_next(const tdist__coll_ctx_t *c, int r, const u
  * tdist__shmc_small_max() bytes); after the exchange, tdist__shmc_slot
  * gives rank r's slot of it (valid until this rank's next exchange). */
 size_t tdist__shmc_small_max(void);
-tdist_status_t tdist__shmc_stage_slot(const tdist__coll_ctx_t *c, uint8_t **slot);
-const uint8_t *tdist__shmc_slot(const tdist__coll_ctx_t *c, int r);
+/* The most bytes a rank stages for a rooted one-shot collective to leave
+ * its senders unwaited (tdist__oneshot_role); above it every rank waits
+ * for every line. */
+size_t tdist__shmc_rooted_max(void);
+tdist_status_t tdist__shmc_stage_slot(const tdist__coll_ctx_t *c, size_t bytes, uint8_t **slot);
+const uint8_t *tdist__shmc_slot(const tdist__coll_ctx_t *c, int r, size_t bytes);
 
 /* One-shot collectives on the shm line or the fused exchange (oneshot.c).
  * tdist__oneshot_op: whether op has one; _bytes: the most bytes any rank
@@ -423,6 +462,27 @@ tdist_status_t tdist__oneshot_reduce(const tdist__coll_ctx_t *c, const tdist__co
                                     const uint8_t *const *from, size_t off, void *out);
 tdist_status_t tdist__oneshot_finish(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
                                          const uint8_t *const *from);
+
+/* How a rank takes part in a rooted one-shot collective that a blocking
+ * call runs (c->spin): a sender (broadcast's and scatter's root,
+ * reduce's and gather's other ranks) hands its data on and leaves
+ * without waiting for the peers' fingerprints; a broadcast's or
+ * scatter's other ranks take the root's alone (FROM_ROOT); reduce's and
+ * gather's root takes every rank's (FROM_ALL). What a rank did not wait
+ * for is compared later (shm_coll.c "checking", fused.c): a difference
+ * fails that rank's next collective, naming the one that differed. An
+ * asynchronous call (its work carries the verdict), a call without
+ * pg/'s check and every other collective exchange with every rank
+ * (ALL). */
+typedef enum tdist__oneshot_role {
+    TDIST__ROLE_ALL = 0,
+    TDIST__ROLE_SEND,
+    TDIST__ROLE_FROM_ROOT,
+    TDIST__ROLE_FROM_ALL,
+} tdist__oneshot_role_t;
+tdist__oneshot_role_t tdist__oneshot_role(const tdist__coll_ctx_t *c,
+                                          const tdist__coll_args_t *a,
+                                          const tdist__coll_check_t *chk);
 
 /* all_reduce (root < 0) or reduce to root through the staging area. */
 tdist_status_t tdist__shmc_all_reduce(const tdist__coll_ctx_t *c, const void *sendbuf,

@@ -90,6 +90,11 @@ tdist_status_t tdist__coll_fused(const tdist__coll_ctx_t *c,
                                             const tdist__coll_check_t *chk);
 tdist_status_t tdist__coll_monitored_barrier(const tdist__coll_ctx_t *c,
                                              const tdist__coll_check_t *chk);
+/* fused.c: read every acknowledgement owed by peer p (-1: by every peer)
+ * and compare each with this rank's fingerprint of that collective:
+ * TDIST_ERR_MISMATCH naming it (chk->compare_earlier) when one differs. */
+tdist_status_t tdist__coll_fused_drain(const tdist__coll_ctx_t *c, const tdist__coll_check_t *chk,
+                                       int p);
 
 /* -------------------------------------------------------- algorithms */
 

@@ -137,3 +137,22 @@ tdist_status_t tdist__oneshot_finish(const tdist__coll_ctx_t *c, const tdist__co
                             tdist__op_name(a->op));
     }
 }
+
+tdist__oneshot_role_t tdist__oneshot_role(const tdist__coll_ctx_t *c,
+                                          const tdist__coll_args_t *a,
+                                          const tdist__coll_check_t *chk)
+{
+    if (!c->spin || !chk || !chk->on || !chk->compare_earlier || chk->have >= 0)
+        return TDIST__ROLE_ALL;
+    bool root = c->rank == a->root;
+    switch (a->op) {
+    case TDIST__OP_BROADCAST:
+    case TDIST__OP_SCATTER:
+        return root ? TDIST__ROLE_SEND : TDIST__ROLE_FROM_ROOT;
+    case TDIST__OP_REDUCE:
+    case TDIST__OP_GATHER:
+        return root ? TDIST__ROLE_FROM_ALL : TDIST__ROLE_SEND;
+    default:
+        return TDIST__ROLE_ALL;
+    }
+}

@@ -11,7 +11,8 @@
  *   fused           TCP: a one-shot collective (oneshot.c: all_reduce, reduce,
  *                   broadcast, all_gather, gather, scatter, all_to_all,
  *                   reduce_scatter) staging up to fused_max(size) bytes a
- *                   rank sends its data with the fingerprint
+ *                   rank (the rooted ones: fused_rooted_max(size)) sends
+ *                   its data with the fingerprint
  *   monitored       TCP: monitored_barrier's collection at rank 0
  *   native          pg's fingerprint exchange, then the algorithm
  * Algorithm (size >= 2):
@@ -82,6 +83,25 @@ static size_t fused_max(int size)
     return f < FUSED_MAX ? f : FUSED_MAX;
 }
 
+/* Rooted collectives (broadcast, scatter, reduce, gather) move their data
+ * one way, from the senders to the ranks that read it, and a blocking
+ * call's senders do not wait (fused.c): they go fused further, up to
+ * ROOTED_MAX staged by a rank and ROOTED_FANOUT sent by the root in all. */
+#define ROOTED_MAX 65536
+#define ROOTED_FANOUT 262144
+
+static size_t fused_rooted_max(int size)
+{
+    size_t f = size > 1 ? ROOTED_FANOUT / (size_t)(size - 1) : ROOTED_MAX;
+    return f < ROOTED_MAX ? f : ROOTED_MAX;
+}
+
+static bool rooted_op(tdist__op_t op)
+{
+    return op == TDIST__OP_BROADCAST || op == TDIST__OP_SCATTER || op == TDIST__OP_REDUCE ||
+           op == TDIST__OP_GATHER;
+}
+
 /* ---------------------------------------------------------- op names */
 
 static const char *const op_names[TDIST__OP_COUNT] = {
@@ -134,13 +154,20 @@ tdist_status_t tdist__coll_group_init(tdist__coll_group_t *g, int size)
     TDIST_CHECK(tdist__coll_forced_ar_algo(&g->ar_algo));
     size_t n = (size_t)(unsigned)size;
     g->fused_max = fused_max(size);
-    g->fused_out = malloc(g->fused_max + TDIST__COLL_FP_MAX);
-    g->fused_in = malloc(n * g->fused_max);
+    g->fused_rooted_max = fused_rooted_max(size);
+    g->fused_cap = TDIST_MAX(g->fused_max, g->fused_rooted_max);
+    g->fused_out = malloc(g->fused_cap + TDIST__COLL_FP_MAX);
+    g->fused_in = malloc(n * g->fused_cap);
     g->fused_acc = malloc(g->fused_max);
     g->reqs = calloc(2 * n, sizeof *g->reqs);
     g->reqp = calloc(2 * n, sizeof *g->reqp);
     g->blobs = calloc(n, sizeof *g->blobs);
-    if (!g->fused_out || !g->fused_in || !g->fused_acc || !g->reqs || !g->reqp || !g->blobs) {
+    g->ack_owed = calloc(n, sizeof *g->ack_owed);
+    g->ack_head = calloc(n, sizeof *g->ack_head);
+    g->ack_fp = malloc(n * TDIST__ACK_MAX * TDIST__COLL_FP_MAX);
+    g->ack_in = malloc(TDIST__ACK_MAX * TDIST__COLL_FP_MAX);
+    if (!g->fused_out || !g->fused_in || !g->fused_acc || !g->reqs || !g->reqp || !g->blobs ||
+        !g->ack_owed || !g->ack_head || !g->ack_fp || !g->ack_in) {
         tdist__coll_group_free(g);
         return tdist__error(TDIST_ERR_NO_MEMORY, "collective state for %d ranks: out of memory",
                             size);
@@ -157,6 +184,12 @@ void tdist__coll_group_free(tdist__coll_group_t *g)
     free(g->reqs);
     free(g->reqp);
     free((void *)g->blobs);
+    free(g->ack_owed);
+    free(g->ack_head);
+    free(g->ack_fp);
+    free(g->ack_in);
+    g->ack_owed = g->ack_head = NULL;
+    g->ack_fp = g->ack_in = NULL;
     g->fused_out = g->fused_in = g->fused_acc = NULL;
     g->reqs = NULL;
     g->reqp = NULL;
@@ -302,7 +335,9 @@ static inline tdist__coll_plan_t plan(const tdist__coll_ctx_t *c, const tdist__c
     if (a->op == TDIST__OP_MONITORED_BARRIER) {
         p.route = TDIST__ROUTE_MONITORED;
     } else if (tdist__oneshot_op(a->op) && chk && chk->on && c->size > 1 && a->count > 0 &&
-               c->g && tdist__oneshot_bytes(a, c->size) <= c->g->fused_max) {
+               c->g &&
+               tdist__oneshot_bytes(a, c->size) <=
+                   (rooted_op(a->op) ? c->g->fused_rooted_max : c->g->fused_max)) {
         p.route = TDIST__ROUTE_FUSED;
     } else if (a->op == TDIST__OP_BARRIER && chk && chk->on && c->size > 1) {
         p.algo = TDIST__ALGO_NONE; /* pg's fingerprint exchange is a barrier itself */
@@ -542,6 +577,11 @@ tdist_status_t tdist__coll_run(const tdist__coll_ctx_t *c, const tdist__coll_arg
         return tdist__error(TDIST_ERR_NOT_SUPPORTED, "the %s backend has no %s, and the group has "
                             "no native mesh to run it on", c->be_name ? c->be_name : "group's",
                             tdist__op_name(a->op));
+    /* a TCP rooted collective's sender left acknowledgements unread: read
+     * them before anything else is received (a rooted one reads what it needs) */
+    if (c->g && c->g->ack_total && p.route != TDIST__ROUTE_BACKEND &&
+        !(p.route == TDIST__ROUTE_FUSED && tdist__oneshot_role(c, a, chk) != TDIST__ROLE_ALL))
+        TDIST_CHECK(tdist__coll_fused_drain(c, chk, -1));
     switch (p.route) {
     case TDIST__ROUTE_BACKEND:
         if (a->op != TDIST__OP_MONITORED_BARRIER && chk && chk->on && c->size > 1)

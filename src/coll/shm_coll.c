@@ -5,17 +5,20 @@
  * Every rank owns a collective area at the end of its shm transport
  * segment. Only the owner writes it; every peer maps it and reads it:
  *
- *   0      three progress counters, one cache line each:
+ *   0      four progress counters, one cache line each:
  *          in  = chunks whose input this rank has staged,
  *          red = chunks whose slice this rank has reduced,
- *          out = chunks this rank has copied out (its slot may be reused)
- *   256    two exchange lines of 512 bytes (used alternately): a sequence
- *          number, a blob that starts in the same cache line (a hash of the
- *          fingerprint, and a tiny all_reduce's data) and an aux part read
- *          only when needed (the whole fingerprint, for the mismatch message)
- *   4096   SLOTS (4) staging slots of CHUNK bytes (used in turn by chunk;
+ *          out = chunks this rank has copied out (its slot may be reused),
+ *          ack = exchanges this rank has compared and finished reading
+ *   256    LINES (64) exchange lines of 512 bytes, used in turn by
+ *          exchange: a sequence number and this rank's ack, a blob that
+ *          starts in the same cache line (a hash of the fingerprint, and a
+ *          tiny collective's data) and an aux part read only when needed
+ *          (the whole fingerprint, for the mismatch message)
+ *   36864  SLOTS (4) staging slots of CHUNK bytes (used in turn by chunk;
  *          a one-shot collective (oneshot.c) uses the slot of its
- *          exchange's sequence number)
+ *          exchange's sequence number, or, staging up to 4 KiB a rank,
+ *          one of LINES 4 KiB sub-slots carved from the first slot)
  *
  * Every counter and line sequence only grows (no resets, no shared
  * atomics: each is written by its owner alone). All ranks run the same
@@ -57,12 +60,14 @@
  * copied out every staged chunk (out >= chunks), publishes the exchange,
  * and after it reads every rank's slot itself (an all_reduce reduces them
  * in rank order: the same bits everywhere, and the same as the staged
- * protocol's). One wait instead of three; each rank reduces all of it. A slot is written again SLOTS exchanges later, after
- * every peer has published the exchanges in between, i.e. finished
- * reading it; the next staged collective starts with an exchange too. A
- * line exchange needs no acknowledgement: a rank can only
- * write line parity p again (two exchanges later) after every rank has
- * published the exchange in between, i.e. finished reading this one.
+ * protocol's). One wait instead of three; each rank reduces all of it.
+ * A line or slot is written again only once every peer's ack shows it
+ * has compared and read the exchange that used it last (see "checking"
+ * below): in a run of symmetric exchanges the acks ride in the lines
+ * every rank reads anyway, so that costs nothing; a rooted one-shot
+ * collective's sender (shm_line.c) runs up to LINES - 1 exchanges ahead
+ * of its slowest reader. The next staged collective starts with an
+ * exchange too, which every rank posts after finishing the last one.
  */
 #include <math.h>
 #include <stdatomic.h>
@@ -79,7 +84,8 @@
 #define CTL_BYTES 256
 #define LINE_BYTES 512
 #define QUICK_ROUNDS 64 /* gather's own poll of the lines, in pause rounds */
-#define STAGE_OFF 4096
+#define LINES 64 /* exchange lines, used in turn: how far a rooted collective's sender runs ahead */
+#define STAGE_OFF ((CTL_BYTES + LINES * LINE_BYTES + 4095) / 4096 * 4096) /* page-aligned slots */
 #ifndef TDIST_SHMC_CHUNK
 #define TDIST_SHMC_CHUNK (256u * 1024u)
 #endif
@@ -104,19 +110,23 @@ typedef struct ctl {
     _Alignas(64) atomic_uint_least64_t in;
     _Alignas(64) atomic_uint_least64_t red;
     _Alignas(64) atomic_uint_least64_t out;
+    _Alignas(64) atomic_uint_least64_t ack; /* exchanges checked and done with (see "ack") */
 } ctl_t;
 
 typedef struct line {
     _Alignas(64) atomic_uint_least64_t seq;
     uint32_t len, aux_len;
+    atomic_uint_least64_t ack;          /* the owner's ack when it posted this line */
     uint8_t blob[TDIST__SHMC_BLOB_MAX]; /* starts in the sequence's cache line */
     uint8_t aux[TDIST__SHMC_AUX_MAX];   /* read only when needed */
+    uint8_t pad[LINE_BYTES - 24 - TDIST__SHMC_BLOB_MAX - TDIST__SHMC_AUX_MAX];
 } line_t;
 
 _Static_assert(sizeof(ctl_t) <= CTL_BYTES, "ctl");
 _Static_assert(sizeof(line_t) == LINE_BYTES, "line");
-_Static_assert(TDIST__SHMC_BLOB_MAX + TDIST__SHMC_AUX_MAX == LINE_BYTES - 16, "blob");
-_Static_assert(CTL_BYTES + 2 * LINE_BYTES <= STAGE_OFF, "layout");
+_Static_assert(TDIST__SHMC_BLOB_MAX + TDIST__SHMC_AUX_MAX <= LINE_BYTES - 24, "blob");
+_Static_assert(CTL_BYTES + LINES * LINE_BYTES <= STAGE_OFF && STAGE_OFF % 4096 == 0, "layout");
+_Static_assert((LINES & (LINES - 1)) == 0 && LINES >= SLOTS, "lines outlast slots");
 
 typedef enum { STREAM_AUTO, STREAM_ON, STREAM_OFF } stream_mode_t;
 
@@ -128,6 +138,13 @@ struct tdist__shmc {
     bool oversub; /* more ranks than CPUs (the transport's verdict, fixed once connected) */
     uint8_t **area;     /* size entries: every rank's area, mapped here */
     uint64_t line_seq;  /* exchanges done */
+    uint64_t verified;  /* every peer's lines up to this one compared with this rank's */
+    uint64_t ack_min;   /* no peer's ack is below this (from the lines read last) */
+    uint64_t ack_pub;   /* the ack last stored in this rank's control area */
+    uint64_t bad;       /* the exchange whose lines differ (0: none found) */
+    /* per whole slot: the last exchanges that staged in it whole, and in a
+     * sub-slot carved from it (one-shot collectives; they overlap) */
+    uint64_t whole_at[SLOTS], sub_at[SLOTS];
     uint64_t chunks;    /* staged chunks done (global chunk index) */
     uint8_t *scratch;   /* CHUNK bytes: PREMUL_SUM accumulator (ranks >= 2) */
 };
@@ -138,7 +155,7 @@ static inline ctl_t *ctl_of(const tdist__shmc_t *s, int r) { return (ctl_t *)(vo
 
 static inline line_t *line_of(const tdist__shmc_t *s, int r, uint64_t seq)
 {
-    return (line_t *)(void *)(s->area[r] + CTL_BYTES + (size_t)(seq & 1) * LINE_BYTES);
+    return (line_t *)(void *)(s->area[r] + CTL_BYTES + (size_t)(seq & (LINES - 1)) * LINE_BYTES);
 }
 
 static inline uint8_t *slot_of(const tdist__shmc_t *s, int r, uint64_t g)
@@ -195,9 +212,12 @@ tdist_status_t tdist__shmc_create(tdist__tp_t *tp, int rank, int size, tdist__sh
     s->area = area;
     s->scratch = scratch;
     /* Counters start where this rank's own area says (zero when new). */
-    s->line_seq = atomic_load(&line_of(s, rank, 0)->seq);
-    uint64_t l1 = atomic_load(&line_of(s, rank, 1)->seq);
-    if (l1 > s->line_seq) s->line_seq = l1;
+    for (uint64_t i = 0; i < LINES; i++) {
+        uint64_t l = atomic_load(&line_of(s, rank, i)->seq);
+        if (l > s->line_seq) s->line_seq = l;
+    }
+    s->verified = s->ack_min = s->line_seq;
+    s->ack_pub = atomic_load(&ctl_of(s, rank)->ack);
     s->chunks = atomic_load(&ctl_of(s, rank)->out);
     *out = s;
     return TDIST_OK;
@@ -213,7 +233,7 @@ void tdist__shmc_destroy(tdist__shmc_t *s)
 
 /* ------------------------------------------------------------- waiting */
 
-typedef enum { W_IN, W_RED, W_OUT, W_LINE } what_t;
+typedef enum { W_IN, W_RED, W_OUT, W_LINE, W_ACK } what_t;
 
 typedef struct waitfor {
     const tdist__shmc_t *s;
@@ -222,12 +242,145 @@ typedef struct waitfor {
     int only; /* >= 0: wait for this rank alone */
 } waitfor_t;
 
+/* ------------------------------------------------------------ checking
+ *
+ * A line that carries pg/'s check (aux_len > 0) starts its blob with the
+ * hash of the fingerprint; a probe's lines carry none. A symmetric
+ * exchange compares every rank's hash right after its wait (shm_line.c).
+ * A rooted one-shot collective's sender posts its line and leaves, and
+ * its receivers wait for the root's line alone: the lines they did not
+ * wait for are compared later, in order (verify_upto), by every rank.
+ *
+ * A rank's ack is the last exchange whose lines it has all compared and
+ * whose data it has finished reading. A rank writes its line N (and slot
+ * N % SLOTS) only when every peer's ack is at least N - LINES and its own
+ * comparisons have reached N - LINES: so no line is overwritten before
+ * every rank has compared it, and a sender runs at most LINES - 1
+ * exchanges ahead of the slowest reader. A rank publishes its ack in each
+ * line it posts (read with the line, free in a symmetric exchange) and,
+ * while it waits to write, in its control area. */
+
+static inline uint64_t hash_of(const line_t *l)
+{
+    uint64_t h;
+    memcpy(&h, l->blob, sizeof h);
+    return h;
+}
+
+/* The last exchange every peer has posted, counting from verified on
+ * (never past this rank's own last). */
+static uint64_t all_posted(const tdist__shmc_t *s)
+{
+    uint64_t k = s->verified;
+    for (; k < s->line_seq; k++)
+        for (int r = 0; r < s->size; r++)
+            if (r != s->rank &&
+                atomic_load_explicit(&line_of(s, r, k + 1)->seq, memory_order_acquire) < k + 1)
+                return k;
+    return k;
+}
+
+/* Compare the lines of exchanges verified+1 .. upto (every rank has
+ * posted them) with this rank's; false at the first that differs
+ * (s->bad = that exchange). */
+static bool verify_upto(tdist__shmc_t *s, uint64_t upto)
+{
+    for (uint64_t k = s->verified + 1; k <= upto; k++) {
+        const line_t *mine = line_of(s, s->rank, k);
+        if (mine->aux_len) {
+            uint64_t h = hash_of(mine);
+            for (int r = 0; r < s->size; r++) {
+                const line_t *l = line_of(s, r, k);
+                if (r != s->rank && l->aux_len && hash_of(l) != h) {
+                    s->bad = k;
+                    return false;
+                }
+            }
+        }
+        s->verified = k;
+    }
+    return true;
+}
+
+/* Rank r's ack, as far as this rank can see it: the larger of the one it
+ * published while waiting (its control area) and the one in its latest
+ * line this rank can find (it posts one in every collective; a line
+ * whose slot holds a later exchange is only more recent). */
+static uint64_t ack_of(const tdist__shmc_t *s, int r, uint64_t want)
+{
+    uint64_t a = atomic_load_explicit(&ctl_of(s, r)->ack, memory_order_acquire);
+    if (a >= want) return a;
+    /* the line r posts after the exchange wanted carries its ack then */
+    const line_t *l = line_of(s, r, want + 1);
+    if (atomic_load_explicit(&l->seq, memory_order_acquire) >= want + 1) {
+        uint64_t v = atomic_load_explicit(&l->ack, memory_order_relaxed);
+        if (v > a) a = v;
+    }
+    return a;
+}
+
+/* Publish this rank's ack (verified) in its control area, for a rank
+ * waiting to write while this one waits too (the caller is between
+ * exchanges: every exchange it posted is finished with). Each line it
+ * posts carries it as well, and a post stores it here too once it has
+ * moved ACK_EVERY past the last stored (a rank waiting to write reads
+ * this one, and the line of its own last exchange). */
+#define ACK_EVERY 16
+_Static_assert(ACK_EVERY < LINES / 2, "a reader's ack lags far less than a sender may run");
+
+static void publish_ack(tdist__shmc_t *s)
+{
+    if (s->ack_pub == s->verified) return;
+    s->ack_pub = s->verified;
+    atomic_store_explicit(&ctl_of(s, s->rank)->ack, s->verified, memory_order_release);
+}
+
+/* Whether every peer's ack and this rank's comparisons have reached
+ * exchange `target`, as far as this rank knows (and nothing differed). */
+static inline bool may_write_known(const tdist__shmc_t *s, uint64_t target)
+{
+    return s->ack_min >= target && s->verified >= target && !s->bad;
+}
+
+/* Compare what every peer has posted, publish this rank's ack, refresh
+ * the peers' lowest: whether exchange n may be written now (or a
+ * difference was found: s->bad). Between a collective's exchanges only. */
+static bool may_write(tdist__shmc_t *s, uint64_t target)
+{
+    uint64_t lo = UINT64_MAX;
+    for (int r = 0; r < s->size; r++) {
+        if (r == s->rank) continue;
+        uint64_t a = ack_of(s, r, target);
+        if (a < lo) lo = a;
+    }
+    s->ack_min = lo;
+    /* Every peer's ack at lo means every line up to lo equals the lines
+     * of whoever compared them: nothing left to compare there (and when a
+     * rank found a difference it acknowledges nothing past it). */
+    if (lo > s->verified && lo <= s->line_seq && !s->bad) s->verified = lo;
+    if (!verify_upto(s, all_posted(s))) return true;
+    publish_ack(s);
+    return may_write_known(s, target);
+}
+
+/* While this rank waits for a line: compare what the peers have posted
+ * of the exchanges before this one and publish the ack, as a rank waiting
+ * to write (may_write) may need it. Whether a difference was found. */
+static bool advance(tdist__shmc_t *s)
+{
+    uint64_t upto = all_posted(s);
+    if (s->bad || !verify_upto(s, TDIST_MIN(upto, s->line_seq - 1))) return true;
+    publish_ack(s);
+    return false;
+}
+
 static uint64_t read_counter(const tdist__shmc_t *s, int r, what_t what, uint64_t v)
 {
     switch (what) {
     case W_IN: return atomic_load_explicit(&ctl_of(s, r)->in, memory_order_acquire);
     case W_RED: return atomic_load_explicit(&ctl_of(s, r)->red, memory_order_acquire);
     case W_OUT: return atomic_load_explicit(&ctl_of(s, r)->out, memory_order_acquire);
+    case W_ACK: return ack_of(s, r, v);
     case W_LINE:
     default: return atomic_load_explicit(&line_of(s, r, v)->seq, memory_order_acquire);
     }
@@ -237,6 +390,11 @@ static bool reached(void *arg)
 {
     const waitfor_t *w = arg;
     const tdist__shmc_t *s = w->s;
+    /* this rank's own state, which only its thread touches */
+    if (w->what == W_ACK) return may_write((tdist__shmc_t *)(uintptr_t)s, w->v);
+    if (w->what == W_LINE && (s->verified + 1 < s->line_seq || s->ack_pub != s->verified) &&
+        advance((tdist__shmc_t *)(uintptr_t)s))
+        return true; /* a difference: the caller reports it */
     if (w->only >= 0) return read_counter(s, w->only, w->what, w->v) >= w->v;
     for (int r = 0; r < s->size; r++) {
         if (r == s->rank) continue;
@@ -260,6 +418,7 @@ static const char *what_name(what_t w)
     case W_IN: return "staging chunk";
     case W_RED: return "reducing chunk";
     case W_OUT: return "copying out chunk";
+    case W_ACK: return "comparing and reading exchange";
     case W_LINE:
     default: return "exchange";
     }
@@ -298,12 +457,29 @@ static void publish(const tdist__coll_ctx_t *c, atomic_uint_least64_t *ctr, uint
 
 /* ------------------------------------------------------------ exchange */
 
-uint8_t *tdist__shmc_begin(const tdist__coll_ctx_t *c, uint8_t **aux)
+/* Line n may be written once the peers' acks and this rank's comparisons
+ * allow it (see "checking"); waits otherwise. TDIST_ERR_MISMATCH when a
+ * comparison found lines that differ (tdist__shmc_bad names them). */
+static tdist_status_t reserve(const tdist__coll_ctx_t *c, uint64_t target)
 {
     tdist__shmc_t *s = c->shm;
-    line_t *mine = line_of(s, s->rank, s->line_seq + 1);
+    if (!s->bad && !may_write(s, target)) TDIST_CHECK(wait_for(c, W_ACK, target, -1));
+    if (s->bad)
+        return tdist__error(TDIST_ERR_MISMATCH, "rank %d: the lines of shared-memory exchange "
+                            "%llu differ", s->rank, (unsigned long long)s->bad);
+    return TDIST_OK;
+}
+
+tdist_status_t tdist__shmc_begin(const tdist__coll_ctx_t *c, uint8_t **blob, uint8_t **aux)
+{
+    tdist__shmc_t *s = c->shm;
+    uint64_t n = s->line_seq + 1;
+    uint64_t target = n > LINES ? n - LINES : 0;
+    if (__builtin_expect(!may_write_known(s, target), 0)) TDIST_CHECK(reserve(c, target));
+    line_t *mine = line_of(s, s->rank, n);
     if (aux) *aux = mine->aux;
-    return mine->blob;
+    *blob = mine->blob;
+    return TDIST_OK;
 }
 
 void tdist__shmc_post(const tdist__coll_ctx_t *c, size_t len, size_t aux_len)
@@ -313,18 +489,22 @@ void tdist__shmc_post(const tdist__coll_ctx_t *c, size_t len, size_t aux_len)
     line_t *mine = line_of(s, s->rank, seq);
     mine->len = (uint32_t)TDIST_MIN(len, (size_t)TDIST__SHMC_BLOB_MAX);
     mine->aux_len = (uint32_t)TDIST_MIN(aux_len, (size_t)TDIST__SHMC_AUX_MAX);
+    atomic_store_explicit(&mine->ack, s->verified, memory_order_relaxed);
+    if (s->verified >= s->ack_pub + ACK_EVERY) publish_ack(s);
     publish(c, &mine->seq, seq);
 }
 
-void tdist__shmc_publish(const tdist__coll_ctx_t *c, const void *blob, size_t len,
-                         const void *aux, size_t aux_len)
+tdist_status_t tdist__shmc_publish(const tdist__coll_ctx_t *c, const void *blob, size_t len,
+                                   const void *aux, size_t aux_len)
 {
     if (len > TDIST__SHMC_BLOB_MAX) len = TDIST__SHMC_BLOB_MAX;
     if (aux_len > TDIST__SHMC_AUX_MAX) aux_len = TDIST__SHMC_AUX_MAX;
-    uint8_t *aux_to = NULL, *blob_to = tdist__shmc_begin(c, &aux_to);
+    uint8_t *aux_to = NULL, *blob_to = NULL;
+    TDIST_CHECK(tdist__shmc_begin(c, &blob_to, &aux_to));
     if (len) memcpy(blob_to, blob, len);
     if (aux_len) memcpy(aux_to, aux, aux_len);
     tdist__shmc_post(c, len, aux_len);
+    return TDIST_OK;
 }
 
 const uint8_t *tdist__shmc_peek(const tdist__coll_ctx_t *c, int r, size_t *len)
@@ -336,14 +516,22 @@ const uint8_t *tdist__shmc_peek(const tdist__coll_ctx_t *c, int r, size_t *len)
     return l->blob;
 }
 
-const uint8_t *tdist__shmc_peek_aux(const tdist__coll_ctx_t *c, int r, size_t *len)
+const uint8_t *tdist__shmc_aux_of(const tdist__coll_ctx_t *c, int r, uint64_t seq, size_t *len)
 {
     tdist__shmc_t *s = c->shm;
-    line_t *l = line_of(s, r, s->line_seq);
-    if (atomic_load_explicit(&l->seq, memory_order_acquire) != s->line_seq) return NULL;
+    line_t *l = line_of(s, r, seq);
+    if (atomic_load_explicit(&l->seq, memory_order_acquire) != seq) return NULL;
     if (len) *len = l->aux_len <= TDIST__SHMC_AUX_MAX ? l->aux_len : TDIST__SHMC_AUX_MAX;
     return l->aux;
 }
+
+const uint8_t *tdist__shmc_peek_aux(const tdist__coll_ctx_t *c, int r, size_t *len)
+{
+    return tdist__shmc_aux_of(c, r, c->shm->line_seq, len);
+}
+
+uint64_t tdist__shmc_now(const tdist__coll_ctx_t *c) { return c->shm->line_seq; }
+uint64_t tdist__shmc_bad(const tdist__coll_ctx_t *c) { return c->shm->bad; }
 
 tdist_status_t tdist__shmc_await_next(const tdist__coll_ctx_t *c, int r, const uint8_t **aux,
                                       size_t *aux_len)
@@ -367,7 +555,7 @@ tdist_status_t tdist__shmc_exchange(const tdist__coll_ctx_t *c, const void *blob
     if (len > TDIST__SHMC_BLOB_MAX || aux_len > TDIST__SHMC_AUX_MAX)
         return tdist__error(TDIST_ERR_INTERNAL, "shm exchange: blob of %zu / aux of %zu bytes",
                             len, aux_len);
-    tdist__shmc_publish(c, blob, len, aux, aux_len);
+    TDIST_CHECK(tdist__shmc_publish(c, blob, len, aux, aux_len));
     return tdist__shmc_gather(c, blobs, lens);
 }
 
@@ -397,16 +585,32 @@ static tdist_status_t await_lines(const tdist__coll_ctx_t *c, uint64_t seq, int 
     return done ? TDIST_OK : wait_for(c, W_LINE, seq, -1);
 }
 
+/* The earlier exchanges' lines not compared yet (a rooted collective's),
+ * as far as the peers have posted them: TDIST_ERR_MISMATCH when two
+ * differ. Before a wait for this exchange's lines, and after it fails (a
+ * peer that found the difference first fails its group and leaves). */
+static tdist_status_t check_earlier(tdist__shmc_t *s, tdist_status_t st)
+{
+    if (s->verified + 1 < s->line_seq || s->bad) {
+        uint64_t upto = all_posted(s);
+        if (s->bad || !verify_upto(s, TDIST_MIN(upto, s->line_seq - 1)))
+            return tdist__error(TDIST_ERR_MISMATCH, "rank %d: the lines of shared-memory "
+                                "exchange %llu differ", s->rank, (unsigned long long)s->bad);
+    }
+    return st;
+}
+
 tdist_status_t tdist__shmc_gather(const tdist__coll_ctx_t *c, const uint8_t **blobs, size_t *lens)
 {
     tdist__shmc_t *s = c->shm;
-    uint64_t seq = s->line_seq;
+    uint64_t seq = s->line_seq, lo = UINT64_MAX;
+    TDIST_CHECK(check_earlier(s, TDIST_OK));
     /* Peers of a blocking exchange usually arrive within a few hundred ns:
      * poll their lines here first, without the general wait's callback
      * and clock (~10 ns a call off an 8-byte all_reduce), unless ranks
      * share CPUs (the one awaited may need this one). */
     bool quick = c->spin && !s->oversub;
-    TDIST_CHECK(await_lines(c, seq, quick ? QUICK_ROUNDS : 0, NULL));
+    TDIST_CHECK(check_earlier(s, await_lines(c, seq, quick ? QUICK_ROUNDS : 0, NULL)));
     for (int r = 0; r < s->size; r++) {
         size_t l = 0;
         blobs[r] = tdist__shmc_peek(c, r, &l);
@@ -414,7 +618,36 @@ tdist_status_t tdist__shmc_gather(const tdist__coll_ctx_t *c, const uint8_t **bl
             return tdist__error(TDIST_ERR_INTERNAL, "rank %d: shm exchange %llu: rank %d is "
                                 "already past it", s->rank, (unsigned long long)seq, r);
         if (lens) lens[r] = l;
+        uint64_t a = atomic_load_explicit(&line_of(s, r, seq)->ack, memory_order_relaxed);
+        if (r != s->rank && a < lo) lo = a;
     }
+    if (lo != UINT64_MAX && lo > s->ack_min) s->ack_min = lo;
+    /* the exchanges a rooted collective did not wait for are compared
+     * first; this one's hashes by the caller (the group fails if they differ) */
+    TDIST_CHECK(check_earlier(s, TDIST_OK));
+    s->verified = seq;
+    return TDIST_OK;
+}
+
+tdist_status_t tdist__shmc_gather_one(const tdist__coll_ctx_t *c, int r, const uint8_t **blob)
+{
+    tdist__shmc_t *s = c->shm;
+    const atomic_uint_least64_t *seq = &line_of(s, r, s->line_seq)->seq;
+    int polls = c->spin && !s->oversub ? QUICK_ROUNDS : 0; /* as tdist__shmc_gather */
+    for (int i = 0; i < polls && atomic_load_explicit(seq, memory_order_acquire) < s->line_seq; i++)
+        tdist__cpu_relax();
+    if (atomic_load_explicit(seq, memory_order_acquire) < s->line_seq) {
+        /* before waiting: did a rank already find an earlier difference? */
+        TDIST_CHECK(check_earlier(s, TDIST_OK));
+        TDIST_CHECK(check_earlier(s, wait_for(c, W_LINE, s->line_seq, r)));
+    }
+    *blob = tdist__shmc_peek(c, r, NULL);
+    if (!*blob)
+        return tdist__error(TDIST_ERR_INTERNAL, "rank %d: shm exchange %llu: rank %d is "
+                            "already past it", s->rank, (unsigned long long)s->line_seq, r);
+    /* Two ranks: the caller's comparison of r's hash is this exchange's
+     * whole comparison (the group fails if it differs) */
+    if (s->size == 2 && r != s->rank && s->verified + 1 == s->line_seq) s->verified = s->line_seq;
     return TDIST_OK;
 }
 
@@ -485,6 +718,8 @@ static tdist_status_t probe(const tdist__coll_ctx_t *c, uint64_t *ns)
     uint64_t t = tdist__now_ns(), sum = 0, worst = 0;
     bool timed = true;
     for (int i = 0; i < PROBE_ROUNDS; i++) {
+        uint8_t *blob = NULL;
+        TDIST_CHECK(tdist__shmc_begin(c, &blob, NULL));
         tdist__shmc_post(c, 0, 0);
         bool polled = false; /* if not, no figure this time: the rest just exchange */
         TDIST_CHECK(await_lines(c, s->line_seq, timed ? PROBE_POLLS : 0, &polled));
@@ -747,20 +982,55 @@ tdist_status_t tdist__shmc_all_reduce(const tdist__coll_ctx_t *c, const void *se
 
 size_t tdist__shmc_small_max(void) { return CHUNK; }
 
-tdist_status_t tdist__shmc_stage_slot(const tdist__coll_ctx_t *c, uint8_t **slot)
+/* A one-shot collective staging up to SUB bytes a rank uses the
+ * exchange's sub-slot (one of LINES, a page each, carved from the first
+ * slot), so a rooted sender can run as far ahead as its lines allow; a
+ * larger one uses the exchange's whole slot (one of SLOTS), which stays
+ * warm: sub-slots for larger data would cycle through a MiB of pages,
+ * faulting each in on first use and leaving readers cold caches. */
+#define SUB ((size_t)4096)
+#define AHEAD (128u * 1024u)
+_Static_assert(SUB * LINES <= SLOTS * (size_t)CHUNK, "sub-slots within the slots");
+
+size_t tdist__shmc_rooted_max(void) { return SUB; }
+
+static uint8_t *oneshot_slot(const tdist__shmc_t *s, int r, uint64_t seq, size_t bytes)
+{
+    if (bytes <= SUB) return s->area[r] + STAGE_OFF + (size_t)(seq & (LINES - 1)) * SUB;
+    return slot_of(s, r, seq);
+}
+
+tdist_status_t tdist__shmc_stage_slot(const tdist__coll_ctx_t *c, size_t bytes, uint8_t **slot)
 {
     tdist__shmc_t *s = c->shm;
     /* the peers may still copy out of this rank's slots after the last
      * staged collective: wait until they are done with every chunk */
     TDIST_CHECK(wait_for(c, W_OUT, s->chunks, -1));
-    *slot = slot_of(s, s->rank, s->line_seq + 1);
+    /* and with the exchange that used this slot last (a rooted
+     * collective's sender may be ahead; see "checking") */
+    uint64_t n = s->line_seq + 1, target;
+    if (bytes <= SUB) {
+        /* the sub-slot's last use, the whole slot's over it, and at most
+         * AHEAD bytes staged ahead of the slowest reader (further, the
+         * readers would find them gone from the caches) */
+        uint64_t depth = TDIST_MAX((uint64_t)2, TDIST_MIN((uint64_t)LINES, AHEAD / bytes));
+        size_t r = (size_t)(n & (LINES - 1)) * SUB / CHUNK;
+        target = TDIST_MAX(n > depth ? n - depth : 0, s->whole_at[r]);
+        s->sub_at[r] = n;
+    } else {
+        size_t r = (size_t)(n % SLOTS);
+        target = TDIST_MAX(n > SLOTS ? n - SLOTS : 0, s->sub_at[r]);
+        s->whole_at[r] = n;
+    }
+    if (!may_write_known(s, target)) TDIST_CHECK(reserve(c, target));
+    *slot = oneshot_slot(s, s->rank, n, bytes);
     return TDIST_OK;
 }
 
-const uint8_t *tdist__shmc_slot(const tdist__coll_ctx_t *c, int r)
+const uint8_t *tdist__shmc_slot(const tdist__coll_ctx_t *c, int r, size_t bytes)
 {
     const tdist__shmc_t *s = c->shm;
-    return slot_of(s, r, s->line_seq); /* the exchange that published the slots */
+    return oneshot_slot(s, r, s->line_seq, bytes); /* the exchange that published the slots */
 }
 
 tdist_status_t tdist__shmc_broadcast(const tdist__coll_ctx_t *c, void *buf, size_t count,

@@ -9,6 +9,10 @@
  *    blob after the hash, or is staged in its slot of this exchange
  *    before it, and every rank takes what it needs after it;
  *  - barrier: nothing more.
+ * A blocking rooted one-shot collective (broadcast, scatter, reduce,
+ * gather) is not a barrier: its senders leave after posting, its
+ * receivers wait for the lines they read, and the lines nobody waited
+ * for are compared later (tdist__oneshot_role, shm_coll.c "checking").
  * Anything else goes on to its algorithm. all_to_allv's per-pair counts
  * still go through pg's exchange; the monitored barrier goes on over the
  * transport to name who is missing.
@@ -25,20 +29,34 @@ static inline uint64_t line_hash(const uint8_t *blob)
     return v;
 }
 
-/* The hashes in this exchange's blobs differ: every rank's whole
- * fingerprint (aux parts) into theirs, and pg words the mismatch. */
-static tdist_status_t mismatch(const tdist__coll_ctx_t *c, const tdist__coll_check_t *chk)
+/* The hashes of exchange seq's blobs differ: every rank's whole
+ * fingerprint (aux parts) into theirs, and pg words the mismatch (of an
+ * earlier collective when seq is not this one's). */
+static tdist_status_t mismatch(const tdist__coll_ctx_t *c, const tdist__coll_check_t *chk,
+                               uint64_t seq)
 {
     for (int r = 0; r < c->size; r++) {
         size_t al = 0;
-        const uint8_t *aux = tdist__shmc_peek_aux(c, r, &al);
+        const uint8_t *aux = tdist__shmc_aux_of(c, r, seq, &al);
         uint8_t *dst = chk->theirs + (size_t)r * chk->len;
         memset(dst, 0, chk->len);
         if (aux) memcpy(dst, aux, TDIST_MIN(al, chk->len));
     }
-    TDIST_CHECK(chk->compare(chk->arg));
+    if (seq == tdist__shmc_now(c))
+        TDIST_CHECK(chk->compare(chk->arg));
+    else
+        TDIST_CHECK(chk->compare_earlier(chk->arg));
     /* equal fingerprints, different hashes: cannot happen */
     return tdist__error(TDIST_ERR_INTERNAL, "fingerprint hashes differ, fingerprints do not");
+}
+
+/* A status of the line's own: a difference found in an earlier exchange's
+ * lines is worded as pg's mismatch. */
+static tdist_status_t line_status(const tdist__coll_ctx_t *c, const tdist__coll_check_t *chk,
+                                  tdist_status_t st)
+{
+    if (st != TDIST_ERR_MISMATCH || !chk || !tdist__shmc_bad(c)) return st;
+    return mismatch(c, chk, tdist__shmc_bad(c));
 }
 
 /* Write this rank's line: hash, fingerprint, and a one-shot collective's
@@ -48,7 +66,8 @@ static tdist_status_t post_line(const tdist__coll_ctx_t *c, const tdist__coll_ar
 {
     const size_t hs = sizeof(uint64_t);
     size_t len = hs;
-    uint8_t *aux = NULL, *blob = tdist__shmc_begin(c, &aux);
+    uint8_t *aux = NULL, *blob = NULL;
+    TDIST_CHECK(line_status(c, chk, tdist__shmc_begin(c, &blob, &aux)));
     uint64_t h = chk && chk->on ? chk->hash : 0;
     size_t fl = chk ? chk->len : 0;
     if (fl) memcpy(aux, chk->common, fl);
@@ -57,7 +76,9 @@ static tdist_status_t post_line(const tdist__coll_ctx_t *c, const tdist__coll_ar
         size_t bytes = 0;
         const void *in = tdist__oneshot_input(c, a, &bytes);
         uint8_t *to = blob + hs;
-        if (algo == TDIST__ALGO_SHM_ONE_SHOT) TDIST_CHECK(tdist__shmc_stage_slot(c, &to));
+        if (algo == TDIST__ALGO_SHM_ONE_SHOT)
+            TDIST_CHECK(line_status(
+                c, chk, tdist__shmc_stage_slot(c, tdist__oneshot_bytes(a, c->size), &to)));
         if (in) {
             memcpy(to, in, bytes);
             TDIST_CHECK(tdist__oneshot_scale(a, to, bytes));
@@ -68,7 +89,8 @@ static tdist_status_t post_line(const tdist__coll_ctx_t *c, const tdist__coll_ar
     return TDIST_OK;
 }
 
-/* A one-shot collective's result from every rank's staged data. */
+/* A one-shot collective's result from the staged data of the ranks that
+ * have it (b[r], NULL for a rank whose line was not waited for). */
 static tdist_status_t finish_oneshot(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
                                      const uint8_t **b, tdist__coll_algo_t algo)
 {
@@ -76,9 +98,32 @@ static tdist_status_t finish_oneshot(const tdist__coll_ctx_t *c, const tdist__co
     /* the commonest (a loss, a norm): every rank's input after its hash */
     if (algo == TDIST__ALGO_SHM_IN_LINE && a->op == TDIST__OP_ALL_REDUCE)
         return tdist__oneshot_reduce(c, a, b, hs, a->recvbuf);
-    for (int r = 0; r < c->size; r++)
-        b[r] = algo == TDIST__ALGO_SHM_IN_LINE ? b[r] + hs : tdist__shmc_slot(c, r);
+    if (algo == TDIST__ALGO_SHM_IN_LINE) {
+        for (int r = 0; r < c->size; r++)
+            if (b[r]) b[r] += hs;
+    } else {
+        size_t staged = tdist__oneshot_bytes(a, c->size);
+        for (int r = 0; r < c->size; r++)
+            if (b[r]) b[r] = tdist__shmc_slot(c, r, staged);
+    }
     return tdist__oneshot_finish(c, a, b);
+}
+
+/* A rooted one-shot collective's sender or receiver (tdist__oneshot_role). */
+static tdist_status_t rooted(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
+                             const tdist__coll_check_t *chk, tdist__coll_algo_t algo,
+                             tdist__oneshot_role_t role)
+{
+    const uint8_t **b = c->g->blobs;
+    for (int r = 0; r < c->size; r++) b[r] = NULL;
+    int from = role == TDIST__ROLE_SEND ? c->rank : a->root;
+    TDIST_CHECK(tdist__shmc_gather_one(c, from, &b[from]));
+    if (role == TDIST__ROLE_FROM_ROOT && line_hash(b[from]) != chk->hash) {
+        /* word it as every rank does: with every rank's fingerprint */
+        TDIST_CHECK(line_status(c, chk, tdist__shmc_gather(c, c->g->blobs, NULL)));
+        return mismatch(c, chk, tdist__shmc_now(c));
+    }
+    return finish_oneshot(c, a, b, algo);
 }
 
 tdist_status_t tdist__coll_shm_line(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
@@ -89,11 +134,19 @@ tdist_status_t tdist__coll_shm_line(const tdist__coll_ctx_t *c, const tdist__col
      * name who is missing); the line just keeps every rank's exchange
      * count and shows this call to a rank that issued something else. */
     if (algo == TDIST__ALGO_MONITORED) return tdist__coll_monitored_barrier(c, chk);
+    tdist__oneshot_role_t role = TDIST__ROLE_ALL;
+    if ((algo == TDIST__ALGO_SHM_IN_LINE ||
+         (algo == TDIST__ALGO_SHM_ONE_SHOT &&
+          tdist__oneshot_bytes(a, c->size) <= tdist__shmc_rooted_max())) &&
+        a->op != TDIST__OP_ALL_REDUCE) /* the one-shot all_reduce's path: no call */
+        role = tdist__oneshot_role(c, a, chk);
+    if (role == TDIST__ROLE_SEND || role == TDIST__ROLE_FROM_ROOT)
+        return rooted(c, a, chk, algo, role);
     const uint8_t **b = c->g->blobs;
-    TDIST_CHECK(tdist__shmc_gather(c, b, NULL));
+    TDIST_CHECK(line_status(c, chk, tdist__shmc_gather(c, b, NULL)));
     if (chk && chk->on) {
         for (int r = 0; r < c->size; r++)
-            if (line_hash(b[r]) != chk->hash) return mismatch(c, chk);
+            if (line_hash(b[r]) != chk->hash) return mismatch(c, chk, tdist__shmc_now(c));
         if (a->op == TDIST__OP_ALL_TO_ALLV) TDIST_CHECK(chk->exchange(chk->arg, c->deadline_ms));
     }
     switch (algo) {

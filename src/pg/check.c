@@ -162,6 +162,7 @@ static const uint64_t fp_mult[] = {
 uint64_t tdist__fp_hash(const tdist__fp_t *fp)
 {
     _Static_assert(sizeof(tdist__fp_t) == sizeof fp_mult, "one constant per fingerprint word");
+    _Static_assert(sizeof(tdist__fp_t) <= TDIST__SHMC_AUX_MAX, "a fingerprint fits a line's aux");
     /* from the fields, not the bytes: a word load spanning two 4-byte
      * stores just made would stall on store forwarding */
     const uint64_t w[] = {
@@ -302,10 +303,29 @@ tdist_status_t tdist__fp_exchange(tdist_pg_t *pg, const struct tdist_work *w, in
     return TDIST_OK;
 }
 
+static tdist_status_t compare_theirs(tdist_pg_t *pg);
+
 tdist_status_t tdist__fp_compare(tdist_pg_t *pg)
 {
-    int n = pg->size, me = pg->rank;
-    pg->chk.theirs[me] = pg->chk.mine[me];
+    pg->chk.theirs[pg->rank] = pg->chk.mine[pg->rank];
+    return compare_theirs(pg);
+}
+
+tdist_status_t tdist__fp_compare_earlier(tdist_pg_t *pg, const struct tdist_work *w)
+{
+    const tdist__fp_t *own = &pg->chk.theirs[pg->rank];
+    tdist_status_t st = compare_theirs(pg);
+    if (st != TDIST_ERR_MISMATCH || own->seq == w->seq) return st;
+    char d[160];
+    tdist__fp_describe(own, false, d, sizeof d);
+    return tdist__error_context(st, "this rank's earlier %s seq %llu (a rooted collective this "
+                                "rank sent or received without waiting for every rank)", d,
+                                (unsigned long long)own->seq);
+}
+
+static tdist_status_t compare_theirs(tdist_pg_t *pg)
+{
+    int n = pg->size;
     for (int p = 0; p < n; p++)
         if (pg->chk.theirs[p].magic != TDIST__FP_MAGIC)
             return tdist__error(TDIST_ERR_MISMATCH,

@@ -444,6 +444,7 @@ tdist_status_t tdist__pg_submit(tdist_pg_t *pg, struct tdist_work *w, tdist_work
     bool run_now;
     for (;;) {
         if (pg->join.mode != TDIST__JOIN_NONE) {
+            w->in_join = true;
             tdist_status_t jst = tdist__pg_join_check(pg, w);
             if (jst != TDIST_OK) {
                 pthread_mutex_unlock(&pg->mu);
@@ -551,6 +552,12 @@ static tdist_status_t check_compare(void *arg)
     return tdist__fp_compare(x->pg);
 }
 
+static tdist_status_t check_compare_earlier(void *arg)
+{
+    check_arg_t *x = arg;
+    return tdist__fp_compare_earlier(x->pg, x->w);
+}
+
 /* The common part of w's fingerprint into pg->chk.common; its hash (0
  * when the check is off). A plain call of the last one's shape (a training
  * loop's loss, a norm) reuses that shape's hash: only seq's term changes. */
@@ -612,6 +619,9 @@ tdist_status_t tdist__pg_run_body(tdist_pg_t *pg, struct tdist_work *w, int64_t 
     tdist__coll_check_t chk = pg->run0.chk;
     chk.hash = fp_prepare(pg, w);
     chk.have = pg->chk.have;
+    /* rooted collectives leave fingerprints unread for later: not inside a
+     * Join, whose joined ranks read the stream */
+    chk.compare_earlier = w->in_join ? NULL : check_compare_earlier;
     chk.arg = &x;
     tdist__pg_fr_start(pg, w, &pg->chk.common, &c);
     return tdist__coll_run(&c, &a, &chk);

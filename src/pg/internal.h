@@ -88,6 +88,8 @@ struct tdist_work {
     bool inline_run;    /* run on the caller's thread: nobody waits on cv */
     bool on_stack;      /* the caller's storage (tdist__work_on_stack) */
     /* Join (rule 4), snapshot of the group's join state at submit */
+    bool in_join;       /* issued inside a Join: exchanges with every rank (a
+                           joined rank reads the leader's stream itself) */
     uint32_t fp_flags;  /* TDIST__FP_* of this call */
     int avg_div;        /* AVG divides by this (0: the group size) */
     int shadow_leader;  /* the leader (lowest active rank) when this rank has
@@ -340,6 +342,11 @@ tdist_status_t tdist__fp_exchange(tdist_pg_t *pg, const struct tdist_work *w,
 /* Compare every rank's common part (pg->chk.theirs, own copied in) with
  * rank 0's: TDIST_OK or TDIST_ERR_MISMATCH naming the first that differs. */
 tdist_status_t tdist__fp_compare(tdist_pg_t *pg);
+/* The same with pg->chk.theirs filled for every rank, this one's
+ * included, with the fingerprints of an earlier collective than w (a
+ * rooted collective's sender learns its verdict later): the mismatch
+ * names that collective's seq. */
+tdist_status_t tdist__fp_compare_earlier(tdist_pg_t *pg, const struct tdist_work *w);
 /* The shm line's 64-bit stand-in for a fingerprint (common part): a sum
  * of one term per word, each word times its own odd constant; seq's is
  * TDIST__FP_SEQ_MULT, so hash(seq) = hash(seq 0) + seq * TDIST__FP_SEQ_MULT. */

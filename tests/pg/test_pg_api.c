@@ -777,3 +777,77 @@ static void algo_env_at_creation_body(int rank, int n, void *arg)
 }
 
 TEST(pg_algo_env_read_at_creation, 30) { tdist_test_run_ranks(2, algo_env_at_creation_body, NULL); }
+
+/* ------------------------------------------ rooted collectives, pipelined
+ *
+ * Blocking broadcast, scatter, reduce and gather let their senders run
+ * ahead of the ranks that read (the check travels with the data): many
+ * calls in a row, rotating roots, at sizes that ride in the line (8 B),
+ * in a sub-slot (4 KiB) and in a whole slot (32 KiB), mixed with
+ * all_reduce, each result against a local reference. Runs past the
+ * number of lines, so a sender waits for the readers at least once. */
+
+static float rooted_val(int rank, int call, size_t i)
+{
+    return (float)((rank * 7 + call * 3 + (int)(i % 13)) % 11);
+}
+
+static void rooted_one(tdist_pg_t *pg, int rank, int n, int call, size_t cnt, float *a,
+                       float *b)
+{
+    int root = call % n;
+    int kind = (call / n) % 4;
+    size_t tot = cnt * (size_t)n;
+    for (size_t i = 0; i < tot; i++) a[i] = rooted_val(rank, call, i), b[i] = -1.0f;
+    switch (kind) {
+    case 0: /* broadcast */
+        ASSERT_OK(tdist_broadcast(pg, a, cnt, TDIST_F32, root, NULL, NULL));
+        for (size_t i = 0; i < cnt; i++) ASSERT_EQ(a[i], rooted_val(root, call, i));
+        break;
+    case 1: /* scatter: block r of root's buffer */
+        ASSERT_OK(tdist_scatter(pg, a, b, cnt, TDIST_F32, root, NULL, NULL));
+        for (size_t i = 0; i < cnt; i++)
+            ASSERT_EQ(b[i], rooted_val(root, call, (size_t)rank * cnt + i));
+        break;
+    case 2: /* reduce to root */
+        ASSERT_OK(tdist_reduce_to(pg, a, b, cnt, TDIST_F32, TDIST_SUM, root, NULL, NULL));
+        for (size_t i = 0; rank == root && i < cnt; i++) {
+            float want = 0;
+            for (int r = 0; r < n; r++) want += rooted_val(r, call, i);
+            ASSERT_EQ(b[i], want);
+        }
+        break;
+    default: /* gather to root */
+        ASSERT_OK(tdist_gather(pg, a, b, cnt, TDIST_F32, root, NULL, NULL));
+        for (size_t i = 0; rank == root && i < tot; i++)
+            ASSERT_EQ(b[i], rooted_val((int)(i / cnt), call, i % cnt));
+        break;
+    }
+}
+
+static void rooted_body(int rank, int n, void *arg)
+{
+    (void)arg;
+    ctx_t c;
+    open_world(&c, 30000);
+    static const size_t counts[] = {2, 1024, 8192}; /* 8 B, 4 KiB, 32 KiB */
+    float *a = malloc(8192 * sizeof(float) * (size_t)n), *b = malloc(8192 * sizeof(float) * (size_t)n);
+    ASSERT_TRUE(a && b);
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+        int calls = counts[k] > 1024 ? 40 : 160;
+        for (int call = 0; call < calls; call++) {
+            rooted_one(c.pg, rank, n, call, counts[k], a, b);
+            if (call % 37 == 36) { /* a symmetric collective in between */
+                float x = (float)rank, y = 0;
+                ASSERT_OK(tdist_all_reduce(c.pg, &x, &y, 1, TDIST_F32, TDIST_SUM, NULL, NULL));
+                ASSERT_EQ(y, (float)(n * (n - 1) / 2));
+            }
+        }
+    }
+    ASSERT_OK(tdist_barrier(c.pg, NULL, NULL));
+    free(a);
+    free(b);
+    close_world(&c);
+}
+
+TEST(pg_rooted_pipelined_3_ranks, 60) { tdist_test_run_ranks(3, rooted_body, NULL); }

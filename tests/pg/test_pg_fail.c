@@ -326,6 +326,51 @@ TEST(pg_mismatch_blocking_tiny_vs_barrier, 30)
     run_mm_tiny(4, MMT_VS_BARRIER, "rank 0 all_reduce(f32, 2, sum) vs rank 3 barrier");
 }
 
+/* A blocking broadcast's root (and, with 3 ranks, a rank that reads it)
+ * may leave before every fingerprint is compared (the check travels with
+ * the data). When the last rank called something else, those ranks'
+ * broadcast or, at the latest, their next call fails with the mismatch,
+ * naming the broadcast's seq; the last rank fails at once, as always. */
+static void mm_late_body(int rank, int n, void *arg)
+{
+    (void)arg;
+    tdist_world_t *w;
+    tdist_pg_t *pg = open_world(&w, 30000);
+    float buf[4] = {1, 2, 3, 4}, out[4];
+    for (int i = 0; i < 3; i++) /* seq 1..3, the root ahead as it may be */
+        ASSERT_OK(tdist_broadcast(pg, buf, 4, TDIST_F32, 0, NULL, NULL));
+    char want[200], here[64];
+    snprintf(want, sizeof want, "collective mismatch: rank 0 broadcast(f32, 4, root 0) vs rank "
+             "%d all_reduce(f32, 4, sum)", n - 1);
+    if (rank == n - 1) {
+        ASSERT_STATUS(tdist_all_reduce(pg, buf, out, 4, TDIST_F32, TDIST_SUM, NULL, NULL),
+                      TDIST_ERR_MISMATCH);
+        snprintf(here, sizeof here, "rank %d group world seq 4 ", rank);
+        ASSERT_CONTAINS(tdist_last_error(), here);
+    } else {
+        tdist_status_t st = tdist_broadcast(pg, buf, 4, TDIST_F32, 0, NULL, NULL);
+        if (st == TDIST_OK) { /* it left first: its next call reports it */
+            st = tdist_barrier(pg, NULL, NULL);
+            snprintf(here, sizeof here, "rank %d group world seq 5 barrier", rank);
+            ASSERT_CONTAINS(tdist_last_error(), here);
+            ASSERT_CONTAINS(tdist_last_error(), "earlier broadcast(f32, 4, root 0) seq 4");
+        } else {
+            snprintf(here, sizeof here, "rank %d group world seq 4 ", rank);
+            ASSERT_CONTAINS(tdist_last_error(), here);
+        }
+        ASSERT_STATUS(st, TDIST_ERR_MISMATCH);
+    }
+    ASSERT_CONTAINS(tdist_last_error(), want);
+    fprintf(stderr, "rank %d: %s\n", rank, tdist_last_error());
+    later_call_fails_at_once(pg, TDIST_ERR_MISMATCH);
+    tdist_pg_destroy(pg);
+    fresh_group_works(w, n);
+    tdist_world_destroy(w);
+}
+
+TEST(pg_mismatch_rooted_sender_learns_later, 30) { tdist_test_run_ranks(2, mm_late_body, NULL); }
+TEST(pg_mismatch_rooted_third_rank, 30) { tdist_test_run_ranks(3, mm_late_body, NULL); }
+
 /* --------------------------------------------------------- peer deaths */
 
 typedef enum death { D_KILL, D_TERM, D_EXIT0, D_EXIT1, D_ABORT, D_STOP, D_SEGV } death_t;
