@@ -13,6 +13,21 @@
  *              native group's (same world, same calls)
  *   timeout    a collective rank 1 never issues fails on rank 0 within
  *              timeout + 1 s with TDIST_ERR_TIMEOUT naming the op
+ *   frhang     flight recorder: rank 2 stays in its own code (3 s) and never
+ *              issues seq 6; ranks 0 and 1 time out (1 s) and dump
+ *   frskip     flight recorder: rank 2 issues a barrier as seq 6 where ranks
+ *              0 and 1 issue an all_reduce (mismatch: every rank dumps)
+ *   frdiff     ... an all_reduce of 3 floats, not 2 (mismatch: every rank dumps)
+ *   frstop     ... stops itself (SIGSTOP); ranks 0 and 1 time out (1 s) and
+ *              dump; rank 0 runs tdist-fr while rank 2 is stopped, then
+ *              sends it SIGCONT
+ *   frkill     ... SIGKILLs itself once ranks 0 and 1 have issued seq 6;
+ *              mpirun then kills them (every rank's ring stays in the dir)
+ *   frkillrec  the same under mpirun --enable-recovery: ranks 0 and 1 time
+ *              out (1 s), dump, and leave without MPI_Finalize
+ *   frdeadlock ... waits in its own code; rank 0 sends SIGUSR1 to mpirun,
+ *              runs tdist-fr on the three live dumps, then lets rank 2 go on:
+ *              its late seq 6 completes on every rank
  *   monitored  monitored_barrier names the rank that did not arrive
  *   p2p        send / recv ring, async, and a header mismatch
  *   ddp        DDP over the MPI group equals DDP over a native group
@@ -31,6 +46,7 @@
  *              the same before and after tdist's all_reduces (0, or what
  *              OMPI_MCA_coll_libnbc_iallreduce_algorithm says); results right
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
@@ -39,6 +55,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <mpi.h>
@@ -523,6 +541,240 @@ static void run_frhang(tdist_world_t *w)
     tdist_pg_destroy(pg);
 }
 
+/* The other four hang scenarios of tests/pg/test_pg_fr.c (the killed rank
+ * with and without mpirun --enable-recovery), on three ranks
+ * of an MPI group after five all_reduces, with TDIST_FR_DIR set (see the
+ * list at the top of this file). MPI_COMM_WORLD carries the test's own
+ * messages (pids, "I issued seq 6", "go on"), outside tdist's group.
+ * tdist-fr is MPI_PROG_FR_TOOL; rank 0 writes its output to
+ * MPI_PROG_FR_OUT and prints "fr: tdist-fr DIR exited N". */
+typedef enum fr_case { FR_SKIP, FR_DIFFERENT, FR_STOP, FR_KILL, FR_KILL_RECOVERY, FR_DEADLOCK } fr_case_t;
+
+static const char *fr_dir(void)
+{
+    const char *d = getenv("TDIST_FR_DIR");
+    ASSERT_TRUE(d && *d);
+    return d;
+}
+
+/* Wait (bounded: 20 s) until dir holds rank r's dump of the world group. */
+static void fr_wait_dump(const char *dir, int r)
+{
+    char p[700];
+    snprintf(p, sizeof p, "%s/tdist-fr.r%d.world.json", dir, r);
+    double t0 = now_ms();
+    while (access(p, R_OK) != 0) {
+        if (now_ms() - t0 > 20000) FAIL("no dump %s after 20 s", p);
+        usleep(20 * 1000);
+    }
+}
+
+/* Wait (bounded: 20 s) until process pid is stopped. */
+static void fr_wait_stopped(int pid)
+{
+    char p[64], st[512];
+    snprintf(p, sizeof p, "/proc/%d/stat", pid);
+    for (double t0 = now_ms();; usleep(20 * 1000)) {
+        FILE *f = fopen(p, "r");
+        ASSERT_TRUE(f != NULL);
+        size_t k = fread(st, 1, sizeof st - 1, f);
+        fclose(f);
+        st[k] = '\0';
+        const char *e = strrchr(st, ')'); /* "pid (comm) S ..." */
+        if (e && (e[2] == 'T' || e[2] == 't')) return;
+        if (now_ms() - t0 > 20000) FAIL("rank 2 (pid %d) did not stop: %s", pid, st);
+    }
+}
+
+/* Rank 0: tdist-fr on dir while the ranks are as the scenario left them. */
+static void fr_analyze(const char *dir)
+{
+    const char *tool = getenv("MPI_PROG_FR_TOOL"), *out = getenv("MPI_PROG_FR_OUT");
+    ASSERT_TRUE(tool && out);
+    char cmd[3000];
+    snprintf(cmd, sizeof cmd, "'%s' '%s' > '%s' 2>&1", tool, dir, out);
+    int st = system(cmd);
+    ASSERT_TRUE(st != -1 && WIFEXITED(st));
+    printf("fr: tdist-fr %s exited %d\n", dir, WEXITSTATUS(st));
+}
+
+/* Copy dir's dump of world rank r into dir/live. */
+static void fr_copy_dump(const char *dir, int r)
+{
+    char from[700], to[720], buf[1 << 14];
+    snprintf(from, sizeof from, "%s/tdist-fr.r%d.world.json", dir, r);
+    snprintf(to, sizeof to, "%s/live/tdist-fr.r%d.world.json", dir, r);
+    FILE *in = fopen(from, "r"), *out = fopen(to, "w");
+    ASSERT_TRUE(in && out);
+    size_t k;
+    while ((k = fread(buf, 1, sizeof buf, in)) > 0) ASSERT_EQ(fwrite(buf, 1, k, out), k);
+    fclose(in);
+    ASSERT_EQ(fclose(out), 0);
+}
+
+/* Whether file path holds text (read up to 64 KiB). */
+static bool file_has(const char *path, const char *text)
+{
+    static char buf[1 << 16];
+    FILE *f = fopen(path, "r");
+    ASSERT_TRUE(f != NULL);
+    size_t k = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[k] = '\0';
+    return strstr(buf, text) != NULL;
+}
+
+/* Rank 0 while ranks 0 and 1 wait in seq 6 and rank 2 sits in its own
+ * code: SIGUSR1 to mpirun (this process's parent), which passes it to
+ * every rank; each writes a live dump; the three, copied alone into
+ * DIR/live, go to tdist-fr. Dumped again (the old dumps removed first)
+ * while an engine thread has not yet started its seq 6 ("queued"), for
+ * a bounded time. Then rank 2 is told to go on. */
+static void fr_live_check(void)
+{
+    const char *dir = fr_dir();
+    char live[600], p[700];
+    snprintf(live, sizeof live, "%s/live", dir);
+    ASSERT_TRUE(mkdir(live, 0700) == 0);
+    for (double t0 = now_ms();;) {
+        for (int r = 0; r < 3; r++) {
+            snprintf(p, sizeof p, "%s/tdist-fr.r%d.world.json", dir, r);
+            ASSERT_TRUE(unlink(p) == 0 || errno == ENOENT);
+        }
+        ASSERT_EQ(kill(getppid(), SIGUSR1), 0);
+        for (int r = 0; r < 3; r++) fr_wait_dump(dir, r);
+        for (int r = 0; r < 3; r++) fr_copy_dump(dir, r);
+        fr_analyze(live);
+        if (!file_has(getenv("MPI_PROG_FR_OUT"), "(queued") || now_ms() - t0 > 10000) break;
+        usleep(50 * 1000);
+    }
+    int go = 1;
+    ASSERT_TRUE(MPI_Send(&go, 1, MPI_INT, 2, 78, MPI_COMM_WORLD) == MPI_SUCCESS);
+}
+
+/* seq 6 completed on every rank: x was {243, 486} (five sums of 3 ranks). */
+static void fr_check_seq6(const float *x)
+{
+    if (x[0] != 729.0f || x[1] != 1458.0f) FAIL("seq 6 gave {%g, %g}, want {729, 1458}", x[0], x[1]);
+}
+
+/* Rank 2 goes wrong where the others issue their sixth collective. */
+static void fr_rank2(fr_case_t c, tdist_pg_t *pg, float *x)
+{
+    tdist_status_t st;
+    int got = 0;
+    MPI_Request rq;
+    switch (c) {
+    case FR_SKIP:
+        st = tdist_barrier(pg, NULL, NULL);
+        break;
+    case FR_DIFFERENT:
+        st = tdist_all_reduce(pg, x, x, 3, TDIST_F32, TDIST_SUM, NULL, NULL);
+        break;
+    case FR_STOP:
+        raise(SIGSTOP); /* rank 0 sends SIGCONT after its analysis */
+        return;
+    case FR_KILL: /* once ranks 0 and 1 have issued seq 6 */
+    case FR_KILL_RECOVERY:
+        for (int r = 0; r < 2; r++)
+            ASSERT_TRUE(MPI_Recv(&got, 1, MPI_INT, r, 77, MPI_COMM_WORLD, MPI_STATUS_IGNORE) ==
+                        MPI_SUCCESS);
+        fprintf(stderr, "frkill: rank 2 raises SIGKILL\n");
+        fflush(stderr);
+        raise(SIGKILL);
+        return;
+    case FR_DEADLOCK: /* stuck in its own code until rank 0 says go (bounded) */
+        ASSERT_TRUE(MPI_Irecv(&got, 1, MPI_INT, 0, 78, MPI_COMM_WORLD, &rq) == MPI_SUCCESS);
+        for (double t0 = now_ms();;) {
+            int done = 0;
+            ASSERT_TRUE(MPI_Test(&rq, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS);
+            if (done) break;
+            if (now_ms() - t0 > 30000) FAIL("rank 0 never released rank 2");
+            usleep(10 * 1000);
+        }
+        ASSERT_OK(tdist_all_reduce(pg, x, x, 2, TDIST_F32, TDIST_SUM, NULL, NULL));
+        fr_check_seq6(x);
+        return;
+    }
+    printf("fr: rank 2: %s: %s\n", tdist_status_str(st), tdist_last_error());
+    ASSERT_TRUE(st != TDIST_OK);
+}
+
+/* A survivor of rank 2's death under mpirun --enable-recovery: MPI never
+ * fails seq 6, tdist's deadline (1 s) does, and the rank dumps. It then
+ * leaves without tdist_world_destroy or MPI_Finalize, which would wait for
+ * the dead rank (docs/mpi.md). */
+static _Noreturn void fr_survive(tdist_pg_t *pg, tdist_work_t *wk)
+{
+    tdist_status_t st = tdist_work_wait(wk, -1);
+    printf("fr: rank %d: %s: %s\n", R, tdist_status_str(st), tdist_last_error());
+    ASSERT_STATUS(st, TDIST_ERR_TIMEOUT);
+    tdist_work_free(wk);
+    fr_wait_dump(fr_dir(), R);
+    tdist_pg_destroy(pg);
+    printf("fr: rank %d dumped and leaves\n", R);
+    fflush(stdout);
+    _exit(0);
+}
+
+/* Ranks 0 and 1 while rank 2 is killed or deadlocked: seq 6 issued (a
+ * work), then rank 2 is told so (kill: it dies once both have), or rank 0
+ * waits for rank 1's word and takes the live dumps (deadlock). Killed:
+ * mpirun ends this rank long before its timeout. */
+static void fr_others_wait(fr_case_t c, tdist_pg_t *pg, float *x)
+{
+    tdist_work_t *wk = NULL;
+    ASSERT_OK(tdist_all_reduce(pg, x, x, 2, TDIST_F32, TDIST_SUM, NULL, &wk));
+    int one = 1;
+    bool kill2 = c == FR_KILL || c == FR_KILL_RECOVERY;
+    if (kill2 || R == 1)
+        ASSERT_TRUE(MPI_Send(&one, 1, MPI_INT, kill2 ? 2 : 0, 77, MPI_COMM_WORLD) ==
+                    MPI_SUCCESS);
+    if (c == FR_KILL) {
+        tdist_status_t st = tdist_work_wait(wk, -1);
+        FAIL("seq 6 ended (%s: %s) before mpirun killed this rank", tdist_status_str(st),
+             tdist_last_error());
+    }
+    if (c == FR_KILL_RECOVERY) fr_survive(pg, wk);
+    if (R == 0) {
+        ASSERT_TRUE(MPI_Recv(&one, 1, MPI_INT, 1, 77, MPI_COMM_WORLD, MPI_STATUS_IGNORE) ==
+                    MPI_SUCCESS);
+        fr_live_check();
+    }
+    ASSERT_OK(tdist_work_wait(wk, -1));
+    tdist_work_free(wk);
+    fr_check_seq6(x);
+}
+
+static void run_frcase(tdist_world_t *w, fr_case_t c)
+{
+    ASSERT_TRUE(N == 3);
+    int pid = (int)getpid(), pids[3];
+    ASSERT_TRUE(MPI_Allgather(&pid, 1, MPI_INT, pids, 1, MPI_INT, MPI_COMM_WORLD) == MPI_SUCCESS);
+    /* stopped, or killed with recovery: ranks 0 and 1 time out; otherwise
+     * the timeout never fires */
+    tdist_pg_t *pg = make_pg(w, "mpi", c == FR_STOP || c == FR_KILL_RECOVERY ? 1000 : 60000);
+    float x[3] = {1, 2, 3};
+    for (int i = 0; i < 5; i++) ASSERT_OK(tdist_all_reduce(pg, x, x, 2, TDIST_F32, TDIST_SUM, NULL, NULL));
+    if (R == 2) {
+        fr_rank2(c, pg, x);
+    } else if (c == FR_KILL || c == FR_KILL_RECOVERY || c == FR_DEADLOCK) {
+        fr_others_wait(c, pg, x);
+    } else {
+        tdist_status_t st = tdist_all_reduce(pg, x, x, 2, TDIST_F32, TDIST_SUM, NULL, NULL);
+        printf("fr: rank %d: %s: %s\n", R, tdist_status_str(st), tdist_last_error());
+        ASSERT_TRUE(st != TDIST_OK);
+        if (R == 0 && c == FR_STOP) {
+            fr_wait_dump(fr_dir(), 0);
+            fr_wait_dump(fr_dir(), 1);
+            fr_wait_stopped(pids[2]);
+            fr_analyze(fr_dir());
+            ASSERT_EQ(kill(pids[2], SIGCONT), 0);
+        }
+    }
+    tdist_pg_destroy(pg);
+}
+
 /* ----------------------------------------------------------------- p2p */
 
 static void run_p2p(tdist_world_t *w)
@@ -946,7 +1198,7 @@ static void run_death(tdist_world_t *w)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: mpirun -np N %s matrix|sub|mismatch|timeout|frhang|monitored|p2p|ddp|ddpjoin|ddpbf16|zero|envinit|death|tune\n", argv[0]);
+        fprintf(stderr, "usage: mpirun -np N %s matrix|sub|mismatch|timeout|frhang|frskip|frdiff|frstop|frkill|frkillrec|frdeadlock|monitored|p2p|ddp|ddpjoin|ddpbf16|zero|envinit|death|tune\n", argv[0]);
         return 2;
     }
     const char *what = argv[1];
@@ -977,6 +1229,12 @@ int main(int argc, char **argv)
     else if (strcmp(what, "mismatch") == 0) run_mismatch(w);
     else if (strcmp(what, "timeout") == 0) run_timeout(w);
     else if (strcmp(what, "frhang") == 0) run_frhang(w);
+    else if (strcmp(what, "frskip") == 0) run_frcase(w, FR_SKIP);
+    else if (strcmp(what, "frdiff") == 0) run_frcase(w, FR_DIFFERENT);
+    else if (strcmp(what, "frstop") == 0) run_frcase(w, FR_STOP);
+    else if (strcmp(what, "frkill") == 0) run_frcase(w, FR_KILL);
+    else if (strcmp(what, "frkillrec") == 0) run_frcase(w, FR_KILL_RECOVERY);
+    else if (strcmp(what, "frdeadlock") == 0) run_frcase(w, FR_DEADLOCK);
     else if (strcmp(what, "monitored") == 0) run_monitored(w);
     else if (strcmp(what, "p2p") == 0) run_p2p(w);
     else if (strcmp(what, "ddp") == 0) run_ddp(w, false);

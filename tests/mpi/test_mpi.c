@@ -129,34 +129,215 @@ TEST(mpi_mismatch_same_text_as_native_3, 60)
     expect_ok("mpi_mismatch_same_text_as_native_3", 3, "mismatch", 45, NULL);
 }
 TEST(mpi_timeout_names_the_op, 40) { expect_ok("mpi_timeout_names_the_op", 2, "timeout", 30, NULL); }
+/* tdist-fr on dir: its exit status (-1: it did not exit), *out its output
+ * (malloc'd, printed for the test log). */
+static int fr_tool(const char *dir, char **out)
+{
+    char cmd[1400], outp[700];
+    snprintf(outp, sizeof outp, "%s/fr.txt", tdist_test_tmpdir());
+    snprintf(cmd, sizeof cmd, "'%s/tools/tdist-fr/tdist-fr' '%s' > '%s' 2>&1", TDIST_BIN_DIR, dir,
+             outp);
+    int st = system(cmd);
+    *out = slurp(outp);
+    printf("---- tdist-fr %s: ----\n%s", dir, *out);
+    return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* dir holds rank r's file of the world group ("json": its dump, "ring":
+ * its ring). */
+static void expect_fr_file(const char *dir, int r, const char *kind)
+{
+    char p[700];
+    snprintf(p, sizeof p, "%s/tdist-fr.r%d.world.%s", dir, r, kind);
+    if (access(p, R_OK) != 0) FAIL("rank %d left no %s file %s", r, kind, p);
+}
+
+/* Run an fr* scenario of mpi_prog.c on 3 ranks with TDIST_FR_DIR=<tmp>/fr
+ * (dir gets it), the analyzer's path, and <tmp>/fr_live.txt (live gets
+ * it) for the output of the analysis rank 0 runs itself; more_env: more
+ * VAR=value words for the command line, or NULL. */
+static run_t fr_run(const char *scenario, char dir[600], char live[600], const char *more_env)
+{
+    snprintf(dir, 600, "%s/fr", tdist_test_tmpdir());
+    snprintf(live, 600, "%s/fr_live.txt", tdist_test_tmpdir());
+    char env[2000];
+    snprintf(env, sizeof env,
+             "TDIST_FR_DIR='%s' MPI_PROG_FR_TOOL='%s/tools/tdist-fr/tdist-fr' MPI_PROG_FR_OUT='%s' %s",
+             dir, TDIST_BIN_DIR, live, more_env ? more_env : "");
+    return mpi_run(3, scenario, (int)(45 * tdist_test_timeout_mult()), env);
+}
+
+/* The run ended well: exit 0 and rank 0's OK line. */
+static void expect_fr_ok(const run_t *r, const char *scenario)
+{
+    char want[100];
+    snprintf(want, sizeof want, "MPI_PROG OK %s", scenario);
+    if (r->code != 0 || !strstr(r->out, want)) FAIL("mpirun %s: exit %d", scenario, r->code);
+}
+
+#define FR_MISSING                                                                                 \
+    "first divergence: rank 2 is missing from all_reduce(f32, 2, sum) seq 6 of group world; "      \
+    "ranks 0, 1 waited"
+
+/* tdist-fr's summary line of rank 2 comes from rank 2's own ring or dump
+ * (the others' records do not give it): its process in the state proc
+ * ("stopped", "gone", "running, from its dump", ...), five entries, the
+ * last of them seq 5. */
+static void expect_rank2_read(const char *out, const char *proc)
+{
+    const char *at = strstr(out, "  rank 2 group world (rank 2 of 3, pid ");
+    if (!at) FAIL("tdist-fr has no summary line of rank 2's record");
+    size_t len = strcspn(at, "\n");
+    char line[1024], want[200];
+    snprintf(line, sizeof line, "%.*s", (int)(len < 1023 ? len : 1023), at);
+    snprintf(want, sizeof want, ", %s): 5 entries; last completed all_reduce(f32, 2, sum) seq 5",
+             proc);
+    if (!strstr(line, want)) FAIL("rank 2's line '%s' lacks '%s'", line, want);
+}
+
 /* The flight recorder on the MPI backend: rank 2 never issues the sixth
  * all_reduce; ranks 0 and 1 time out and dump; tdist-fr names rank 2 and
  * seq 6 from the dumps and rank 2's ring. */
 TEST(mpi_fr_names_the_missing_rank, 60)
 {
     if (!can_run("mpi_fr_names_the_missing_rank")) return;
-    char dir[600], env[700];
-    snprintf(dir, sizeof dir, "%s/fr", tdist_test_tmpdir());
-    snprintf(env, sizeof env, "TDIST_FR_DIR='%s'", dir);
-    run_t r = mpi_run(3, "frhang", (int)(45 * tdist_test_timeout_mult()), env);
-    if (r.code != 0 || !strstr(r.out, "MPI_PROG OK frhang")) FAIL("mpirun frhang: exit %d", r.code);
+    char dir[600], live[600], *out;
+    run_t r = fr_run("frhang", dir, live, NULL);
+    expect_fr_ok(&r, "frhang");
     free(r.out);
-    for (int k = 0; k < 2; k++) {
-        char p[700];
-        snprintf(p, sizeof p, "%s/tdist-fr.r%d.world.json", dir, k);
-        if (access(p, R_OK) != 0) FAIL("rank %d wrote no dump %s", k, p);
-    }
-    char cmd[1400], outp[700];
-    snprintf(outp, sizeof outp, "%s/fr.txt", tdist_test_tmpdir());
-    snprintf(cmd, sizeof cmd, "'%s/tools/tdist-fr/tdist-fr' '%s' > '%s' 2>&1", TDIST_BIN_DIR, dir,
-             outp);
-    int st = system(cmd);
-    char *out = slurp(outp);
-    printf("%s", out);
-    ASSERT_TRUE(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 1);
-    ASSERT_CONTAINS(out, "first divergence: rank 2 is missing from all_reduce(f32, 2, sum) seq 6 "
-                         "of group world; ranks 0, 1 waited");
+    for (int k = 0; k < 2; k++) expect_fr_file(dir, k, "json");
+    expect_fr_file(dir, 2, "ring");
+    ASSERT_EQ(fr_tool(dir, &out), 1);
+    ASSERT_CONTAINS(out, FR_MISSING);
     ASSERT_CONTAINS(out, "route backend, algorithm slot");
+    expect_rank2_read(out, "exited");
+    free(out);
+}
+
+/* The other four scenarios of tests/pg/test_pg_fr.c on the MPI backend
+ * (three ranks, five all_reduces, then rank 2 goes wrong before seq 6).
+ * A skipped or different collective: the fingerprint exchange fails seq 6
+ * on every rank, every rank dumps, and tdist-fr names rank 2's call and
+ * the field that differs. */
+static void fr_mismatch(const char *scenario, const char *rank2_line)
+{
+    char dir[600], live[600], *out;
+    run_t r = fr_run(scenario, dir, live, NULL);
+    expect_fr_ok(&r, scenario);
+    free(r.out);
+    for (int k = 0; k < 3; k++) expect_fr_file(dir, k, "json");
+    ASSERT_EQ(fr_tool(dir, &out), 1);
+    ASSERT_CONTAINS(out, "first divergence: ranks issued different collectives as seq 6 of group "
+                         "world");
+    ASSERT_CONTAINS(out, rank2_line);
+    free(out);
+}
+
+TEST(mpi_fr_rank_skips_a_collective, 60)
+{
+    if (!can_run("mpi_fr_rank_skips_a_collective")) return;
+    fr_mismatch("frskip", "rank 2: barrier  <- differs in op");
+}
+
+TEST(mpi_fr_rank_issues_another_collective, 60)
+{
+    if (!can_run("mpi_fr_rank_issues_another_collective")) return;
+    fr_mismatch("frdiff", "rank 2: all_reduce(f32, 3, sum)  <- differs in count");
+}
+
+/* Run scenario (which ends well), where rank 0 ran tdist-fr itself on dir
+ * + sub while rank 2 was as the scenario left it; returns that analysis
+ * (malloc'd), which found a problem (exit 1). */
+static char *fr_in_job(const char *scenario, char dir[600], const char *sub)
+{
+    char live[600], want[800];
+    run_t r = fr_run(scenario, dir, live, NULL);
+    expect_fr_ok(&r, scenario);
+    snprintf(want, sizeof want, "fr: tdist-fr %s%s exited 1", dir, sub);
+    ASSERT_CONTAINS(r.out, want);
+    free(r.out);
+    char *out = slurp(live);
+    printf("---- rank 0's tdist-fr %s%s: ----\n%s", dir, sub, out);
+    return out;
+}
+
+/* Rank 2 stopped (SIGSTOP): ranks 0 and 1 time out (1 s) and dump; rank 0
+ * runs tdist-fr while rank 2 is still stopped (then resumes it), which
+ * reads rank 2's ring and names it, stopped, as missing from seq 6. */
+TEST(mpi_fr_rank_stopped, 60)
+{
+    if (!can_run("mpi_fr_rank_stopped")) return;
+    char dir[600];
+    char *out = fr_in_job("frstop", dir, "");
+    for (int k = 0; k < 2; k++) expect_fr_file(dir, k, "json");
+    expect_fr_file(dir, 2, "ring");
+    ASSERT_CONTAINS(out, FR_MISSING);
+    ASSERT_CONTAINS(out, "(failed)");
+    ASSERT_CONTAINS(out, "stopped (SIGSTOP");
+    expect_rank2_read(out, "stopped");
+    free(out);
+}
+
+/* Rank 2 SIGKILLed once ranks 0 and 1 wait in seq 6. By default mpirun
+ * kills them too (group timeout 60 s), so no rank dumps; tdist-fr reads
+ * the three rings the job left in TDIST_FR_DIR, ranks 0 and 1 in seq 6
+ * (still waiting, or still queued if their engine threads had not yet
+ * started it). Under mpirun --enable-recovery (OMPI_MCA_orte_enable_recovery=1)
+ * the job outlives rank 2: MPI never fails the survivors' seq 6, tdist's
+ * deadline (1 s) does, so ranks 0 and 1 dump (then leave without
+ * MPI_Finalize, which would wait for the dead rank). Either way tdist-fr
+ * names rank 2, gone, as missing from seq 6. */
+static void fr_killed(bool recovery)
+{
+    char dir[600], live[600], *out;
+    run_t r = fr_run(recovery ? "frkillrec" : "frkill", dir, live,
+                     recovery ? "OMPI_MCA_orte_enable_recovery=1" : NULL);
+    ASSERT_TRUE(r.code != 124); /* not hung */
+    ASSERT_CONTAINS(r.out, "frkill: rank 2 raises SIGKILL");
+    ASSERT_TRUE(strstr(r.out, "MPI_PROG OK") == NULL);
+    if (recovery) {
+        ASSERT_CONTAINS(r.out, "fr: rank 0 dumped and leaves");
+        ASSERT_CONTAINS(r.out, "fr: rank 1 dumped and leaves");
+    } else {
+        ASSERT_TRUE(r.code != 0); /* mpirun aborted the job */
+    }
+    free(r.out);
+    for (int k = 0; k < 3; k++) expect_fr_file(dir, k, "ring");
+    for (int k = 0; recovery && k < 2; k++) expect_fr_file(dir, k, "json");
+    ASSERT_EQ(fr_tool(dir, &out), 1);
+    ASSERT_CONTAINS(out, FR_MISSING);
+    if (recovery) ASSERT_CONTAINS(out, "(failed)");
+    ASSERT_CONTAINS(out, "gone (killed");
+    expect_rank2_read(out, "gone");
+    free(out);
+}
+
+TEST(mpi_fr_rank_killed, 60)
+{
+    if (!can_run("mpi_fr_rank_killed")) return;
+    fr_killed(false);
+}
+
+TEST(mpi_fr_rank_killed_enable_recovery, 60)
+{
+    if (!can_run("mpi_fr_rank_killed_enable_recovery")) return;
+    fr_killed(true);
+}
+
+/* Rank 2 deadlocked in its own code while ranks 0 and 1 wait in seq 6:
+ * SIGUSR1 to mpirun reaches every rank, each writes a live dump, and from
+ * those alone tdist-fr names rank 2 (running) as missing from seq 6. Rank
+ * 2 then goes on, and seq 6 completes on every rank. */
+TEST(mpi_fr_rank_deadlocked_in_user_code, 60)
+{
+    if (!can_run("mpi_fr_rank_deadlocked_in_user_code")) return;
+    char dir[600];
+    char *out = fr_in_job("frdeadlock", dir, "/live");
+    ASSERT_CONTAINS(out, FR_MISSING);
+    ASSERT_CONTAINS(out, "(still waiting)");
+    ASSERT_CONTAINS(out, "running)");
+    ASSERT_CONTAINS(out, "dumped: SIGUSR1");
+    expect_rank2_read(out, "running, from its dump");
     free(out);
 }
 
