@@ -224,9 +224,14 @@ typedef struct tdist__coll_ctx {
     void *be;
     const char *be_name;
     const _Atomic bool *aborted; /* the group's abort flag (backends poll it) */
-    uint8_t *chosen; /* where tdist__coll_run writes its route and algorithm (2 bytes),
-                        for the flight recorder; NULL: nowhere */
+    uint8_t *chosen; /* where tdist__coll_run writes its route and algorithm (2 bytes)
+                        and, in a third, TDIST__COLL_CHOSEN_SPUN, for the flight
+                        recorder; NULL: nowhere */
 } tdist__coll_ctx_t;
+
+/* chosen[2]: the collective's only wait ended while it spun (its peers
+ * were there: it took a fraction of a microsecond). */
+#define TDIST__COLL_CHOSEN_SPUN 1u
 
 /* The route a collective takes: the first exchange that carries pg/'s
  * check, then the algorithm. */
@@ -404,6 +409,8 @@ tdist_status_t tdist__shmc_exchange(const tdist__coll_ctx_t *c, const void *blob
 tdist_status_t tdist__shmc_begin(const tdist__coll_ctx_t *c, uint8_t **blob, uint8_t **aux);
 void tdist__shmc_post(const tdist__coll_ctx_t *c, size_t len, size_t aux_len);
 tdist_status_t tdist__shmc_gather(const tdist__coll_ctx_t *c, const uint8_t **blobs, size_t *lens);
+/* Whether the last tdist__shmc_gather's wait ended in its first poll. */
+bool tdist__shmc_spun(const tdist__coll_ctx_t *c);
 tdist_status_t tdist__shmc_gather_one(const tdist__coll_ctx_t *c, int r, const uint8_t **blob);
 
 /* The exchange whose lines were found to differ (0: none), this rank's

@@ -136,6 +136,7 @@ struct tdist__shmc {
     stream_mode_t stream_mode; /* TDIST_SHM_STREAM */
     bool stream; /* the last probe found the CPUs far apart (never set when ranks share CPUs) */
     bool oversub; /* more ranks than CPUs (the transport's verdict, fixed once connected) */
+    bool spun;    /* the last gather's wait ended in its poll (tdist__shmc_spun) */
     uint8_t **area;     /* size entries: every rank's area, mapped here */
     uint64_t line_seq;  /* exchanges done */
     uint64_t verified;  /* every peer's lines up to this one compared with this rank's */
@@ -610,7 +611,7 @@ tdist_status_t tdist__shmc_gather(const tdist__coll_ctx_t *c, const uint8_t **bl
      * and clock (~10 ns a call off an 8-byte all_reduce), unless ranks
      * share CPUs (the one awaited may need this one). */
     bool quick = c->spin && !s->oversub;
-    TDIST_CHECK(check_earlier(s, await_lines(c, seq, quick ? QUICK_ROUNDS : 0, NULL)));
+    TDIST_CHECK(check_earlier(s, await_lines(c, seq, quick ? QUICK_ROUNDS : 0, &s->spun)));
     for (int r = 0; r < s->size; r++) {
         size_t l = 0;
         blobs[r] = tdist__shmc_peek(c, r, &l);
@@ -628,6 +629,8 @@ tdist_status_t tdist__shmc_gather(const tdist__coll_ctx_t *c, const uint8_t **bl
     s->verified = seq;
     return TDIST_OK;
 }
+
+bool tdist__shmc_spun(const tdist__coll_ctx_t *c) { return c->shm->spun; }
 
 tdist_status_t tdist__shmc_gather_one(const tdist__coll_ctx_t *c, int r, const uint8_t **blob)
 {

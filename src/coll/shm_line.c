@@ -149,6 +149,11 @@ tdist_status_t tdist__coll_shm_line(const tdist__coll_ctx_t *c, const tdist__col
             if (line_hash(b[r]) != chk->hash) return mismatch(c, chk, tdist__shmc_now(c));
         if (a->op == TDIST__OP_ALL_TO_ALLV) TDIST_CHECK(chk->exchange(chk->arg, c->deadline_ms));
     }
+    /* the line was the only wait: the recorder need not read the clock
+     * again when that wait ended in its poll */
+    if (c->chosen && (algo == TDIST__ALGO_NONE || algo == TDIST__ALGO_SHM_IN_LINE) &&
+        tdist__shmc_spun(c))
+        c->chosen[2] |= TDIST__COLL_CHOSEN_SPUN;
     switch (algo) {
     case TDIST__ALGO_NONE:
         return TDIST_OK;

@@ -53,6 +53,7 @@ static void dump_entry(FILE *f, const tdist__fr_entry_t *e, bool first)
                 (unsigned long long)e->splits_hash,
                 e->route == 255 ? "none" : TDIST__FR_NAME(tdist__fr_route_names, e->route),
                 e->route == 255 ? "none" : TDIST__FR_NAME(tdist__fr_algo_names, e->algo));
+        if (e->flags & TDIST__FR_ENDED_IN_SPIN) fputs(",\"ended_in_spin\":true", f);
         if (tdist__fr_waited(e))
             fprintf(f, ",\"wait_peer\":%d,\"wait_ns\":%llu", e->wait.peer,
                     (unsigned long long)e->wait.t_ns);

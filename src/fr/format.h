@@ -35,6 +35,11 @@ enum {
     TDIST__FR_EVENT = 4,  /* a marked event: DDP buckets, Join, the program's own */
 };
 
+/* An entry's flags: the collective's only wait ended while it spun, a
+ * fraction of a microsecond after it started; its end is recorded as its
+ * start (no clock read on the fast path). Written by coll/ (chosen[2]). */
+#define TDIST__FR_ENDED_IN_SPIN 1u
+
 /* An entry's state (and the slot of its timestamp in t_ns). */
 enum {
     TDIST__FR_EMPTY = 0,
@@ -52,10 +57,10 @@ typedef struct tdist__fr_slot {
     uint8_t kind;         /* TDIST__FR_COLL ... */
     uint8_t route;        /* coll/'s route (route_name), 255: not chosen yet */
     uint8_t algo;         /* coll/'s algorithm (algo_name) */
+    uint8_t flags;        /* TDIST__FR_ENDED_IN_SPIN */
     uint8_t op;           /* the op's number (names in op_name below) */
     int8_t dtype;         /* tdist_dtype_t, -1: none */
     int8_t redop;         /* tdist_redop_t, -1: none */
-    uint8_t pad;
     int32_t root;         /* root, or the peer of send / recv; -1: none */
     int32_t peer;         /* the peer a wait of this entry was last on (noted when the
                              wait stopped spinning); -1: none */
@@ -99,7 +104,8 @@ typedef struct tdist__fr_entry {
     int32_t redop;        /* tdist_redop_t, -1: none */
     uint8_t route;        /* coll/'s route (route_name), 255: not chosen yet */
     uint8_t algo;         /* coll/'s algorithm (algo_name) */
-    uint8_t pad[2];
+    uint8_t flags;        /* TDIST__FR_ENDED_IN_SPIN */
+    uint8_t pad;
     int32_t status;       /* tdist_status_t when failed */
     uint64_t t_ns[5];     /* time of each state (index: state), 0: not reached; in the
                              header's clock (tdist__fr_to_ns makes it CLOCK_MONOTONIC ns) */
@@ -123,7 +129,7 @@ static inline void tdist__fr_decode(const tdist__fr_slot_t *s, uint64_t id, tdis
     *e = (tdist__fr_entry_t){.state = s->state, .kind = s->kind, .id = id, .seq = s->seq,
                              .count = s->count, .op = s->op, .dtype = s->dtype,
                              .root = s->root, .redop = s->redop, .route = s->route,
-                             .algo = s->algo,
+                             .algo = s->algo, .flags = s->flags,
                              .status = s->state == TDIST__FR_FAILED ? s->status : 0};
     e->t_ns[TDIST__FR_QUEUED] = s->t_queued;
     if (s->kind == TDIST__FR_EVENT) { /* recorded as completed when queued */

@@ -83,6 +83,7 @@ static inline void tdist__fr_fill(tdist__fr_slot_t *e, uint64_t id, uint32_t kin
     e->kind = (uint8_t)kind;
     e->route = 255;
     e->algo = 0;
+    e->flags = 0;
     e->op = (uint8_t)op;
     e->dtype = (int8_t)dtype;
     e->redop = (int8_t)redop;
@@ -152,6 +153,23 @@ static inline void tdist__fr_state_at(tdist__fr_t *fr, uint64_t id, uint32_t sta
 static inline void tdist__fr_state(tdist__fr_t *fr, uint64_t id, uint32_t state, int status)
 {
     tdist__fr_state_at(fr, id, state, status, false);
+}
+
+/* The entry completed (status OK) or failed: like tdist__fr_state, but a
+ * collective that completed in its wait's spin (TDIST__FR_ENDED_IN_SPIN)
+ * ends at its start, without a clock read. */
+static inline void tdist__fr_end(tdist__fr_t *fr, uint64_t id, int status)
+{
+    tdist__fr_slot_t *e = tdist__fr_at(fr, id);
+    if (!e) return;
+    if (status == 0 && (e->flags & TDIST__FR_ENDED_IN_SPIN)) {
+        e->dt_ended = e->dt_started;
+        atomic_store_explicit((_Atomic uint8_t *)&e->state, TDIST__FR_COMPLETED,
+                              memory_order_release);
+        return;
+    }
+    tdist__fr_state_at(fr, id, status == 0 ? TDIST__FR_COMPLETED : TDIST__FR_FAILED, status,
+                       false);
 }
 
 /* The route and algorithm coll/ chose for the entry. */

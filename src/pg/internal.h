@@ -243,6 +243,8 @@ static inline void tdist__pg_fr_queue(tdist_pg_t *pg, struct tdist_work *w, uint
                                      w->root, (int)w->redop);
 }
 
+_Static_assert(TDIST__FR_ENDED_IN_SPIN == TDIST__COLL_CHOSEN_SPUN, "coll/ writes the flag");
+
 /* A blocking call about to run at once on its caller's thread: its entry
  * (by its seq) is written once, when it starts, as queued and started at
  * the same time. */
@@ -292,8 +294,7 @@ static inline void tdist__pg_fr_start(tdist_pg_t *pg, struct tdist_work *w, cons
 static inline void tdist__pg_fr_end(tdist_pg_t *pg, const struct tdist_work *w,
                                     tdist_status_t st)
 {
-    tdist__fr_state(pg->fr, w->fr_id, st == TDIST_OK ? TDIST__FR_COMPLETED : TDIST__FR_FAILED,
-                    (int)st);
+    tdist__fr_end(pg->fr, w->fr_id, (int)st);
     if (tdist_log_level() >= TDIST_LOG_TRACE) tdist__pg_fr_trace_line(pg, w, st);
 }
 

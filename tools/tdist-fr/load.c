@@ -187,6 +187,7 @@ static void json_entry(const char *s, const char *end, tdist__fr_entry_t *e)
         e->count = jnum(s, end, "count");
         e->root = (int32_t)jint(s, end, "root");
         e->splits_hash = jnum(s, end, "splits_hash");
+        if (jval(s, end, "ended_in_spin")) e->flags |= TDIST__FR_ENDED_IN_SPIN;
         if (jval(s, end, "wait_peer")) {
             e->wait.tag = e->id + 1;
             e->wait.peer = (int32_t)jint(s, end, "wait_peer");
