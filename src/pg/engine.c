@@ -338,6 +338,7 @@ static tdist_status_t run_work_status(tdist_pg_t *pg, struct tdist_work *w, char
 
 void tdist__pg_gate_slow(tdist_pg_t *pg, bool on)
 {
+    if (!on && pg->stop) return; /* stopping keeps SLOW: the engine must be woken */
     if (on)
         atomic_fetch_or(&pg->gate, TDIST__GATE_SLOW);
     else
