@@ -157,7 +157,7 @@ typedef struct tdist__coll_group {
      * (broadcast, scatter, reduce, gather: fused_rooted_max); fused_in
      * holds fused_cap bytes per rank */
     size_t fused_max, fused_rooted_max, fused_cap;
-    uint8_t *fused_out, *fused_in, *fused_acc;
+    uint8_t *fused_out, *fused_in;
     const uint8_t **blobs;         /* shm line: size entries */
     /* TCP, rooted one-shot collectives (fused.c): the acknowledgements (a
      * peer's fingerprint) still to read from each peer, and this rank's

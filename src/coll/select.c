@@ -158,7 +158,6 @@ tdist_status_t tdist__coll_group_init(tdist__coll_group_t *g, int size)
     g->fused_cap = TDIST_MAX(g->fused_max, g->fused_rooted_max);
     g->fused_out = malloc(g->fused_cap + TDIST__COLL_FP_MAX);
     g->fused_in = malloc(n * g->fused_cap);
-    g->fused_acc = malloc(g->fused_max);
     g->reqs = calloc(2 * n, sizeof *g->reqs);
     g->reqp = calloc(2 * n, sizeof *g->reqp);
     g->blobs = calloc(n, sizeof *g->blobs);
@@ -166,7 +165,7 @@ tdist_status_t tdist__coll_group_init(tdist__coll_group_t *g, int size)
     g->ack_head = calloc(n, sizeof *g->ack_head);
     g->ack_fp = malloc(n * TDIST__ACK_MAX * TDIST__COLL_FP_MAX);
     g->ack_in = malloc(TDIST__ACK_MAX * TDIST__COLL_FP_MAX);
-    if (!g->fused_out || !g->fused_in || !g->fused_acc || !g->reqs || !g->reqp || !g->blobs ||
+    if (!g->fused_out || !g->fused_in || !g->reqs || !g->reqp || !g->blobs ||
         !g->ack_owed || !g->ack_head || !g->ack_fp || !g->ack_in) {
         tdist__coll_group_free(g);
         return tdist__error(TDIST_ERR_NO_MEMORY, "collective state for %d ranks: out of memory",
@@ -180,7 +179,6 @@ void tdist__coll_group_free(tdist__coll_group_t *g)
     tdist__coll_scratch_release(&g->scratch);
     free(g->fused_out);
     free(g->fused_in);
-    free(g->fused_acc);
     free(g->reqs);
     free(g->reqp);
     free((void *)g->blobs);
@@ -190,7 +188,7 @@ void tdist__coll_group_free(tdist__coll_group_t *g)
     free(g->ack_in);
     g->ack_owed = g->ack_head = NULL;
     g->ack_fp = g->ack_in = NULL;
-    g->fused_out = g->fused_in = g->fused_acc = NULL;
+    g->fused_out = g->fused_in = NULL;
     g->reqs = NULL;
     g->reqp = NULL;
     g->blobs = NULL;

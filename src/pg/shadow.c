@@ -160,8 +160,8 @@ static tdist_status_t peek_leader(tdist_pg_t *pg, int leader, int64_t deadline_m
     if (!pg->tp) return tdist__error(TDIST_ERR_CONNECTION, "the group's mesh is closed");
     memset(fp, 0, sizeof *fp);
     if (pg->shm) {
-        tdist__coll_ctx_t c = {.tp = pg->tp, .shm = pg->shm, .ar_forced = pg->coll.ar_algo, .rank = pg->rank,
-                               .size = pg->size, .deadline_ms = deadline_ms};
+        tdist__coll_ctx_t c;
+        tdist__pg_coll_ctx(pg, false, pg->timeout_ms, deadline_ms, &c);
         const uint8_t *aux = NULL;
         size_t al = 0;
         TDIST_CHECK(tdist__shmc_await_next(&c, leader, &aux, &al));
