@@ -372,6 +372,7 @@ tdist_status_t tdist__coll_barrier(const tdist__coll_ctx_t *c);
 
 #define TDIST__SHMC_BLOB_MAX 400 /* the part every reader reads */
 #define TDIST__SHMC_AUX_MAX 88   /* a part read only when needed (a fingerprint: 80) */
+#define TDIST__COLL_FP_BYTES 80  /* pg/'s fingerprint (chk->len): copied as a constant size */
 
 /* Bytes of collective area the shm transport must reserve per rank. */
 size_t tdist__shmc_area_bytes(void);

@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <stdbool.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -72,9 +73,20 @@ tdist_status_t tdist__error_context(tdist_status_t st, const char *fmt, ...) TDI
 void tdist__log(tdist_log_level_t level, const char *file, int line, const char *fmt, ...)
     TDIST_PRINTF(4, 5);
 
+/* The level (log.c), negative until TDIST_LOG has been read. */
+extern _Atomic int tdist__log_level_v;
+
+/* Whether messages of lvl are logged: one load once the level is known. */
+static inline bool tdist__log_on(tdist_log_level_t lvl)
+{
+    int v = atomic_load_explicit(&tdist__log_level_v, memory_order_relaxed);
+    if (__builtin_expect(v < 0, 0)) v = (int)tdist_log_level();
+    return v >= (int)lvl;
+}
+
 #define TDIST_LOG_AT(lvl, ...)                                                 \
     do {                                                                       \
-        if (tdist_log_level() >= (lvl)) tdist__log((lvl), __FILE__, __LINE__, __VA_ARGS__); \
+        if (tdist__log_on(lvl)) tdist__log((lvl), __FILE__, __LINE__, __VA_ARGS__); \
     } while (0)
 #define TDIST_LOGE(...) TDIST_LOG_AT(TDIST_LOG_ERROR, __VA_ARGS__)
 #define TDIST_LOGW(...) TDIST_LOG_AT(TDIST_LOG_WARN, __VA_ARGS__)

@@ -12,8 +12,10 @@
 #include "core/internal.h"
 
 #define LEVEL_UNREAD (-1)
+_Static_assert(LEVEL_UNREAD < TDIST_LOG_OFF, "tdist__log_on reads a negative level as unread");
 
-static _Atomic int log_level = LEVEL_UNREAD;
+_Atomic int tdist__log_level_v = LEVEL_UNREAD;
+#define log_level tdist__log_level_v
 
 static int level_from_env(void)
 {

@@ -312,7 +312,7 @@ char *tdist__pg_fail(tdist_pg_t *pg, tdist_status_t st, const char *prefix, cons
 /* ------------------------------------------------------------- submission */
 
 static void run_work(tdist_pg_t *pg, struct tdist_work *w);
-static tdist_status_t run_work_status(tdist_pg_t *pg, struct tdist_work *w, char **msg);
+static inline tdist_status_t run_work_status(tdist_pg_t *pg, struct tdist_work *w, char **msg);
 
 /* ------------------------------------------------------------------ gate
  *
@@ -419,8 +419,10 @@ static tdist_status_t run_inline(tdist_pg_t *pg, struct tdist_work *w)
         run_work(pg, w);
     end_inline(pg);
     if (w->on_stack) {
-        if (st != TDIST_OK) tdist__error(st, "%s", msg ? msg : "out of memory");
-        free(msg);
+        if (__builtin_expect(st != TDIST_OK, 0)) {
+            tdist__error(st, "%s", msg ? msg : "out of memory");
+            free(msg);
+        }
         work_free_owned(w); /* a stack work: its storage is the caller's */
         return st;
     }
@@ -508,17 +510,6 @@ tdist_status_t tdist__pg_submit(tdist_pg_t *pg, struct tdist_work *w, tdist_work
 
 /* --------------------------------------------------------------- running */
 
-/* w's arguments as coll/ sees them. */
-static void work_args(const struct tdist_work *w, tdist__coll_args_t *a)
-{
-    *a = (tdist__coll_args_t){.op = w->op, .sendbuf = w->sendbuf, .recvbuf = w->recvbuf,
-                              .count = w->count, .dtype = w->dtype, .redop = w->redop,
-                              .premul = w->premul, .root = w->root,
-                              .sendcounts = w->sendcounts, .recvcounts = w->recvcounts,
-                              .bufs = w->bufs, .counts = w->counts, .nbufs = w->nbufs,
-                              .avg_div = w->avg_div};
-}
-
 void tdist__pg_coll_ctx(tdist_pg_t *pg, bool spin, int64_t timeout_ms, int64_t deadline_ms,
                         tdist__coll_ctx_t *c)
 {
@@ -598,9 +589,9 @@ tdist_status_t tdist__pg_run_body(tdist_pg_t *pg, struct tdist_work *w, int64_t 
     if (pg->backend && (w->fp_override || w->shadow_leader >= 0))
         return tdist__error(TDIST_ERR_NOT_SUPPORTED, "Join's shadow collectives are not "
                             "supported on the %s backend", pg->backend->name);
-    tdist__coll_args_t a;
-    work_args(w, &a);
-    /* the group's part of the context and the check, made once */
+    /* The group's part of the context and the check, made once and set
+     * here for this call in place: one work runs at a time (the gate's
+     * RUN), and coll/ only reads them. */
     if (!pg->run0.ok) {
         tdist__pg_coll_ctx(pg, false, 0, 0, &pg->run0.ctx);
         pg->run0.chk = (tdist__coll_check_t){.on = pg->check_fp, .len = sizeof pg->chk.common,
@@ -610,22 +601,23 @@ tdist_status_t tdist__pg_run_body(tdist_pg_t *pg, struct tdist_work *w, int64_t 
                                              .compare = check_compare};
         pg->run0.ok = true;
     }
-    tdist__coll_ctx_t c = pg->run0.ctx;
-    c.tp = pg->tp;
-    c.spin = w->inline_run;
-    c.timeout_ms = timeout_ms;
-    c.deadline_ms = deadline_ms == TDIST__DEADLINE_LAZY ? timeout_ms : deadline_ms;
-    c.lazy_deadline = deadline_ms == TDIST__DEADLINE_LAZY;
+    tdist__coll_ctx_t *c = &pg->run0.ctx;
+    c->tp = pg->tp;
+    c->spin = w->inline_run;
+    c->timeout_ms = timeout_ms;
+    c->deadline_ms = deadline_ms == TDIST__DEADLINE_LAZY ? timeout_ms : deadline_ms;
+    c->lazy_deadline = deadline_ms == TDIST__DEADLINE_LAZY;
+    c->chosen = NULL;
     check_arg_t x = {pg, w};
-    tdist__coll_check_t chk = pg->run0.chk;
-    chk.hash = fp_prepare(pg, w);
-    chk.have = pg->chk.have;
+    tdist__coll_check_t *chk = &pg->run0.chk;
+    chk->hash = fp_prepare(pg, w);
+    chk->have = pg->chk.have;
     /* rooted collectives leave fingerprints unread for later: not inside a
      * Join, whose joined ranks read the stream */
-    chk.compare_earlier = w->in_join ? NULL : check_compare_earlier;
-    chk.arg = &x;
-    tdist__pg_fr_start(pg, w, &pg->chk.common, &c);
-    return tdist__coll_run(&c, &a, &chk);
+    chk->compare_earlier = w->in_join ? NULL : check_compare_earlier;
+    chk->arg = &x;
+    tdist__pg_fr_start(pg, w, &pg->chk.common, c);
+    return tdist__coll_run(c, &w->args, chk);
 }
 
 /* "rank 0 group world seq 7 all_reduce(f32, 2, sum)": the head of every
@@ -679,43 +671,52 @@ static tdist_status_t work_failed(tdist_pg_t *pg, const struct tdist_work *w, td
     return st;
 }
 
+/* w cannot run: its group was aborted or has failed (st); *msg says so. */
+static tdist_status_t run_refused(tdist_pg_t *pg, struct tdist_work *w, tdist_status_t st,
+                                  char **msg)
+{
+    char prefix[400], *sticky = NULL;
+    if (st != TDIST_ERR_ABORTED) st = tdist__pg_sticky(pg, &sticky);
+    tdist__pg_fr_settle(pg, w);
+    tdist__pg_fr_end(pg, w, st);
+    work_prefix(pg, w, prefix, sizeof prefix);
+    if (st == TDIST_ERR_ABORTED)
+        *msg = tdist__asprintf("%s: the group was aborted", prefix);
+    else
+        *msg = tdist__asprintf("%s: the group failed earlier: %s", prefix, sticky);
+    free(sticky);
+    return st;
+}
+
 /* Run w; its status, and on failure *msg (malloc'd, caller frees; NULL
  * when out of memory) says why. */
-static tdist_status_t run_work_status(tdist_pg_t *pg, struct tdist_work *w, char **msg)
+static inline __attribute__((always_inline)) tdist_status_t
+run_work_status(tdist_pg_t *pg, struct tdist_work *w, char **msg)
 {
-    char prefix[400];
     *msg = NULL;
-    if (atomic_load(&pg->aborted)) {
-        tdist__pg_fr_settle(pg, w);
-        tdist__pg_fr_end(pg, w, TDIST_ERR_ABORTED);
-        work_prefix(pg, w, prefix, sizeof prefix);
-        *msg = tdist__asprintf("%s: the group was aborted", prefix);
-        return TDIST_ERR_ABORTED;
-    }
-    char *sticky = NULL;
-    tdist_status_t st = atomic_load(&pg->failed) ? tdist__pg_sticky(pg, &sticky) : TDIST_OK;
-    if (st != TDIST_OK) {
-        tdist__pg_fr_settle(pg, w);
-        tdist__pg_fr_end(pg, w, st);
-        work_prefix(pg, w, prefix, sizeof prefix);
-        *msg = tdist__asprintf("%s: the group failed earlier: %s", prefix, sticky);
-        free(sticky);
-        return st;
-    }
+    if (__builtin_expect(atomic_load(&pg->aborted), 0))
+        return run_refused(pg, w, TDIST_ERR_ABORTED, msg);
+    if (__builtin_expect(atomic_load(&pg->failed), 0) && tdist__pg_sticky(pg, NULL) != TDIST_OK)
+        return run_refused(pg, w, TDIST_ERR_INTERNAL, msg);
     int64_t timeout = w->timeout_ms >= 0 ? w->timeout_ms : pg->timeout_ms;
     /* the deadline's clock read is left to coll/ (rule 3 all the same):
      * a tiny collective that finds its peers there never needs it */
-    int64_t deadline = w->shadow_leader >= 0 ? tdist__deadline_ms(timeout) : TDIST__DEADLINE_LAZY;
-    w->deadline_ms = deadline == TDIST__DEADLINE_LAZY ? 0 : deadline;
+    int64_t deadline = TDIST__DEADLINE_LAZY;
+    w->deadline_ms = 0;
     tdist_clear_error();
+    tdist_status_t st = TDIST_OK;
     /* shadow collectives run on a joined rank took sequence numbers */
-    if (pg->join.seq_shift) tdist__work_shift_seq(w, pg->join.seq_shift);
-    if (w->shadow_leader >= 0) st = tdist__pg_shadow_until(pg, w, deadline);
+    if (__builtin_expect(pg->join.seq_shift != 0, 0)) tdist__work_shift_seq(w, pg->join.seq_shift);
+    if (__builtin_expect(w->shadow_leader >= 0, 0)) {
+        deadline = tdist__deadline_ms(timeout);
+        w->deadline_ms = deadline;
+        st = tdist__pg_shadow_until(pg, w, deadline);
+    }
     if (st == TDIST_OK) st = tdist__pg_run_body(pg, w, timeout, deadline);
     tdist__pg_fr_settle(pg, w); /* a body that failed before it started */
     pg->chk.have = -1;
     tdist__pg_fr_end(pg, w, st);
-    if (st == TDIST_OK) return TDIST_OK;
+    if (__builtin_expect(st == TDIST_OK, 1)) return TDIST_OK;
     st = work_failed(pg, w, st, msg);
     (void)tdist__fr_dump_all(*msg ? *msg : "a collective failed", false);
     return st;

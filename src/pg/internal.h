@@ -53,6 +53,7 @@ typedef struct tdist__fp {
 } tdist__fp_t;
 
 #define TDIST__FP_MAGIC 0x74647066u /* "tdpf" */
+_Static_assert(sizeof(tdist__fp_t) == TDIST__COLL_FP_BYTES, "coll/ copies the fingerprint as this size");
 /* flags: the all_gather is a Join's per-iteration notification */
 #define TDIST__FP_JOIN_NOTIFY 1u
 struct tdist_work {
@@ -65,19 +66,27 @@ struct tdist_work {
     char *msg;         /* error message; written before status is published */
     struct tdist_work *next;
 
-    tdist__op_t op;
     uint64_t seq;      /* group sequence (collectives) or per-pair (p2p) */
-    const void *sendbuf;
-    void *recvbuf;
-    size_t count;
-    tdist_dtype_t dtype;
-    tdist_redop_t redop;
-    int root;          /* root, or the peer of send/recv */
-    double premul;
-    size_t *sendcounts, *recvcounts; /* copies, size entries (v forms) */
-    void **bufs;                     /* coalesced: copies of the arrays */
-    size_t *counts;
-    size_t nbufs;
+    /* The call's arguments, which coll/ reads in place as `args` (the
+     * same layout: nothing is copied on the way to an algorithm). */
+    union {
+        tdist__coll_args_t args;
+        struct {
+            tdist__op_t op;
+            const void *sendbuf;
+            void *recvbuf;
+            size_t count;
+            tdist_dtype_t dtype;
+            tdist_redop_t redop;
+            double premul;
+            int root;                        /* root, or the peer of send/recv */
+            size_t *sendcounts, *recvcounts; /* copies, size entries (v forms) */
+            void **bufs;                     /* coalesced: copies of the arrays */
+            size_t *counts;
+            size_t nbufs;
+            int avg_div;                     /* AVG divides by this (0: the group size) */
+        };
+    };
     int nranks;         /* group size (entries of the count arrays) */
     uint64_t fr_id;     /* this call's flight-recorder entry (UINT64_MAX: none) */
     bool fr_deferred;   /* its entry is written when it starts (record.c) */
@@ -91,7 +100,6 @@ struct tdist_work {
     bool in_join;       /* issued inside a Join: exchanges with every rank (a
                            joined rank reads the leader's stream itself) */
     uint32_t fp_flags;  /* TDIST__FP_* of this call */
-    int avg_div;        /* AVG divides by this (0: the group size) */
     int shadow_leader;  /* the leader (lowest active rank) when this rank has
                            joined: before w, take part in whatever the
                            leader issues; -1: no shadowing */
@@ -107,6 +115,26 @@ struct tdist_work {
     int p2p_status;     /* result being delivered (p2p thread) */
     char *p2p_msg;
 };
+
+#define TDIST__WORK_ARG_AT(f) \
+    _Static_assert(offsetof(struct tdist_work, f) - offsetof(struct tdist_work, args) == \
+                       offsetof(tdist__coll_args_t, f), "work argument " #f)
+TDIST__WORK_ARG_AT(op);
+TDIST__WORK_ARG_AT(sendbuf);
+TDIST__WORK_ARG_AT(recvbuf);
+TDIST__WORK_ARG_AT(count);
+TDIST__WORK_ARG_AT(dtype);
+TDIST__WORK_ARG_AT(redop);
+TDIST__WORK_ARG_AT(premul);
+TDIST__WORK_ARG_AT(root);
+TDIST__WORK_ARG_AT(sendcounts);
+TDIST__WORK_ARG_AT(recvcounts);
+TDIST__WORK_ARG_AT(bufs);
+TDIST__WORK_ARG_AT(counts);
+TDIST__WORK_ARG_AT(nbufs);
+TDIST__WORK_ARG_AT(avg_div);
+_Static_assert(sizeof(((struct tdist_work *)0)->args) == sizeof(tdist__coll_args_t), "work args");
+#undef TDIST__WORK_ARG_AT
 
 /* The shape of a plain collective call (engine.c's fingerprint cache). */
 typedef struct tdist__fp_shape {
@@ -189,8 +217,9 @@ struct tdist_pg {
      * NULL otherwise. Valid while tp is. */
     tdist__shmc_t *shm;
     tdist__coll_group_t coll; /* coll/'s state: scratch, forced algorithm, hierarchy */
-    struct {                  /* engine.c: coll/'s context and check as far as they are
-                                 the group's, made at its first collective */
+    struct {                  /* engine.c: coll/'s context and check, made at the group's
+                                 first collective and set per call in place (by
+                                 whoever holds the gate's RUN) */
         bool ok;
         tdist__coll_ctx_t ctx;
         tdist__coll_check_t chk;
@@ -295,7 +324,7 @@ static inline void tdist__pg_fr_end(tdist_pg_t *pg, const struct tdist_work *w,
                                     tdist_status_t st)
 {
     tdist__fr_end(pg->fr, w->fr_id, (int)st);
-    if (tdist_log_level() >= TDIST_LOG_TRACE) tdist__pg_fr_trace_line(pg, w, st);
+    if (tdist__log_on(TDIST_LOG_TRACE)) tdist__pg_fr_trace_line(pg, w, st);
 }
 
 /* ---------------------------------------------------------------- check.c */
