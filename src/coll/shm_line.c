@@ -95,9 +95,6 @@ static tdist_status_t finish_oneshot(const tdist__coll_ctx_t *c, const tdist__co
                                      const uint8_t **b, tdist__coll_algo_t algo)
 {
     const size_t hs = sizeof(uint64_t);
-    /* the commonest (a loss, a norm): every rank's input after its hash */
-    if (algo == TDIST__ALGO_SHM_IN_LINE && a->op == TDIST__OP_ALL_REDUCE)
-        return tdist__oneshot_reduce(c, a, b, hs, a->recvbuf);
     if (algo == TDIST__ALGO_SHM_IN_LINE) {
         for (int r = 0; r < c->size; r++)
             if (b[r]) b[r] += hs;
@@ -126,9 +123,62 @@ static tdist_status_t rooted(const tdist__coll_ctx_t *c, const tdist__coll_args_
     return finish_oneshot(c, a, b, algo);
 }
 
+/* n bytes from src to dst: up to 16 in two overlapping moves (a loss, a
+ * norm: a call to memcpy costs more than the copy). */
+static inline void copy_input(uint8_t *dst, const void *src, size_t n)
+{
+    const uint8_t *p = src;
+    if (n >= 8 && n <= 16) {
+        uint64_t x, y;
+        memcpy(&x, p, 8);
+        memcpy(&y, p + n - 8, 8);
+        memcpy(dst, &x, 8);
+        memcpy(dst + n - 8, &y, 8);
+    } else if (n >= 4 && n < 8) {
+        uint32_t x, y;
+        memcpy(&x, p, 4);
+        memcpy(&y, p + n - 4, 4);
+        memcpy(dst, &x, 4);
+        memcpy(dst + n - 4, &y, 4);
+    } else {
+        memcpy(dst, p, n);
+    }
+}
+
+/* The in-line all_reduce (a loss, a norm: the commonest collective of a
+ * training loop), which is every step below with what does not apply to
+ * it left out: post the hash, fingerprint and input; wait for every
+ * line; compare the hashes; reduce from the lines in rank order. */
+static tdist_status_t in_line_all_reduce(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
+                                         const tdist__coll_check_t *chk)
+{
+    const size_t hs = sizeof(uint64_t);
+    uint8_t *aux = NULL, *blob = NULL;
+    TDIST_CHECK(line_status(c, chk, tdist__shmc_begin(c, &blob, &aux)));
+    uint64_t h = chk && chk->on ? chk->hash : 0;
+    size_t fl = chk ? chk->len : 0, bytes = tdist__coll_bytes(a->count, a->dtype);
+    if (fl == TDIST__COLL_FP_BYTES) /* pg/'s: a few moves, not a call */
+        memcpy(aux, chk->common, TDIST__COLL_FP_BYTES);
+    else if (fl)
+        memcpy(aux, chk->common, fl);
+    memcpy(blob, &h, hs);
+    copy_input(blob + hs, a->sendbuf, bytes);
+    if (a->redop == TDIST_PREMUL_SUM) TDIST_CHECK(tdist__oneshot_scale(a, blob + hs, bytes));
+    tdist__shmc_post(c, hs + bytes, fl);
+    const uint8_t **b = c->g->blobs;
+    TDIST_CHECK(line_status(c, chk, tdist__shmc_gather(c, b, NULL)));
+    if (chk && chk->on)
+        for (int r = 0; r < c->size; r++)
+            if (line_hash(b[r]) != h) return mismatch(c, chk, tdist__shmc_now(c));
+    if (c->chosen && tdist__shmc_spun(c)) c->chosen[2] |= TDIST__COLL_CHOSEN_SPUN;
+    return tdist__oneshot_reduce(c, a, b, hs, a->recvbuf);
+}
+
 tdist_status_t tdist__coll_shm_line(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
                                     const tdist__coll_check_t *chk, tdist__coll_algo_t algo)
 {
+    if (algo == TDIST__ALGO_SHM_IN_LINE && a->op == TDIST__OP_ALL_REDUCE)
+        return in_line_all_reduce(c, a, chk);
     TDIST_CHECK(post_line(c, a, chk, algo));
     /* Only rank 0 collects a monitored barrier (over the transport, to
      * name who is missing); the line just keeps every rank's exchange
@@ -138,7 +188,7 @@ tdist_status_t tdist__coll_shm_line(const tdist__coll_ctx_t *c, const tdist__col
     if ((algo == TDIST__ALGO_SHM_IN_LINE ||
          (algo == TDIST__ALGO_SHM_ONE_SHOT &&
           tdist__oneshot_bytes(a, c->size) <= tdist__shmc_rooted_max())) &&
-        a->op != TDIST__OP_ALL_REDUCE) /* the one-shot all_reduce's path: no call */
+        a->op != TDIST__OP_ALL_REDUCE)
         role = tdist__oneshot_role(c, a, chk);
     if (role == TDIST__ROLE_SEND || role == TDIST__ROLE_FROM_ROOT)
         return rooted(c, a, chk, algo, role);
