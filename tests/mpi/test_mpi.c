@@ -309,14 +309,16 @@ TEST(mpi_fr_rank_stopped, 60)
 }
 
 /* Rank 2 SIGKILLed once ranks 0 and 1 wait in seq 6. By default mpirun
- * kills them too (group timeout 60 s), so no rank dumps; tdist-fr reads
- * the three rings the job left in TDIST_FR_DIR, ranks 0 and 1 in seq 6
- * (still waiting, or still queued if their engine threads had not yet
- * started it). Under mpirun --enable-recovery (OMPI_MCA_orte_enable_recovery=1)
- * the job outlives rank 2: MPI never fails the survivors' seq 6, tdist's
- * deadline (1 s) does, so ranks 0 and 1 dump (then leave without
- * MPI_Finalize, which would wait for the dead rank), their wait noted on
- * rank 2. Either way tdist-fr names rank 2, gone, as missing from seq 6. */
+ * kills them too (SIGTERM, then SIGKILL a second later; group timeout
+ * 60 s): they dump on the SIGTERM (reason "SIGTERM") and die of it.
+ * tdist-fr reads those dumps with the three rings the job left in
+ * TDIST_FR_DIR, ranks 0 and 1 in seq 6 (still waiting, or still queued
+ * if their engine threads had not yet started it). Under mpirun
+ * --enable-recovery (OMPI_MCA_orte_enable_recovery=1) the job outlives
+ * rank 2: MPI never fails the survivors' seq 6, tdist's deadline (1 s)
+ * does, so ranks 0 and 1 dump (then leave without MPI_Finalize, which
+ * would wait for the dead rank), their wait noted on rank 2. Either way
+ * tdist-fr names rank 2, gone, as missing from seq 6. */
 static void fr_killed(bool recovery)
 {
     char dir[600], live[600], *out;
@@ -333,12 +335,19 @@ static void fr_killed(bool recovery)
     }
     free(r.out);
     for (int k = 0; k < 3; k++) expect_fr_file(dir, k, "ring");
-    for (int k = 0; recovery && k < 2; k++) expect_fr_file(dir, k, "json");
+    for (int k = 0; k < 2; k++) expect_fr_file(dir, k, "json");
     ASSERT_EQ(fr_tool(dir, &out), 1);
     ASSERT_CONTAINS(out, FR_MISSING);
     if (recovery) {
         ASSERT_CONTAINS(out, "(failed)");
         expect_waited_on_rank2(out, "it waited");
+    } else {
+        for (int k = 0; k < 2; k++) {
+            char line[1024];
+            summary_line(out, k, line, sizeof line);
+            if (!strstr(line, "; dumped: SIGTERM"))
+                FAIL("rank %d's line '%s' does not say it dumped on SIGTERM", k, line);
+        }
     }
     ASSERT_CONTAINS(out, "gone (killed");
     expect_rank2_read(out, "gone");
