@@ -57,15 +57,16 @@ TEST(tdistrun_fr_report_names_the_rank_everyone_waited_for, 60)
  * SIGUSR1) and goes on. Then a plain SIGTERM to rank 2's worker (asleep
  * in its own code; TDIST_FR_DIR set by tdistrun): its recorder dumps
  * again (reason SIGTERM) and the worker still dies of SIGTERM, which
- * tdistrun reports as such, and ranks 0 and 1, stopped by tdistrun,
- * leave dumps too. */
+ * tdistrun reports as such, and ranks 0 and 1, stopped by tdistrun
+ * (SIGTERM, SIGKILL only after 20 s), leave dumps too and die of the
+ * SIGTERM. */
 TEST(tdistrun_fr_sigusr1_dumps_every_worker, 60)
 {
     const char *logs = tmp_path("logs");
     char dir[700], timeout[32];
     snprintf(dir, sizeof dir, "%s/attempt_0/fr", logs);
     snprintf(timeout, sizeof timeout, "%d", (int)(60000 * tdist_test_timeout_mult()));
-    const char *argv[] = {TDISTRUN, "--nproc-per-node", "3", "--grace-period", "5", "--log-dir",
+    const char *argv[] = {TDISTRUN, "--nproc-per-node", "3", "--grace-period", "20", "--log-dir",
                           logs, TEST_WORKER, "hang", "2", "60", timeout, NULL};
     double start = tdist_test_now_ms();
     pid_t pid = spawn(argv, "frusr1");
@@ -96,6 +97,8 @@ TEST(tdistrun_fr_sigusr1_dumps_every_worker, 60)
              "signal %d (SIGTERM)", (int)rank2, SIGTERM);
     ASSERT_CONTAINS(r.err, want);
     ASSERT_CONTAINS(r.err, "rank 2 is missing from all_reduce(f32, 2, sum) seq 6");
+    /* ranks 0 and 1 dumped on tdistrun's SIGTERM and died of it: no SIGKILL */
+    ASSERT_TRUE(strstr(r.err, "still running after the grace period") == NULL);
     snprintf(p, sizeof p, "%s/tdist-fr.r2.world.json", dir);
     j = slurp(p);
     ASSERT_CONTAINS(j, "\"reason\":\"SIGTERM\"");
