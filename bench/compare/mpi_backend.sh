@@ -13,7 +13,8 @@
 #           MPI_Wait (the non-blocking algorithm the backend uses, minus tdist)
 #   tdist : tools/tdist-bench under mpirun with TDIST_BACKEND=mpi: env://
 #           becomes an MPI world, the world group runs on the MPI backend
-#           (fingerprint MPI_Ialltoall + MPI_Iallreduce polled with MPI_Test)
+#           (fingerprints as MPI_Isend/MPI_Irecv per peer + MPI_Iallreduce
+#           polled with MPI_Test)
 # Each run calls ompi, ompi-i, then tdist; the table quotes, per size, the
 # median over runs of each run's time and overhead = tdist / peer - 1.
 # Ends with RESULT lines. Exit 0 if every run worked and every element was

@@ -16,6 +16,12 @@
  * which needs the group's native mesh (a backend group has none, so there
  * an empty slot is TDIST_ERR_NOT_SUPPORTED naming the backend and the op).
  *
+ * pg's own exchanges (the fingerprint check and all_to_allv's pairwise
+ * round, pg/check.c) call the all_to_all and all_gather slots with chk
+ * NULL; a program's collectives always come with pg's check. A backend
+ * may run the former as messages per peer, so that its waits can say
+ * whom they wait on (on_wait below).
+ *
  * Point-to-point: pg's p2p thread posts each send or recv (pg's 24-byte
  * header, then the payload) with p2p_post, polls it with p2p_test, pauses
  * with p2p_idle between polls, and ends it with p2p_release.
@@ -71,6 +77,12 @@ typedef struct tdist__backend {
      * the backend had to leave pending (after a timeout or abort): pg must
      * not free them. */
     bool (*holds_memory)(void *be);
+    /* Optional: the flight recorder's hook, set once when the group opens
+     * its recorder. The backend calls fn(arg, peer) on the thread running
+     * a collective slot, once a wait of it stops spinning, with the group
+     * rank it waits on (-1: no longer on anyone); never on a wait's fast
+     * path. NULL: the backend cannot tell. */
+    void (*on_wait)(void *be, void (*fn)(void *arg, int peer), void *arg);
     void (*destroy)(void *be); /* engine and p2p thread stopped */
 } tdist__backend_t;
 

@@ -11,7 +11,10 @@
  * SIGUSR1 (unless TDIST_FR_SIGNAL=0, or the program has its own handler):
  * the handler only posts a semaphore (async-signal-safe); a thread of the
  * recorder, running while any recorder is open, dumps every ring, so the
- * process goes on as it was.
+ * process goes on as it was. SIGTERM (with TDIST_FR_DIR set, unless
+ * TDIST_FR_SIGTERM=0 or the program has its own handler): the same
+ * thread dumps, then the process dies of SIGTERM as it would have
+ * without the handler, within TERM_WAIT_MS at the latest.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -37,6 +40,7 @@ static uint32_t cfg_size;
 static char cfg_dir[512];
 static bool cfg_user_dir;
 static bool cfg_signal;
+static bool cfg_term;
 
 pthread_mutex_t tdist__fr_lock = PTHREAD_MUTEX_INITIALIZER;
 tdist__fr_t *tdist__fr_open_list;
@@ -87,6 +91,10 @@ static void read_config(void)
     int64_t s = 1;
     if (tdist__env_int("TDIST_FR_SIGNAL", 0, 1, &s) != TDIST_OK) s = 1;
     cfg_signal = s != 0;
+    /* SIGTERM dumps only where dumps are kept (TDIST_FR_DIR) */
+    s = 1;
+    if (tdist__env_int("TDIST_FR_SIGTERM", 0, 1, &s) != TDIST_OK) s = 1;
+    cfg_term = s != 0 && cfg_user_dir;
     tdist__fr_use_tsc = tsc_usable();
     tdist_clear_error();
 }
@@ -103,18 +111,30 @@ bool tdist__fr_dir_named(void)
     return cfg_user_dir;
 }
 
-/* ------------------------------------------------------------- SIGUSR1 */
+/* ----------------------------------------------------- SIGUSR1, SIGTERM */
 
-/* The handler posts a semaphore (async-signal-safe, and no descriptor);
+/* Each handler posts a semaphore (async-signal-safe, and no descriptor);
  * the recorder's thread, which runs while any recorder is open, waits on
- * it and dumps. The handler stays installed; the thread is joined when
- * the last recorder closes, so a process without groups holds nothing. */
+ * it and dumps. The handlers stay installed; the thread is joined when
+ * the last recorder closes, so a process without groups holds nothing.
+ *
+ * SIGTERM: the thread dumps (as a failure does: not over a failure's
+ * dump), then restores the default disposition and raises SIGTERM again,
+ * so the process dies of it as it would have without tdist. A watchdog
+ * started with the dump does the same after TERM_WAIT_MS, so a dump that
+ * cannot finish never keeps the process alive; a second SIGTERM, or one
+ * that comes while no recorder thread runs in this process (no group
+ * open, or a child forked from the process), ends it at once. */
+#define TERM_WAIT_MS 2000
+
 static sem_t sig_sem;
-static bool sig_installed;
+static bool sig_installed; /* either handler */
 static pthread_mutex_t th_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_t sig_th;
 static bool th_running;
 static atomic_bool th_stop;
+static atomic_int th_pid;      /* the process whose recorder thread runs (0: none) */
+static atomic_bool term_got;   /* a SIGTERM came */
 
 static void on_sigusr1(int sig)
 {
@@ -124,30 +144,101 @@ static void on_sigusr1(int sig)
     errno = saved;
 }
 
+/* SIGTERM's default disposition, and the signal again: the process dies
+ * of it once the handler returns (from a handler: SIGTERM is blocked
+ * until then), or at once (from a thread, which unblocks it).
+ * Async-signal-safe. */
+static void die_of_sigterm(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_DFL;
+    sigemptyset(&sa.sa_mask);
+    (void)sigaction(SIGTERM, &sa, NULL);
+    (void)raise(SIGTERM);
+}
+
+static void on_sigterm(int sig)
+{
+    (void)sig;
+    int saved = errno;
+    bool again = atomic_exchange(&term_got, true);
+    /* term_got before th_pid: thread_stop_if_idle clears th_pid, then
+     * reads term_got */
+    if (!again && atomic_load(&th_pid) == (int)getpid())
+        (void)sem_post(&sig_sem);
+    else
+        die_of_sigterm();
+    errno = saved;
+}
+
+/* From a thread of the recorder: die of SIGTERM now. */
+static _Noreturn void thread_dies_of_sigterm(void)
+{
+    sigset_t term;
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    for (;;) {
+        die_of_sigterm();
+        pthread_sigmask(SIG_UNBLOCK, &term, NULL);
+        pause();
+    }
+}
+
+static void *term_watchdog(void *arg)
+{
+    (void)arg;
+    tdist__sleep_ms(TERM_WAIT_MS);
+    thread_dies_of_sigterm();
+}
+
+/* The recorder's thread got a SIGTERM: dump, bounded by the watchdog. */
+static _Noreturn void dump_and_die(void)
+{
+    pthread_t wd;
+    pthread_attr_t at;
+    if (pthread_attr_init(&at) == 0) {
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        (void)pthread_create(&wd, &at, term_watchdog, NULL);
+        pthread_attr_destroy(&at);
+    }
+    (void)tdist__fr_dump_all("SIGTERM", false);
+    thread_dies_of_sigterm();
+}
+
 static void *sig_thread(void *arg)
 {
     (void)arg;
     for (;;) {
         if (sem_wait(&sig_sem) != 0) continue; /* EINTR */
+        if (atomic_load(&term_got)) dump_and_die();
         if (atomic_load(&th_stop)) return NULL;
         (void)tdist__fr_dump_all("SIGUSR1", true);
     }
 }
 
-/* Once per process, with the first recorder: the handler. Left alone when
- * the program handles SIGUSR1 itself. */
-static void signal_setup(void)
+/* Install handler for sig unless the program has its own (or ignores
+ * it); whether it did. */
+static bool install(int sig, void (*handler)(int))
 {
-    if (!cfg_signal) return;
-    struct sigaction old;
-    if (sigaction(SIGUSR1, NULL, &old) != 0 || old.sa_handler != SIG_DFL) return;
-    if (sem_init(&sig_sem, 0, 0) != 0) return;
-    struct sigaction sa;
+    struct sigaction old, sa;
+    if (sigaction(sig, NULL, &old) != 0 || (old.sa_flags & SA_SIGINFO) ||
+        old.sa_handler != SIG_DFL)
+        return false;
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigusr1;
+    sa.sa_handler = handler;
     sa.sa_flags = SA_RESTART;
     sigemptyset(&sa.sa_mask);
-    sig_installed = sigaction(SIGUSR1, &sa, NULL) == 0;
+    return sigaction(sig, &sa, NULL) == 0;
+}
+
+/* Once per process, with the first recorder: the handlers. */
+static void signal_setup(void)
+{
+    if (!cfg_signal && !cfg_term) return;
+    if (sem_init(&sig_sem, 0, 0) != 0) return;
+    if (cfg_signal && install(SIGUSR1, on_sigusr1)) sig_installed = true;
+    if (cfg_term && install(SIGTERM, on_sigterm)) sig_installed = true;
 }
 
 static pthread_once_t sig_once = PTHREAD_ONCE_INIT;
@@ -165,6 +256,7 @@ static void thread_start(void)
         pthread_sigmask(SIG_SETMASK, &all, &prev);
         th_running = pthread_create(&sig_th, NULL, sig_thread, NULL) == 0;
         pthread_sigmask(SIG_SETMASK, &prev, NULL);
+        if (th_running) atomic_store(&th_pid, (int)getpid());
     }
     pthread_mutex_unlock(&th_mu);
 }
@@ -177,10 +269,13 @@ static void thread_stop_if_idle(void)
     bool idle = tdist__fr_open_list == NULL;
     pthread_mutex_unlock(&tdist__fr_lock);
     if (idle && th_running) {
+        atomic_store(&th_pid, 0);
         atomic_store(&th_stop, true);
         (void)sem_post(&sig_sem);
         pthread_join(sig_th, NULL);
         th_running = false;
+        /* a SIGTERM that came as the thread left: it posted, nobody took it */
+        if (atomic_load(&term_got)) thread_dies_of_sigterm();
     }
     pthread_mutex_unlock(&th_mu);
 }

@@ -1,12 +1,17 @@
 /*
  * fr/wait.c — which peer a collective waits on, while it waits.
  *
- * The transport knows the peer, and only once a wait stops spinning is
- * there time to say so: it then calls tdist__fr_note_wait (through pg),
+ * The transport knows the peer (on the MPI backend, its per-peer
+ * fingerprint exchange: backend/mpi/mpi_coll.c), and only once a wait
+ * stops spinning is there time to say so: it then calls
+ * tdist__fr_note_wait (through pg),
  * which finds the group's running collective in the ring and writes the
  * peer and the time into that entry's wait fields (format.h). Nothing is
  * written on a collective's fast path, so a call whose peers are already
  * there costs the recorder nothing more.
+ *
+ * A peer of -1 takes a note back (the MPI backend, once its exchange is
+ * over and MPI's own collective, which cannot name a peer, runs).
  *
  * The running collective's entry is the one pg last started on this
  * group (pg keeps its id, written on the thread that runs collectives and

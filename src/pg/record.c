@@ -13,8 +13,9 @@
 
 #include "pg/internal.h"
 
-/* tdist__tp_on_wait's hook: the running collective's entry names the
- * peer its wait is on (slow path only; fr/wait.c). */
+/* The transport's (tdist__tp_on_wait) or another backend's (backend.h
+ * on_wait) hook: the running collective's entry names the peer its wait
+ * is on (slow path only; fr/wait.c). */
 static void note_wait(void *arg, int peer)
 {
     tdist_pg_t *pg = arg;
@@ -29,6 +30,8 @@ void tdist__pg_fr_open(tdist_pg_t *pg)
                             .transport = pg->backend ? 2 : pg->kind == TDIST__TP_SHM ? 0 : 1};
     pg->fr = tdist__fr_open(&id);
     if (pg->fr && pg->tp) tdist__tp_on_wait(pg->tp, note_wait, pg);
+    if (pg->fr && pg->backend && pg->backend->on_wait)
+        pg->backend->on_wait(pg->be, note_wait, pg);
 }
 
 /* TDIST_LOG=trace: one line for w, which ended with st. */

@@ -612,8 +612,8 @@ static void fr_copy_dump(const char *dir, int r)
     ASSERT_EQ(fclose(out), 0);
 }
 
-/* Whether file path holds text (read up to 64 KiB). */
-static bool file_has(const char *path, const char *text)
+/* How often file path holds text (read up to 64 KiB). */
+static int file_count(const char *path, const char *text)
 {
     static char buf[1 << 16];
     FILE *f = fopen(path, "r");
@@ -621,15 +621,18 @@ static bool file_has(const char *path, const char *text)
     size_t k = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
     buf[k] = '\0';
-    return strstr(buf, text) != NULL;
+    int n = 0;
+    for (const char *at = buf; (at = strstr(at, text)) != NULL; at++) n++;
+    return n;
 }
 
 /* Rank 0 while ranks 0 and 1 wait in seq 6 and rank 2 sits in its own
  * code: SIGUSR1 to mpirun (this process's parent), which passes it to
  * every rank; each writes a live dump; the three, copied alone into
  * DIR/live, go to tdist-fr. Dumped again (the old dumps removed first)
- * while an engine thread has not yet started its seq 6 ("queued"), for
- * a bounded time. Then rank 2 is told to go on. */
+ * while an engine thread has not yet started its seq 6 ("queued") or its
+ * wait has not yet noted rank 2 (it notes once it stops spinning), for a
+ * bounded time. Then rank 2 is told to go on. */
 static void fr_live_check(void)
 {
     const char *dir = fr_dir();
@@ -645,7 +648,12 @@ static void fr_live_check(void)
         for (int r = 0; r < 3; r++) fr_wait_dump(dir, r);
         for (int r = 0; r < 3; r++) fr_copy_dump(dir, r);
         fr_analyze(live);
-        if (!file_has(getenv("MPI_PROG_FR_OUT"), "(queued") || now_ms() - t0 > 10000) break;
+        /* again while a wait of seq 6 has not yet noted rank 2 */
+        const char *out = getenv("MPI_PROG_FR_OUT");
+        if ((file_count(out, "(queued") == 0 &&
+             file_count(out, "algorithm slot; waiting on rank 2)") == 2) ||
+            now_ms() - t0 > 10000)
+            break;
         usleep(50 * 1000);
     }
     int go = 1;

@@ -179,20 +179,48 @@ static void expect_fr_ok(const run_t *r, const char *scenario)
     "first divergence: rank 2 is missing from all_reduce(f32, 2, sum) seq 6 of group world; "      \
     "ranks 0, 1 waited"
 
+/* tdist-fr's per-rank summary line of rank r of the world group, into
+ * line[n]. */
+static void summary_line(const char *out, int r, char *line, size_t n)
+{
+    char head[80];
+    snprintf(head, sizeof head, "  rank %d group world (rank %d of 3, pid ", r, r);
+    const char *at = strstr(out, head);
+    if (!at) FAIL("tdist-fr has no summary line of rank %d's record", r);
+    size_t len = strcspn(at, "\n");
+    snprintf(line, n, "%.*s", (int)(len < n - 1 ? len : n - 1), at);
+}
+
 /* tdist-fr's summary line of rank 2 comes from rank 2's own ring or dump
  * (the others' records do not give it): its process in the state proc
  * ("stopped", "gone", "running, from its dump", ...), five entries, the
  * last of them seq 5. */
 static void expect_rank2_read(const char *out, const char *proc)
 {
-    const char *at = strstr(out, "  rank 2 group world (rank 2 of 3, pid ");
-    if (!at) FAIL("tdist-fr has no summary line of rank 2's record");
-    size_t len = strcspn(at, "\n");
     char line[1024], want[200];
-    snprintf(line, sizeof line, "%.*s", (int)(len < 1023 ? len : 1023), at);
+    summary_line(out, 2, line, sizeof line);
     snprintf(want, sizeof want, ", %s): 5 entries; last completed all_reduce(f32, 2, sum) seq 5",
              proc);
     if (!strstr(line, want)) FAIL("rank 2's line '%s' lacks '%s'", line, want);
+}
+
+/* Ranks 0 and 1's lines under "what each rank was doing" name rank 2 as
+ * the peer their wait of seq 6 is on (how: "waiting" while it runs, "it
+ * waited" once it ended): the backend's per-peer fingerprint exchange
+ * noted it. */
+static void expect_waited_on_rank2(const char *out, const char *how)
+{
+    for (int r = 0; r < 2; r++) {
+        char head[64], want[64], line[1024];
+        snprintf(head, sizeof head, "\n  rank %d: in it (", r);
+        const char *at = strstr(out, head);
+        if (!at) FAIL("tdist-fr has no line of rank %d in seq 6", r);
+        at++;
+        size_t len = strcspn(at, "\n");
+        snprintf(line, sizeof line, "%.*s", (int)(len < 1023 ? len : 1023), at);
+        snprintf(want, sizeof want, "; %s on rank 2)", how);
+        if (!strstr(line, want)) FAIL("rank %d's line '%s' lacks '%s'", r, line, want);
+    }
 }
 
 /* The flight recorder on the MPI backend: rank 2 never issues the sixth
@@ -210,6 +238,7 @@ TEST(mpi_fr_names_the_missing_rank, 60)
     ASSERT_EQ(fr_tool(dir, &out), 1);
     ASSERT_CONTAINS(out, FR_MISSING);
     ASSERT_CONTAINS(out, "route backend, algorithm slot");
+    expect_waited_on_rank2(out, "it waited");
     expect_rank2_read(out, "exited");
     free(out);
 }
@@ -274,19 +303,22 @@ TEST(mpi_fr_rank_stopped, 60)
     ASSERT_CONTAINS(out, FR_MISSING);
     ASSERT_CONTAINS(out, "(failed)");
     ASSERT_CONTAINS(out, "stopped (SIGSTOP");
+    expect_waited_on_rank2(out, "it waited");
     expect_rank2_read(out, "stopped");
     free(out);
 }
 
 /* Rank 2 SIGKILLed once ranks 0 and 1 wait in seq 6. By default mpirun
- * kills them too (group timeout 60 s), so no rank dumps; tdist-fr reads
- * the three rings the job left in TDIST_FR_DIR, ranks 0 and 1 in seq 6
- * (still waiting, or still queued if their engine threads had not yet
- * started it). Under mpirun --enable-recovery (OMPI_MCA_orte_enable_recovery=1)
- * the job outlives rank 2: MPI never fails the survivors' seq 6, tdist's
- * deadline (1 s) does, so ranks 0 and 1 dump (then leave without
- * MPI_Finalize, which would wait for the dead rank). Either way tdist-fr
- * names rank 2, gone, as missing from seq 6. */
+ * kills them too (SIGTERM, then SIGKILL a second later; group timeout
+ * 60 s): they dump on the SIGTERM (reason "SIGTERM") and die of it.
+ * tdist-fr reads those dumps with the three rings the job left in
+ * TDIST_FR_DIR, ranks 0 and 1 in seq 6 (still waiting, or still queued
+ * if their engine threads had not yet started it). Under mpirun
+ * --enable-recovery (OMPI_MCA_orte_enable_recovery=1) the job outlives
+ * rank 2: MPI never fails the survivors' seq 6, tdist's deadline (1 s)
+ * does, so ranks 0 and 1 dump (then leave without MPI_Finalize, which
+ * would wait for the dead rank), their wait noted on rank 2. Either way
+ * tdist-fr names rank 2, gone, as missing from seq 6. */
 static void fr_killed(bool recovery)
 {
     char dir[600], live[600], *out;
@@ -303,10 +335,20 @@ static void fr_killed(bool recovery)
     }
     free(r.out);
     for (int k = 0; k < 3; k++) expect_fr_file(dir, k, "ring");
-    for (int k = 0; recovery && k < 2; k++) expect_fr_file(dir, k, "json");
+    for (int k = 0; k < 2; k++) expect_fr_file(dir, k, "json");
     ASSERT_EQ(fr_tool(dir, &out), 1);
     ASSERT_CONTAINS(out, FR_MISSING);
-    if (recovery) ASSERT_CONTAINS(out, "(failed)");
+    if (recovery) {
+        ASSERT_CONTAINS(out, "(failed)");
+        expect_waited_on_rank2(out, "it waited");
+    } else {
+        for (int k = 0; k < 2; k++) {
+            char line[1024];
+            summary_line(out, k, line, sizeof line);
+            if (!strstr(line, "; dumped: SIGTERM"))
+                FAIL("rank %d's line '%s' does not say it dumped on SIGTERM", k, line);
+        }
+    }
     ASSERT_CONTAINS(out, "gone (killed");
     expect_rank2_read(out, "gone");
     free(out);
@@ -337,6 +379,7 @@ TEST(mpi_fr_rank_deadlocked_in_user_code, 60)
     ASSERT_CONTAINS(out, "(still waiting)");
     ASSERT_CONTAINS(out, "running)");
     ASSERT_CONTAINS(out, "dumped: SIGUSR1");
+    expect_waited_on_rank2(out, "waiting");
     expect_rank2_read(out, "running, from its dump");
     free(out);
 }

@@ -54,14 +54,19 @@ TEST(tdistrun_fr_report_names_the_rank_everyone_waited_for, 60)
 }
 
 /* SIGUSR1 to the launcher: every worker writes a JSON dump (reason
- * SIGUSR1) and goes on; the job then fails at its timeout as before. */
+ * SIGUSR1) and goes on. Then a plain SIGTERM to rank 2's worker (asleep
+ * in its own code; TDIST_FR_DIR set by tdistrun): its recorder dumps
+ * again (reason SIGTERM) and the worker still dies of SIGTERM, which
+ * tdistrun reports as such, and ranks 0 and 1, stopped by tdistrun
+ * (SIGTERM, SIGKILL only after 20 s), leave dumps too and die of the
+ * SIGTERM. */
 TEST(tdistrun_fr_sigusr1_dumps_every_worker, 60)
 {
     const char *logs = tmp_path("logs");
     char dir[700], timeout[32];
     snprintf(dir, sizeof dir, "%s/attempt_0/fr", logs);
-    snprintf(timeout, sizeof timeout, "%d", (int)(6000 * tdist_test_timeout_mult()));
-    const char *argv[] = {TDISTRUN, "--nproc-per-node", "3", "--grace-period", "1", "--log-dir",
+    snprintf(timeout, sizeof timeout, "%d", (int)(60000 * tdist_test_timeout_mult()));
+    const char *argv[] = {TDISTRUN, "--nproc-per-node", "3", "--grace-period", "20", "--log-dir",
                           logs, TEST_WORKER, "hang", "2", "60", timeout, NULL};
     double start = tdist_test_now_ms();
     pid_t pid = spawn(argv, "frusr1");
@@ -73,11 +78,31 @@ TEST(tdistrun_fr_sigusr1_dumps_every_worker, 60)
     snprintf(p, sizeof p, "%s/tdist-fr.r2.world.json", dir);
     char *j = slurp(p);
     ASSERT_CONTAINS(j, "\"reason\":\"SIGUSR1\"");
+    const char *at = strstr(j, "\"pid\":");
+    ASSERT_TRUE(at != NULL);
+    pid_t rank2 = (pid_t)atoi(at + 6);
+    ASSERT_TRUE(rank2 > 1);
     free(j);
+    for (int r = 0; r < 2; r++) { /* the dumps ranks 0 and 1 leave when stopped */
+        snprintf(p, sizeof p, "%s/tdist-fr.r%d.world.json", dir, r);
+        ASSERT_EQ(unlink(p), 0);
+    }
+    ASSERT_EQ(kill(rank2, SIGTERM), 0);
     run_t r;
     wait_for(pid, 50000 * tdist_test_timeout_mult(), "frusr1", start, &r);
-    ASSERT_EXIT(r, 3);
+    ASSERT_EXIT(r, 128 + SIGTERM);
     ASSERT_CONTAINS(r.err, "tdistrun: got SIGUSR1; passed it to 3 workers");
+    char want[120];
+    snprintf(want, sizeof want, "rank 2 (local rank 2, pid %d) failed first: it was killed by "
+             "signal %d (SIGTERM)", (int)rank2, SIGTERM);
+    ASSERT_CONTAINS(r.err, want);
     ASSERT_CONTAINS(r.err, "rank 2 is missing from all_reduce(f32, 2, sum) seq 6");
+    /* ranks 0 and 1 dumped on tdistrun's SIGTERM and died of it: no SIGKILL */
+    ASSERT_TRUE(strstr(r.err, "still running after the grace period") == NULL);
+    snprintf(p, sizeof p, "%s/tdist-fr.r2.world.json", dir);
+    j = slurp(p);
+    ASSERT_CONTAINS(j, "\"reason\":\"SIGTERM\"");
+    free(j);
+    wait_fr_files(dir, "json", 2);
     run_free(&r);
 }

@@ -28,6 +28,7 @@
 #include "backend/mpi/host.h" /* last: calls into the library go through its table */
 
 #define MB_TAG 77 /* monitored_barrier's messages on the coll communicator */
+#define PG_TAG 78 /* pg's own exchanges' messages (fingerprints) on it */
 #define CHUNK ((size_t)1 << 30)
 #define MAXREQ 16
 
@@ -183,6 +184,54 @@ static tdist_status_t int_counts(const size_t *c, int n, int *ic, int *id, const
         if (rc_ != MPI_SUCCESS) return tdist__mpi_error(rc_, TDIST_ERR_CONNECTION, name);     \
     } while (0)
 
+/* ------------------------------------------------------ pg's own exchanges */
+
+/* pg's fingerprint exchange and all_to_allv's pairwise round (backend.h:
+ * the all_to_all / all_gather slots with chk NULL): block p of sendbuf
+ * (all_gather: sendbuf itself) to rank p, rank p's block into block p of
+ * recvbuf, as one message per peer rather than one MPI_Ialltoall, so that
+ * the wait knows whose block is still missing: a rank late to the
+ * collective is the one the others wait on, and the wait notes it in the
+ * flight recorder (the first rank whose block has not come, else the
+ * first that has not taken ours). The exchange done, the note is taken
+ * back: the MPI collective that follows cannot say whom it waits on. One
+ * exchange at a time per group and one message per peer each, so MPI's
+ * in-order matching pairs them. */
+static tdist_status_t pg_exchange(tdist__mpib_t *b, const tdist__coll_ctx_t *c,
+                                  const tdist__coll_args_t *a)
+{
+    int n = c->size, me = c->rank, k = 0;
+    size_t len = a->count;
+    bool a2a = a->op == TDIST__OP_ALL_TO_ALL;
+    const char *what = a2a ? "MPI_Irecv of every rank's fingerprint" : "MPI_Irecv of every rank's "
+                                                                       "all_to_allv verdict";
+    if (b->leaked)
+        return tdist__error(TDIST_ERR_ABORTED, "an earlier MPI request of the group is still "
+                                               "pending (the group failed)");
+    if (len > INT_MAX) return too_big(what, len);
+    const char *send = a->sendbuf;
+    char *recv = a->recvbuf;
+    memmove(recv + (size_t)me * len, a2a ? send + (size_t)me * len : send, len);
+    for (int pass = 0; pass < 2; pass++)
+        for (int p = 0; p < n; p++) {
+            if (p == me) continue;
+            int rc = pass == 0 ? MPI_Irecv(recv + (size_t)p * len, (int)len, MPI_BYTE, p, PG_TAG,
+                                           b->coll, &b->xr[k])
+                               : MPI_Isend(a2a ? send + (size_t)p * len : send, (int)len,
+                                           MPI_BYTE, p, PG_TAG, b->coll, &b->xr[k]);
+            if (rc != MPI_SUCCESS) {
+                b->leaked = k > 0; /* those posted stay with MPI */
+                return tdist__mpi_error(rc, TDIST_ERR_CONNECTION, pass ? "MPI_Isend" : "MPI_Irecv");
+            }
+            b->xpeer[k++] = p;
+        }
+    int noted = -1;
+    tdist_status_t st = tdist__mpi_wait_peers(c->aborted, b, b->xr, b->xpeer, k, c->deadline_ms,
+                                              c->timeout_ms, what, &noted);
+    if (st == TDIST_OK && noted >= 0) b->on_wait(b->on_wait_arg, -1);
+    return st;
+}
+
 /* ------------------------------------------------------- monitored barrier */
 
 /* Ranks other than 0: send rank 0 the fingerprint, wait for its verdict
@@ -196,7 +245,10 @@ static tdist_status_t mb_arrive(tdist__mpib_t *b, const tdist__coll_ctx_t *c,
     MPICALL(MPI_Isend(chk->common, (int)chk->len, MPI_BYTE, 0, MB_TAG, b->coll, &r[0]), "MPI_Isend");
     MPICALL(MPI_Irecv(rep, (int)sizeof *rep, MPI_BYTE, 0, MB_TAG, b->coll, &r[1]), "MPI_Irecv");
     int64_t dl = c->deadline_ms == INT64_MAX ? INT64_MAX : c->deadline_ms + 2000;
-    tdist_status_t st = tdist__mpi_wait(c->aborted, b, r, 2, dl, c->timeout_ms, "monitored_barrier");
+    const int peer[2] = {0, 0}; /* the wait is on rank 0 */
+    int noted;
+    tdist_status_t st = tdist__mpi_wait_peers(c->aborted, b, r, peer, 2, dl, c->timeout_ms,
+                                              "monitored_barrier", &noted);
     if (st == TDIST_ERR_TIMEOUT)
         return tdist__error(TDIST_ERR_TIMEOUT,
                             "monitored_barrier: rank 0 (the monitor) did not answer within "
@@ -246,6 +298,7 @@ static tdist_status_t slot_monitored_barrier(void *be, const tdist__coll_ctx_t *
     }
     r[0] = MPI_REQUEST_NULL;
     present[0] = true;
+    for (int p = 0; p < n; p++) b->xpeer[p] = p;
     for (int p = 1; p < n; p++) {
         int rc = MPI_Irecv(chk->theirs + (size_t)p * chk->len, (int)chk->len, MPI_BYTE, p, MB_TAG,
                            b->coll, &r[p]);
@@ -256,8 +309,9 @@ static tdist_status_t slot_monitored_barrier(void *be, const tdist__coll_ctx_t *
             return tdist__mpi_error(rc, TDIST_ERR_CONNECTION, "MPI_Irecv");
         }
     }
-    tdist_status_t st = tdist__mpi_wait(c->aborted, b, r, n, c->deadline_ms, c->timeout_ms,
-                                        "monitored_barrier");
+    int noted; /* the wait is on the first rank still missing */
+    tdist_status_t st = tdist__mpi_wait_peers(c->aborted, b, r, b->xpeer, n, c->deadline_ms,
+                                              c->timeout_ms, "monitored_barrier", &noted);
     for (int p = 1; p < n; p++) present[p] = r[p] == MPI_REQUEST_NULL;
     tdist__mb_reply_t rep;
     memset(&rep, 0, sizeof rep);
@@ -672,15 +726,28 @@ SLOT(slot_broadcast_coalesced, post_bcast_coalesced, "MPI_Ibcast (coalesced)")
 SLOT(slot_all_reduce, post_reduce, "MPI_Iallreduce")
 SLOT(slot_reduce, post_reduce, "MPI_Ireduce")
 SLOT(slot_all_reduce_coalesced, post_reduce_coalesced, "MPI_Iallreduce (coalesced)")
-SLOT(slot_all_gather, post_all_gather, "MPI_Iallgather")
 SLOT(slot_all_gatherv, post_all_gather, "MPI_Iallgatherv")
 SLOT(slot_gather, post_gather_scatter, "MPI_Igather")
 SLOT(slot_scatter, post_gather_scatter, "MPI_Iscatter")
 SLOT(slot_reduce_scatter, post_reduce_scatter, "MPI_Ireduce_scatter_block")
-SLOT(slot_all_to_all, post_all_to_all, "MPI_Ialltoall")
 SLOT(slot_all_to_allv, post_all_to_all, "MPI_Ialltoallv")
 SLOT(slot_barrier, post_barrier, "MPI_Ibarrier")
 #undef SLOT
+
+/* all_to_all and all_gather: pg's own exchanges come without chk. */
+static tdist_status_t slot_all_to_all(void *be, const tdist__coll_ctx_t *c,
+                                      const tdist__coll_args_t *a, const tdist__coll_check_t *chk)
+{
+    if (!chk) return pg_exchange(be, c, a);
+    return run(be, c, a, post_all_to_all, "MPI_Ialltoall");
+}
+
+static tdist_status_t slot_all_gather(void *be, const tdist__coll_ctx_t *c,
+                                      const tdist__coll_args_t *a, const tdist__coll_check_t *chk)
+{
+    if (!chk) return pg_exchange(be, c, a);
+    return run(be, c, a, post_all_gather, "MPI_Iallgather");
+}
 
 const tdist__coll_slots_t tdist__mpi_slots = {.slot = {
     [TDIST__OP_BROADCAST] = slot_broadcast,

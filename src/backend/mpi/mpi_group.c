@@ -49,11 +49,17 @@ tdist_status_t tdist__mpi_error(int rc, tdist_status_t st, const char *what)
     return tdist__error(st, "%s failed: %s (MPI error class %d)", what, s, cls);
 }
 
+/* Whether the wait's pause still spins (tdist__mpi_backoff). */
+static bool spinning(const tdist__mpib_t *b, int64_t waited_us)
+{
+    return !b->oversub && waited_us < 10000;
+}
+
 void tdist__mpi_backoff(const tdist__mpib_t *b, int64_t waited_us)
 {
     /* spin as MPI_Wait does while the node has a CPU per rank; the first
      * 10 ms cover a 64 MiB all_reduce's steps on shared memory */
-    if (!b->oversub && waited_us < 10000) return;
+    if (spinning(b, waited_us)) return;
     if (waited_us < 200000) {
         sched_yield();
         return;
@@ -62,10 +68,41 @@ void tdist__mpi_backoff(const tdist__mpib_t *b, int64_t waited_us)
     nanosleep(&ts, NULL);
 }
 
-tdist_status_t tdist__mpi_wait(const _Atomic bool *aborted, tdist__mpib_t *b, MPI_Request *r,
-                               int n, int64_t deadline_ms, int64_t timeout_ms, const char *what)
+/* Note the peer of the first request still pending (peer[i]: request i's)
+ * when it is not the one noted last. */
+static void note_first_pending(tdist__mpib_t *b, const MPI_Request *r, const int *peer, int n,
+                               int *noted)
+{
+    for (int i = 0; i < n; i++) {
+        if (r[i] == MPI_REQUEST_NULL) continue;
+        if (peer[i] != *noted) {
+            *noted = peer[i];
+            b->on_wait(b->on_wait_arg, peer[i]);
+        }
+        return;
+    }
+}
+
+/* The timeout of a wait that knows its peers: it names the first still
+ * pending (the receives come first: a rank whose message never came). */
+static tdist_status_t timeout_on(const MPI_Request *r, const int *peer, int n,
+                                 int64_t timeout_ms, const char *what)
+{
+    int i = 0;
+    while (i < n - 1 && r[i] == MPI_REQUEST_NULL) i++;
+    return tdist__error(TDIST_ERR_TIMEOUT,
+                        "%s did not complete within %lld ms: waiting on rank %d (it did not "
+                        "call it, or is stuck or dead; MPI cannot cancel it, so the group is "
+                        "failed)",
+                        what, (long long)timeout_ms, peer[i]);
+}
+
+tdist_status_t tdist__mpi_wait_peers(const _Atomic bool *aborted, tdist__mpib_t *b, MPI_Request *r,
+                                     const int *peer, int n, int64_t deadline_ms,
+                                     int64_t timeout_ms, const char *what, int *noted)
 {
     int64_t t0 = tdist__mpi_now_us();
+    if (noted) *noted = -1;
     for (;;) {
         bool all = true;
         for (int i = 0; i < n; i++) {
@@ -87,14 +124,24 @@ tdist_status_t tdist__mpi_wait(const _Atomic bool *aborted, tdist__mpib_t *b, MP
         }
         if (tdist__now_ms() >= deadline_ms) {
             b->leaked = true;
+            if (peer) return timeout_on(r, peer, n, timeout_ms, what);
             return tdist__error(TDIST_ERR_TIMEOUT,
                                 "%s did not complete within %lld ms (timeout: a rank did not "
                                 "call it, or is stuck or dead; MPI cannot cancel it, so the "
                                 "group is failed)",
                                 what, (long long)timeout_ms);
         }
-        tdist__mpi_backoff(b, tdist__mpi_now_us() - t0);
+        int64_t waited = tdist__mpi_now_us() - t0;
+        if (peer && noted && b->on_wait && !spinning(b, waited))
+            note_first_pending(b, r, peer, n, noted);
+        tdist__mpi_backoff(b, waited);
     }
+}
+
+tdist_status_t tdist__mpi_wait(const _Atomic bool *aborted, tdist__mpib_t *b, MPI_Request *r,
+                               int n, int64_t deadline_ms, int64_t timeout_ms, const char *what)
+{
+    return tdist__mpi_wait_peers(aborted, b, r, NULL, n, deadline_ms, timeout_ms, what, NULL);
 }
 
 /* ------------------------------------------------------------------ groups */
@@ -111,10 +158,19 @@ static void mpi_destroy(void *be)
     free(b->id);
     free(b->ic2);
     free(b->id2);
+    free(b->xr);
+    free(b->xpeer);
     free(b);
 }
 
 static bool mpi_holds_memory(void *be) { return be && ((tdist__mpib_t *)be)->leaked; }
+
+static void mpi_on_wait(void *be, void (*fn)(void *arg, int peer), void *arg)
+{
+    tdist__mpib_t *b = be;
+    b->on_wait = fn;
+    b->on_wait_arg = arg;
+}
 
 /* Ranks of this node in comm (MPI_Comm_split_type SHARED). */
 static int node_size(MPI_Comm comm)
@@ -150,9 +206,11 @@ static tdist_status_t be_make(MPI_Comm comm, void **out)
     b->id = calloc(n, sizeof(int));
     b->ic2 = calloc(n, sizeof(int));
     b->id2 = calloc(n, sizeof(int));
+    b->xr = calloc(2 * n, sizeof(MPI_Request));
+    b->xpeer = calloc(2 * n, sizeof(int));
     tdist_status_t st = TDIST_OK;
     int rc = MPI_SUCCESS;
-    if (!b->ic || !b->id || !b->ic2 || !b->id2) {
+    if (!b->ic || !b->id || !b->ic2 || !b->id2 || !b->xr || !b->xpeer) {
         st = tdist__error(TDIST_ERR_NO_MEMORY, "MPI backend: out of memory");
     } else {
         rc = MPI_Comm_dup(comm, &b->p2p);
@@ -335,5 +393,6 @@ const tdist__backend_t tdist__backend_mpi = {
     .p2p_release = mpi_p2p_release,
     .p2p_idle = mpi_p2p_idle,
     .holds_memory = mpi_holds_memory,
+    .on_wait = mpi_on_wait,
     .destroy = mpi_destroy,
 };

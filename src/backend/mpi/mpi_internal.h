@@ -35,6 +35,12 @@ typedef struct tdist__mpib {
     void *tmp;
     size_t tmp_len;
     int *ic, *id, *ic2, *id2; /* size entries: counts / displacements */
+    MPI_Request *xr;          /* 2 x size entries: pg's exchanges' requests ... */
+    int *xpeer;               /* ... and the rank each is with */
+    /* pg's flight-recorder hook (backend.h on_wait): the peer a wait of
+     * the running collective is on; NULL: none */
+    void (*on_wait)(void *arg, int peer);
+    void *on_wait_arg;
 } tdist__mpib_t;
 
 /* "MPI_Xxx failed: <MPI's error string>" with status st. */
@@ -46,6 +52,15 @@ tdist_status_t tdist__mpi_error(int rc, tdist_status_t st, const char *what);
  * requests stay with MPI and b->leaked is set. */
 tdist_status_t tdist__mpi_wait(const _Atomic bool *aborted, tdist__mpib_t *b, MPI_Request *r,
                                int n, int64_t deadline_ms, int64_t timeout_ms, const char *what);
+
+/* tdist__mpi_wait that says whom it waits on: peer[i] is the group rank
+ * request i involves (receives first, then sends, each in rank order).
+ * Once the wait stops spinning (the pause below no longer spins), it
+ * notes through b->on_wait the peer of the first request still pending,
+ * again whenever that changes; *noted: the last peer noted (-1: none). */
+tdist_status_t tdist__mpi_wait_peers(const _Atomic bool *aborted, tdist__mpib_t *b, MPI_Request *r,
+                                     const int *peer, int n, int64_t deadline_ms,
+                                     int64_t timeout_ms, const char *what, int *noted);
 
 /* One poll's pause (see above): waited_us since the wait began. */
 void tdist__mpi_backoff(const tdist__mpib_t *b, int64_t waited_us);
