@@ -95,19 +95,7 @@ tdist_status_t tdist__oneshot_scale(const tdist__coll_args_t *a, void *staged, s
 tdist_status_t tdist__oneshot_reduce(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
                                     const uint8_t *const *from, size_t off, void *out)
 {
-    if (c->size == 2 && a->dtype == TDIST_F32 && a->count <= 4 &&
-        (a->redop == TDIST_SUM || a->redop == TDIST_AVG || a->redop == TDIST_PREMUL_SUM)) {
-        /* a loss, a norm: the sum of rank 0's and rank 1's values, as
-         * tdist__reduce_unchecked adds them */
-        const uint8_t *p = from[0] + off, *q = from[1] + off;
-        for (size_t i = 0; i < a->count; i++) {
-            float x, y;
-            memcpy(&x, p + i * sizeof x, sizeof x);
-            memcpy(&y, q + i * sizeof y, sizeof y);
-            x += y;
-            memcpy((uint8_t *)out + i * sizeof x, &x, sizeof x);
-        }
-    } else if (c->size == 1) {
+    if (c->size == 1) {
         memcpy(out, from[0] + off, tdist__coll_bytes(a->count, a->dtype));
     } else {
         tdist__reduce_unchecked(out, from[0] + off, from[1] + off, a->count, a->dtype, a->redop);

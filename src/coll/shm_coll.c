@@ -137,6 +137,7 @@ struct tdist__shmc {
     bool stream; /* the last probe found the CPUs far apart (never set when ranks share CPUs) */
     bool oversub; /* more ranks than CPUs (the transport's verdict, fixed once connected) */
     bool spun;    /* the last gather's wait ended in its poll (tdist__shmc_spun) */
+    bool prefetchw; /* the CPU fetches lines for writing (tdist__shmc_prepare_next) */
     uint8_t **area;     /* size entries: every rank's area, mapped here */
     uint64_t line_seq;  /* exchanges done */
     uint64_t verified;  /* every peer's lines up to this one compared with this rank's */
@@ -210,6 +211,7 @@ tdist_status_t tdist__shmc_create(tdist__tp_t *tp, int rank, int size, tdist__sh
     s->size = size;
     s->stream_mode = mode;
     s->oversub = tdist__tp_oversubscribed(tp);
+    s->prefetchw = tdist__cpu_has_prefetchw();
     s->area = area;
     s->scratch = scratch;
     /* Counters start where this rank's own area says (zero when new). */
@@ -638,6 +640,22 @@ tdist_status_t tdist__shmc_gather(const tdist__coll_ctx_t *c, const uint8_t **bl
 }
 
 bool tdist__shmc_spun(const tdist__coll_ctx_t *c) { return c->shm->spun; }
+
+/* The line a rank posts next was last read by its peers: its first store
+ * would wait for their copies to be invalidated, on the next call's path.
+ * Fetched for writing now, that happens while this rank returns. */
+void tdist__shmc_prepare_next(const tdist__coll_ctx_t *c)
+{
+    const tdist__shmc_t *s = c->shm;
+    const line_t *l = line_of(s, s->rank, s->line_seq + 1);
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (s->prefetchw) {
+        __asm__ volatile("prefetchw %0" : : "m"(*(const char *)l));
+        return;
+    }
+#endif
+    __builtin_prefetch(l, 1, 3);
+}
 
 tdist_status_t tdist__shmc_gather_one(const tdist__coll_ctx_t *c, int r, const uint8_t **blob)
 {

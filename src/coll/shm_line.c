@@ -171,6 +171,22 @@ static tdist_status_t in_line_all_reduce(const tdist__coll_ctx_t *c, const tdist
         for (int r = 0; r < c->size; r++)
             if (line_hash(b[r]) != h) return mismatch(c, chk, tdist__shmc_now(c));
     if (c->chosen && tdist__shmc_spun(c)) c->chosen[2] |= TDIST__COLL_CHOSEN_SPUN;
+    tdist__shmc_prepare_next(c);
+    if (c->size == 2 && a->dtype == TDIST_F32 && a->count <= 4 &&
+        (a->redop == TDIST_SUM || a->redop == TDIST_AVG || a->redop == TDIST_PREMUL_SUM)) {
+        /* a loss, a norm: rank 0's values plus rank 1's, as
+         * tdist__oneshot_reduce adds them, without its call */
+        for (size_t i = 0; i < a->count; i++) {
+            float x, y;
+            memcpy(&x, b[0] + hs + i * sizeof x, sizeof x);
+            memcpy(&y, b[1] + hs + i * sizeof y, sizeof y);
+            x += y;
+            memcpy((uint8_t *)a->recvbuf + i * sizeof x, &x, sizeof x);
+        }
+        return a->redop == TDIST_AVG ? tdist__coll_finish(c, a->recvbuf, a->count, a->dtype,
+                                                          a->redop)
+                                     : TDIST_OK;
+    }
     return tdist__oneshot_reduce(c, a, b, hs, a->recvbuf);
 }
 
@@ -204,6 +220,7 @@ tdist_status_t tdist__coll_shm_line(const tdist__coll_ctx_t *c, const tdist__col
     if (c->chosen && (algo == TDIST__ALGO_NONE || algo == TDIST__ALGO_SHM_IN_LINE) &&
         tdist__shmc_spun(c))
         c->chosen[2] |= TDIST__COLL_CHOSEN_SPUN;
+    tdist__shmc_prepare_next(c);
     switch (algo) {
     case TDIST__ALGO_NONE:
         return TDIST_OK;

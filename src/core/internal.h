@@ -68,6 +68,9 @@ tdist_status_t tdist__error_context(tdist_status_t st, const char *fmt, ...) TDI
         (res) = (expr);                                                        \
     } while ((res) == -1 && errno == EINTR)
 
+/* Whether the CPU has PREFETCHW (fetch a line for writing). Thread-safe. */
+bool tdist__cpu_has_prefetchw(void);
+
 /* --------------------------------------------------------------- logging */
 
 void tdist__log(tdist_log_level_t level, const char *file, int line, const char *fmt, ...)

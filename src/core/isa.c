@@ -6,6 +6,10 @@
 #include "core/internal.h"
 #include "core/kernels.h"
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
+
 static _Atomic int current_isa = -1; /* -1: not chosen yet */
 
 tdist__isa_t tdist__best_isa(void)
@@ -63,4 +67,14 @@ tdist__isa_t tdist__get_isa(void)
     if (!atomic_compare_exchange_strong(&current_isa, &expected, (int)want)) return (tdist__isa_t)expected;
     TDIST_LOGD("reduction kernels: %s", tdist__isa_name(want));
     return want;
+}
+
+bool tdist__cpu_has_prefetchw(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    unsigned a, b, c, d;
+    return __get_cpuid(0x80000001u, &a, &b, &c, &d) && (c & (1u << 8)); /* 3DNowPrefetch */
+#else
+    return false;
+#endif
 }
