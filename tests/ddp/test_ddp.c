@@ -765,6 +765,7 @@ static void overlap_bits_body(int rank, int n, void *arg)
     const char *tr = getenv("TDIST_TRANSPORT");
     bool shm = !(tr && !strcmp(tr, "tcp"));
     ASSERT_EQ(tdist_pg_shared_memory(pg), shm);
+    ASSERT_FALSE(tdist_pg_shared_memory(NULL));
     for (size_t m = 0; m < NM; m++) {
         tdist_ddp_param_t params[BITS_N];
         for (int i = 0; i < BITS_N; i++)
