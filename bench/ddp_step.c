@@ -19,9 +19,11 @@
  *   -n N, -w W        timed and warm-up steps (defaults: 3M 30 + 5, 25M 10 + 3)
  *   --batch B         samples per rank (default 64)
  *   --threads T       OpenBLAS threads per process (default 1)
- *   --overlap on|off  the reducer's opts.overlap (default on: buckets reduced
- *                     by the engine thread beside backward; off: in
- *                     backward_end on the training thread)
+ *   --overlap on|off|inline|auto  the reducer's opts.overlap (default: the
+ *                     reducer's default, auto; on: buckets reduced by the
+ *                     engine thread beside backward; off: in backward_end
+ *                     on the training thread; inline: on the training
+ *                     thread in the grad_ready completing the bucket)
  *   --cap MiB, --first MiB, --view   reducer options (defaults: 25, 1, off);
  *                     for experiments only, the table uses the defaults
  *   --no-probe        skip the stand-alone all_reduce of each bucket
@@ -100,7 +102,8 @@
  *                     tdist_join_end at once and shadows the block),
  *                     serial (no Join, a second reducer over the same
  *                     parameters with opts.overlap off: the buckets reduced
- *                     in backward_end; not with --view). Whatever
+ *                     in backward_end; not with --view), inline and on (the
+ *                     same with overlap inline / on). Whatever
  *                     else runs on the machine hits every mode alike, so
  *                     the ratios are steadier than between processes. The
  *                     Join's begin and end (a notification, the final
@@ -175,12 +178,12 @@ typedef struct cfg {
     int threads;
     double cap_mib, first_mib;
     int view;
-    int overlap; /* --overlap: tdist_ddp_overlap_t */
+    int overlap; /* --overlap: tdist_ddp_overlap_t, -1: the reducer's default */
     int probe;
     int trace;
     int join;       /* 0: no Join; 1: Join enabled; 2: Join with enable = false */
     int join_empty; /* rank without inputs under --join, or -1 */
-    int alt[5];     /* --join-alternate: modes (ALT_*), alt_n of them */
+    int alt[16];    /* --join-alternate: modes (ALT_*), alt_n of them */
     int alt_n;
     int block;      /* --block */
     int hook;       /* --hook: HOOK_* */
@@ -211,8 +214,11 @@ static void psgd_observe(void *arg, const tdist_ddp_bucket_t *b, tdist_powersgd_
     }
 }
 
-enum { ALT_DDP, ALT_JOIN, ALT_OFF, ALT_EMPTY, ALT_SERIAL, ALT_COUNT };
-static const char *const ALT_NAME[ALT_COUNT] = {"ddp", "join", "off", "empty", "serial"};
+enum { NTIMES = 11 }; /* per-step arrays of run_model */
+enum { ALT_DDP, ALT_JOIN, ALT_OFF, ALT_EMPTY, ALT_SERIAL, ALT_INLINE, ALT_ON, ALT_COUNT };
+static const char *const ALT_NAME[ALT_COUNT] = {"ddp", "join", "off", "empty", "serial", "inline", "on"};
+/* The reducer overlap of the modes that have a reducer of their own (-1: the main one). */
+static const int ALT_OVERLAP[ALT_COUNT] = {-1, -1, -1, -1, TDIST_DDP_OVERLAP_OFF, TDIST_DDP_OVERLAP_INLINE, TDIST_DDP_OVERLAP_ON};
 
 /* --trace: per-bucket launch / completion times of the current step (ns,
  * CLOCK_MONOTONIC). done[] is written by the group's engine thread. */
@@ -286,6 +292,14 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
+/* CPU time of the calling (training) thread, ms. */
+static double thread_cpu_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
 /* CPU time of this process (every thread: training and engine), ms. */
 static double cpu_ms(void)
 {
@@ -311,6 +325,20 @@ static double median(const double *v, int n)
     double m = n % 2 ? c[n / 2] : (c[n / 2 - 1] + c[n / 2]) / 2;
     free(c);
     return m;
+}
+
+/* The q-quantile (0..1, nearest rank) of v[0..n). */
+static double quantile(const double *v, int n, double q)
+{
+    if (n <= 0) return 0;
+    double *c = malloc((size_t)n * sizeof *c);
+    if (!c) return NAN;
+    memcpy(c, v, (size_t)n * sizeof *c);
+    qsort(c, (size_t)n, sizeof *c, cmp_double);
+    int k = (int)(q * (n - 1) + 0.5);
+    double x = c[k < 0 ? 0 : k >= n ? n - 1 : k];
+    free(c);
+    return x;
 }
 
 static uint64_t rng_next(uint64_t *s)
@@ -438,7 +466,7 @@ typedef struct step_ctx {
     const int *labels;
     float *dlogits;
     size_t B, din;
-    tdist_ddp_t *serial; /* mode serial: a second reducer, overlap off */
+    tdist_ddp_t **own; /* ALT_COUNT: the reducer of a mode with its own (ALT_OVERLAP), or NULL */
 } step_ctx_t;
 
 /* One whole step on batch `it`; its time in ms, or -1 after an error
@@ -478,19 +506,24 @@ static int alt_loop(const cfg_t *c, const model_spec_t *ms, const step_ctx_t *k,
     int empty_rank = c->join_empty >= 0 ? c->join_empty : world - 1;
     double *t = calloc((size_t)nm * (size_t)per, sizeof *t);
     double *rr = calloc((size_t)nm * (size_t)rounds, sizeof *rr);
+    double *cpu = calloc((size_t)nm * (size_t)per, sizeof *cpu); /* CPU time per step */
     int rc = 1, it = 0;
-    if (!t || !rr) {
+    if (!t || !rr || !cpu) {
         fprintf(stderr, "bench_ddp_step: out of memory\n");
         goto out;
     }
-    step_ctx_t ks = *k; /* mode serial: the same step on the second reducer */
-    ks.ddp = k->serial;
+    step_ctx_t ks[ALT_COUNT]; /* a mode with its own reducer: the same step on it */
+    for (int q = 0; q < ALT_COUNT; q++) {
+        ks[q] = *k;
+        if (k->own[q]) ks[q].ddp = k->own[q];
+    }
     for (int w = 0; w < warmup; w++)
         if (one_step(k, it++) < 0) goto out;
-    if (ks.ddp) {
-        k->rctx->ddp = ks.ddp;
+    for (int q = 0; q < ALT_COUNT; q++) {
+        if (!k->own[q]) continue;
+        k->rctx->ddp = ks[q].ddp;
         for (int w = 0; w < warmup; w++)
-            if (one_step(&ks, it++) < 0) goto out;
+            if (one_step(&ks[q], it++) < 0) goto out;
         k->rctx->ddp = k->ddp;
     }
     for (int r = 0; r < rounds; r++) {
@@ -498,7 +531,7 @@ static int alt_loop(const cfg_t *c, const model_spec_t *ms, const step_ctx_t *k,
             int mi = (q + r) % nm, mode = c->alt[mi];
             tdist_join_t *join = NULL;
             tdist_status_t st;
-            if (mode != ALT_DDP && mode != ALT_SERIAL) {
+            if (mode != ALT_DDP && !k->own[mode]) {
                 tdist_joinable_t j;
                 tdist_join_opts_t jo;
                 tdist_join_opts_init(&jo);
@@ -510,10 +543,12 @@ static int alt_loop(const cfg_t *c, const model_spec_t *ms, const step_ctx_t *k,
                 }
             }
             bool idle = mode == ALT_EMPTY && g_rank == empty_rank;
-            const step_ctx_t *kk = mode == ALT_SERIAL ? &ks : k;
+            const step_ctx_t *kk = &ks[mode];
             k->rctx->ddp = kk->ddp;
             for (int s = 0; s < K && !idle; s++) {
+                double c0 = cpu_ms();
                 double dt = one_step(kk, it++);
+                cpu[(size_t)mi * per + (size_t)r * K + s] = cpu_ms() - c0;
                 if (dt < 0) {
                     if (join) (void)tdist_join_end(join);
                     goto out;
@@ -528,6 +563,7 @@ static int alt_loop(const cfg_t *c, const model_spec_t *ms, const step_ctx_t *k,
         }
     }
     if (max_over_ranks(pg, t, (size_t)nm * per) != 0) goto out;
+    if (max_over_ranks(pg, cpu, (size_t)nm * per) != 0) goto out;
     double med[ALT_COUNT];
     for (int mi = 0; mi < nm; mi++) {
         med[mi] = median(t + (size_t)mi * per, per);
@@ -552,6 +588,10 @@ static int alt_loop(const cfg_t *c, const model_spec_t *ms, const step_ctx_t *k,
                 mn = v < mn ? v : mn;
                 mx = v > mx ? v : mx;
             }
+            printf("# %-5s: step 10th / 25th percentile %.3f / %.3f ms (the machine's quieter"
+                   " moments); cpu time per step (process, max over ranks) median %.3f ms\n",
+                   ALT_NAME[mode], quantile(t + (size_t)mi * per, per, 0.10),
+                   quantile(t + (size_t)mi * per, per, 0.25), median(cpu + (size_t)mi * per, per));
             printf("ROW tdist alt_%s %s %d %.4f %.4f %.4f - - - -\n", ALT_NAME[mode], ms->name,
                    world, med[mi], mn, mx);
             printf("RESULT ddp_step_%s_ddp%d_alt_%s_ms %.3f ms\n", ms->name, world, ALT_NAME[mode],
@@ -579,6 +619,7 @@ static int alt_loop(const cfg_t *c, const model_spec_t *ms, const step_ctx_t *k,
 out:
     free(t);
     free(rr);
+    free(cpu);
     return rc;
 }
 
@@ -710,11 +751,12 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
     nn_seq_t *m = build_model(ms);
     tdist_ddp_param_t *dp = NULL;
     tdist_optim_param_t *op = NULL;
-    tdist_ddp_t *ddp = NULL, *serial = NULL; /* serial: --join-alternate mode serial */
+    tdist_ddp_t *ddp = NULL, *own[ALT_COUNT] = {0}; /* own: --join-alternate modes' reducers */
     tdist_optim_t *opt = NULL;
     float *x = NULL, *dlogits = NULL;
     int *labels = NULL;
-    double *times = NULL; /* 6 arrays of steps: total, fwd, bwd, bwd_end, optim, cpu */
+    double *times = NULL; /* NTIMES arrays of steps: total, fwd, bwd, bwd_end, optim, cpu, then the
+                           * training thread's CPU time in fwd, bwd, bwd_end, optim */
     trace_t *tr = NULL;
     tdist_join_t *join = NULL;
     tdist_compress_t *hk_c = NULL; /* --hook fp16 / bf16 */
@@ -741,7 +783,7 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
     x = malloc(NBATCHES * B * din * sizeof *x);
     labels = malloc(NBATCHES * B * sizeof *labels);
     dlogits = malloc(B * CLASSES * sizeof *dlogits);
-    times = calloc(6 * (size_t)steps, sizeof *times);
+    times = calloc(NTIMES * (size_t)steps, sizeof *times);
     dp = calloc(np, sizeof *dp);
     op = calloc(np, sizeof *op);
     if (!x || !labels || !dlogits || !times || !dp || !op) {
@@ -773,7 +815,7 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
         if (c->cap_mib > 0) o.bucket_cap_bytes = (size_t)(c->cap_mib * 1048576.0);
         if (c->first_mib > 0) o.first_bucket_bytes = (size_t)(c->first_mib * 1048576.0);
         o.gradient_as_bucket_view = c->view != 0;
-        o.overlap = (tdist_ddp_overlap_t)c->overlap;
+        if (c->overlap >= 0) o.overlap = (tdist_ddp_overlap_t)c->overlap;
         st = tdist_ddp_create(pg, dp, np, NULL, 0, &o, &ddp);
         if (st != TDIST_OK) {
             rc = fail_tdist("tdist_ddp_create", st);
@@ -826,20 +868,20 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
     }
 
     if (c->alt_n > 0) {
-        step_ctx_t k = {m, ddp, opt, &rctx, x, labels, dlogits, B, din, NULL};
-        for (int q = 0; q < c->alt_n; q++)
-            if (c->alt[q] == ALT_SERIAL && !serial) {
-                tdist_ddp_opts_t o;
-                tdist_ddp_opts_init(&o);
-                if (c->cap_mib > 0) o.bucket_cap_bytes = (size_t)(c->cap_mib * 1048576.0);
-                if (c->first_mib > 0) o.first_bucket_bytes = (size_t)(c->first_mib * 1048576.0);
-                o.overlap = TDIST_DDP_OVERLAP_OFF;
-                if ((st = tdist_ddp_create(pg, dp, np, NULL, 0, &o, &serial)) != TDIST_OK) {
-                    rc = fail_tdist("tdist_ddp_create (mode serial)", st);
-                    goto out;
-                }
+        step_ctx_t k = {m, ddp, opt, &rctx, x, labels, dlogits, B, din, own};
+        for (int q = 0; q < c->alt_n; q++) {
+            int mode = c->alt[q];
+            if (ALT_OVERLAP[mode] < 0) continue;
+            tdist_ddp_opts_t o;
+            tdist_ddp_opts_init(&o);
+            if (c->cap_mib > 0) o.bucket_cap_bytes = (size_t)(c->cap_mib * 1048576.0);
+            if (c->first_mib > 0) o.first_bucket_bytes = (size_t)(c->first_mib * 1048576.0);
+            o.overlap = (tdist_ddp_overlap_t)ALT_OVERLAP[mode];
+            if ((st = tdist_ddp_create(pg, dp, np, NULL, 0, &o, &own[mode])) != TDIST_OK) {
+                rc = fail_tdist("tdist_ddp_create (a --join-alternate mode)", st);
+                goto out;
             }
-        k.serial = serial;
+        }
         rc = alt_loop(c, ms, &k, pg, world, steps, warmup);
         goto out;
     }
@@ -898,7 +940,7 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
         }
         const float *xb = x + (size_t)(it % NBATCHES) * B * din;
         const int *lb = labels + (size_t)(it % NBATCHES) * B;
-        double c0 = cpu_ms(), t0 = now_ms();
+        double c0 = cpu_ms(), u0 = thread_cpu_ms(), t0 = now_ms();
         if (ddp && (st = tdist_ddp_forward_begin(ddp)) != TDIST_OK) {
             rc = fail_tdist("tdist_ddp_forward_begin", st);
             goto out;
@@ -909,7 +951,7 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
             goto out;
         }
         nn_zero_grad(m);
-        double t1 = now_ms();
+        double t1 = now_ms(), u1 = thread_cpu_ms();
         if (nn_backward(m, dlogits) != 0) {
             rc = fail_nn("nn_backward");
             goto out;
@@ -918,17 +960,17 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
             rc = fail_tdist("tdist_ddp_grad_ready", rctx.st);
             goto out;
         }
-        double t2 = now_ms();
+        double t2 = now_ms(), u2 = thread_cpu_ms();
         if (ddp && (st = tdist_ddp_backward_end(ddp)) != TDIST_OK) {
             rc = fail_tdist("tdist_ddp_backward_end", st);
             goto out;
         }
-        double t3 = now_ms();
+        double t3 = now_ms(), u3 = thread_cpu_ms();
         if ((st = tdist_optim_step(opt)) != TDIST_OK) {
             rc = fail_tdist("tdist_optim_step", st);
             goto out;
         }
-        double t4 = now_ms(), c4 = cpu_ms();
+        double t4 = now_ms(), c4 = cpu_ms(), u4 = thread_cpu_ms();
         if (it == 0) first_loss = loss;
         if (!isfinite(loss)) {
             fprintf(stderr, "bench_ddp_step: rank %d: loss is %g at step %d\n", g_rank, (double)loss,
@@ -964,6 +1006,11 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
             times[3 * steps + k] = t3 - t2;
             times[4 * steps + k] = t4 - t3;
             times[5 * steps + k] = c4 - c0;
+            times[6 * steps + k] = u1 - u0;
+            times[7 * steps + k] = u2 - u1;
+            times[8 * steps + k] = u3 - u2;
+            times[9 * steps + k] = u4 - u3;
+            times[10 * steps + k] = (c4 - c0) - (u4 - u0);
         }
     }
     if (join) {
@@ -985,14 +1032,14 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
         rc = fail_tdist("tdist_int8_get_stats", st);
         goto out;
     }
-    if (max_over_ranks(pg, times, 6 * (size_t)steps) != 0) goto out;
+    if (max_over_ranks(pg, times, NTIMES * (size_t)steps) != 0) goto out;
     double med = median(times, steps), mn = times[0], mx = times[0];
     for (int k = 1; k < steps; k++) {
         if (times[k] < mn) mn = times[k];
         if (times[k] > mx) mx = times[k];
     }
-    double ph[5]; /* the phases, then the CPU time */
-    for (int j = 0; j < 5; j++) ph[j] = median(times + (size_t)(j + 1) * steps, steps);
+    double ph[NTIMES - 1]; /* the phases, the CPU time, the training thread's phases, the rest */
+    for (int j = 0; j < NTIMES - 1; j++) ph[j] = median(times + (size_t)(j + 1) * steps, steps);
 
     /* DDP statistics per timed step, mean over the (active) ranks. */
     double dst[7] = {0}; /* compute, comm, wait, backward_end, bytes, buckets, active */
@@ -1068,14 +1115,19 @@ static int run_model(const cfg_t *c, const model_spec_t *ms, tdist_pg_t *pg, int
                " backward %.3f ms, backward_end %.3f ms, sgd step %.3f ms\n",
                ph[0], ph[1], ph[2], ph[3]);
         printf("# cpu time per step (the process's threads, training and engine; median over"
-               " steps of the max over ranks): %.3f ms\n", ph[4]);
+               " steps of the max over ranks): %.3f ms; the training thread's in forward+loss+zero_grad"
+               " %.3f ms, backward %.3f ms, backward_end %.3f ms, sgd step %.3f ms; other threads"
+               " (the engine) %.3f ms\n",
+               ph[4], ph[5], ph[6], ph[7], ph[8], ph[9]);
         if (ddp) {
             size_t nb = tdist_ddp_num_buckets(ddp);
+            static const char *const sched[] = {"on", "off", "inline", "auto"};
             printf("# ddp statistics per timed step (mean over %s ranks): compute %.3f ms, comm"
                    " %.3f ms, blocked wait %.3f ms, overlap %.3f, %.1f buckets, %.2f MB reduced"
-                   " (buckets now %zu, rebuilds %llu)\n",
+                   " (buckets now %zu, rebuilds %llu); schedule (opts.overlap) %s on rank 0\n",
                    active < world ? "the active" : "all", dst[0], dst[1], dst[2], overlap, dst[5], dst[4] * 1e-6, nb,
-                   (unsigned long long)s1.bucket_rebuilds);
+                   (unsigned long long)s1.bucket_rebuilds,
+                   (unsigned)s1.overlap < 4 ? sched[s1.overlap] : "?");
         }
         if (ddp && active > 0 && n_it > 0)
             print_breakdown(ddp, tl, TL_MAX, (double)active * n_it, copy_ms / active, dst[2]);
@@ -1153,7 +1205,7 @@ out:
     if (m) nn_set_grad_ready_hook(m, NULL, NULL);
     if (join) (void)tdist_join_end(join); /* after an error: frees it */
     tdist_ddp_destroy(ddp);
-    tdist_ddp_destroy(serial);
+    for (int q = 0; q < ALT_COUNT; q++) tdist_ddp_destroy(own[q]);
     tdist_compress_destroy(hk_c); /* after the reducer */
     tdist_powersgd_destroy(hk_p);
     tdist_int8_destroy(hk_i);
@@ -1174,12 +1226,12 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: bench_ddp_step --mode local|ddp [--model 3M|25M|all] [-n STEPS] [-w WARMUP]\n"
                "                      [--batch B] [--threads T] [--cap MiB] [--first MiB] [--view]\n"
-               "                      [--overlap on|off]\n"
+               "                      [--overlap on|off|inline|auto]\n"
                "                      [--no-probe] [--trace]\n"
                "                      [--hook allreduce|allreduce_hook|allreduce_grads|fp16|fp16_bucket|bf16|powersgdR|int8]"
                " [--psgd-start N]\n"
                "                      [--join | --join-disabled | --join-empty-rank R]\n"
-               "                      [--join-alternate ddp,join,off,empty [--block K]]\n"
+               "                      [--join-alternate ddp,join,off,empty,serial,inline,on [--block K]]\n"
                "run under tdistrun (ddp: 2+ ranks); see the comment at the top of bench/ddp_step.c\n");
 }
 
@@ -1194,7 +1246,7 @@ static int parse_int(const char *s, int lo, int hi, int *out)
 
 int main(int argc, char **argv)
 {
-    cfg_t c = {.ddp = -1, .model_mask = 3, .steps = 0, .warmup = -1, .batch = 64, .threads = 1,
+    cfg_t c = {.overlap = -1, .ddp = -1, .model_mask = 3, .steps = 0, .warmup = -1, .batch = 64, .threads = 1,
                .probe = 1, .join_empty = -1, .block = 5, .psgd_start = 2};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -1206,6 +1258,8 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--overlap")) {
             if (!strcmp(v, "on")) c.overlap = TDIST_DDP_OVERLAP_ON;
             else if (!strcmp(v, "off")) c.overlap = TDIST_DDP_OVERLAP_OFF;
+            else if (!strcmp(v, "inline")) c.overlap = TDIST_DDP_OVERLAP_INLINE;
+            else if (!strcmp(v, "auto")) c.overlap = TDIST_DDP_OVERLAP_AUTO;
             else goto bad;
             i++;
         } else if (!strcmp(a, "--view")) {
@@ -1321,6 +1375,12 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench_ddp_step: --join-alternate does not go with --trace\n");
             return 2;
         }
+        for (int q = 0; q < c.alt_n; q++)
+            if (c.view && ALT_OVERLAP[c.alt[q]] >= 0) {
+                fprintf(stderr, "bench_ddp_step: --join-alternate %s does not go with --view\n",
+                        ALT_NAME[c.alt[q]]);
+                return 2;
+            }
     }
     nn_set_num_threads(c.threads);
 

@@ -220,10 +220,12 @@ for ((run = 1; run <= RUNS; run++)); do
         done
     done
 done
-# Keep the detailed lines of the last run (phases, DDP statistics, bucket probe).
+# Keep the detailed lines of the last run (phases, CPU time and where it went,
+# DDP statistics with the reducer's schedule, breakdown, bucket probe).
 for model in $MODELS; do
     for f in "$OUTDIR/${model}_tdist_ddp${NP}_run${RUNS}.out" "$OUTDIR/${model}_torch_ddp${NP}_run${RUNS}.out"; do
-        [ -f "$f" ] && sed -E 's/^\[rank [0-9]+\] //' "$f" | grep -E '^# (phases|ddp statistics|DDP logging|stand-alone)' |
+        [ -f "$f" ] && sed -E 's/^\[rank [0-9]+\] //' "$f" |
+            grep -E '^# (phases|cpu time|ddp statistics|breakdown|DDP logging|stand-alone)' |
             sed "s/^# /# $model $(basename "$f" | cut -d_ -f2) ddp: /"
     done
     for h in $HOOKS; do

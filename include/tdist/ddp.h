@@ -78,20 +78,37 @@ typedef struct tdist_ddp_buffer {
     const char *name;
 } tdist_ddp_buffer_t;
 
-/* Whether the default hook's bucket reductions overlap backward
- * (tdist_ddp_opts_t.overlap). */
+/* Where and when the default hook's bucket reductions run
+ * (tdist_ddp_opts_t.overlap). Every choice issues the same collectives
+ * in the same order, so the averaged gradients are the same bits. */
 typedef enum tdist_ddp_overlap {
     /* Launched asynchronously when the bucket is complete; the group's
-     * engine thread reduces it while backward goes on. The default. */
+     * engine thread reduces it while backward goes on. Best when the
+     * engine thread has a CPU of its own. */
     TDIST_DDP_OVERLAP_ON = 0,
     /* No overlap: backward_end reduces the buckets one after another on
-     * the training thread (grad_ready launches nothing). For ranks whose
-     * engine thread has no CPU of its own (one CPU per rank): there it can
-     * only take turns with backward, and every wait of a reduction on a
-     * peer lasts until both ranks' engine threads happen to be scheduled,
-     * so the buckets pile up behind backward's end anyway, with thread
-     * switches on top. */
+     * the training thread (grad_ready launches nothing). */
     TDIST_DDP_OVERLAP_OFF = 1,
+    /* Each bucket reduced on the training thread, blocking, in the
+     * grad_ready that completes it (then every later complete bucket, in
+     * index order; bucket 0, small so that communication starts early on
+     * a spare CPU, waits for bucket 1): while its gradients are still in
+     * cache, with no engine thread and no thread hand-off. For ranks without a spare
+     * CPU (one CPU per rank): there the engine thread could only take
+     * turns with backward, and every wait of a reduction on a peer would
+     * last until both ranks' engine threads happen to run at once. Each
+     * bucket is a meeting point of the ranks: a rank descheduled by other
+     * work makes the others wait at the next one. */
+    TDIST_DDP_OVERLAP_INLINE = 2,
+    /* The default: INLINE when the group's collectives run through shared
+     * memory (tdist_pg_shared_memory: moving the data is this rank's CPU
+     * work) and this rank has no spare CPU; ON otherwise (over TCP the
+     * wire runs beside backward). Decided at create (tdist_ddp_get_stats
+     * says which). No spare CPU: the training thread may run on a single
+     * CPU, or on fewer than two CPUs per rank of the host when it may run
+     * on every CPU of the host (unbound ranks share them all; ranks of the
+     * host: LOCAL_WORLD_SIZE, which launchers set, 1 when unset). */
+    TDIST_DDP_OVERLAP_AUTO = 3,
 } tdist_ddp_overlap_t;
 
 /* Options. Fill with tdist_ddp_opts_init(); NULL options mean defaults.
@@ -130,8 +147,8 @@ typedef struct tdist_ddp_opts {
      * iteration) and not again; a later iteration that uses a different
      * set is an error. Default false. */
     bool static_graph;
-    /* Whether the default hook's reductions overlap backward (above).
-     * Default TDIST_DDP_OVERLAP_ON. A comm hook's collectives are always
+    /* Where the default hook's reductions run (above). Default
+     * TDIST_DDP_OVERLAP_AUTO. A comm hook's collectives are always
      * launched as buckets complete. Only this option may differ between
      * ranks (the same collectives are issued either way). */
     tdist_ddp_overlap_t overlap;
@@ -175,7 +192,10 @@ TDIST_API tdist_status_t tdist_ddp_forward_begin(tdist_ddp_t *ddp);
  * TDIST_DDP_HOOK_GRADS) and, if that completes the bucket (and every
  * earlier bucket is launched), launches the bucket's reduction
  * asynchronously through the comm hook (the default hook with overlap
- * off: in backward_end instead). Does not wait for communication.
+ * off: in backward_end instead). Does not wait for communication, except
+ * with the default hook and overlap inline: then it reduces the bucket
+ * itself and returns when it is averaged (blocks until every rank got
+ * there).
  * Errors: no iteration begun, index out of range, the same parameter
  * twice in one iteration (named), or the hook/collective failing. In
  * no_sync mode it only records the call. Training thread. */
@@ -319,6 +339,9 @@ typedef struct tdist_ddp_stats {
      * registered with TDIST_DDP_HOOK_GRADS). */
     double last_copy_ms;
     double total_copy_ms;
+    /* Where the default hook's reductions run: opts.overlap, with
+     * TDIST_DDP_OVERLAP_AUTO resolved at create (ON or INLINE). */
+    tdist_ddp_overlap_t overlap;
 } tdist_ddp_stats_t;
 
 /* Copy the statistics into *stats. Training thread. */

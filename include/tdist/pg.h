@@ -163,6 +163,13 @@ TDIST_API const char *tdist_pg_name(const tdist_pg_t *pg);
 /* The rank in the world group of group rank r; -1 if out of range. */
 TDIST_API int tdist_pg_world_rank(const tdist_pg_t *pg, int r);
 
+/* Whether the group's collectives run through shared memory on this host
+ * (every rank of the group here, the native backend): then moving data is
+ * CPU work of the ranks themselves, which nothing overlaps without a spare
+ * CPU (DDP's overlap auto asks). false for TCP, a group over several
+ * hosts, another backend, or NULL. Thread-safe; never blocks. */
+TDIST_API bool tdist_pg_shared_memory(const tdist_pg_t *pg);
+
 /* Abort the group: every pending and future call on it fails at once with
  * TDIST_ERR_ABORTED; blocked waits return. Any thread; never blocks;
  * idempotent. The group must still be destroyed. */

@@ -4,11 +4,16 @@
  * buffers from rank 0, and the small accessors (options, stats, layout,
  * the Join knobs).
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
+#endif
 #include <inttypes.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ddp/internal.h"
 
@@ -25,6 +30,26 @@ void tdist_ddp_opts_init(tdist_ddp_opts_t *opts)
     opts->find_unused_parameters = false;
     opts->gradient_as_bucket_view = false;
     opts->static_graph = false;
+    opts->overlap = TDIST_DDP_OVERLAP_AUTO;
+}
+
+/* Whether the engine thread of this rank has a CPU to run on beside the
+ * training thread: at least two of the CPUs the calling thread may run
+ * on, per rank that shares them (every rank of the host, LOCAL_WORLD_SIZE,
+ * when the set is the whole host: unbound ranks; this rank alone when it
+ * was bound to part of it). */
+static bool spare_cpu(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return true;
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    int64_t cpus = CPU_COUNT(&set), sharing = 1;
+    if (online > 0 && cpus >= online &&
+        tdist__env_int("LOCAL_WORLD_SIZE", 1, INT32_MAX, &sharing) != TDIST_OK) {
+        tdist_clear_error(); /* unset or malformed: init reports that, not the reducer */
+        sharing = 1;
+    }
+    return cpus >= 2 * sharing;
 }
 
 tdist_status_t tdist__ddp_error(const tdist_ddp_t *ddp, tdist_status_t st, const char *op,
@@ -380,9 +405,10 @@ tdist_status_t tdist_ddp_create(tdist_pg_t *pg, const tdist_ddp_param_t *params,
     tdist_ddp_opts_t o;
     if (opts) o = *opts;
     else tdist_ddp_opts_init(&o);
-    if (o.overlap != TDIST_DDP_OVERLAP_ON && o.overlap != TDIST_DDP_OVERLAP_OFF)
+    if ((int)o.overlap < (int)TDIST_DDP_OVERLAP_ON || (int)o.overlap > (int)TDIST_DDP_OVERLAP_AUTO)
         return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op,
-                                "opts.overlap is %d: expected TDIST_DDP_OVERLAP_ON or _OFF",
+                                "opts.overlap is %d: expected TDIST_DDP_OVERLAP_ON, _OFF, _INLINE "
+                                "or _AUTO",
                                 (int)o.overlap);
     if (o.bucket_cap_bytes == 0 || o.first_bucket_bytes == 0)
         return tdist__ddp_error(NULL, TDIST_ERR_INVALID_ARG, op,
@@ -395,7 +421,10 @@ tdist_status_t tdist_ddp_create(tdist_pg_t *pg, const tdist_ddp_param_t *params,
 
     tdist_ddp_t *d = NULL;
     TDIST_CHECK(alloc_ddp(pg, rank, size, &o, n, m, op, &d));
-    d->sync_buckets = o.overlap == TDIST_DDP_OVERLAP_OFF;
+    d->sched = o.overlap;
+    if (d->sched == TDIST_DDP_OVERLAP_AUTO)
+        d->sched = tdist_pg_shared_memory(pg) && !spare_cpu() ? TDIST_DDP_OVERLAP_INLINE
+                                                               : TDIST_DDP_OVERLAP_ON;
     tdist_status_t st = TDIST_OK;
     TDIST_CHECK_GOTO(copy_model(d, params, buffers, op), st, fail);
     TDIST_CHECK_GOTO(check_shapes(d), st, fail);
@@ -480,6 +509,7 @@ tdist_status_t tdist_ddp_get_stats(const tdist_ddp_t *ddp, tdist_ddp_stats_t *st
                                 ddp ? "stats" : "ddp");
     *stats = ddp->stats;
     stats->num_buckets = ddp->nb;
+    stats->overlap = ddp->sched;
     stats->overlap_fraction = 0;
     if (stats->total_comm_ms > 0) {
         double f = 1.0 - stats->total_wait_ms / stats->total_comm_ms;

@@ -88,7 +88,10 @@ struct tdist_ddp {
     tdist_ddp_comm_hook_fn hook; /* NULL: the default (timed) hook */
     void *hook_state;
     unsigned hook_flags;         /* TDIST_DDP_HOOK_* */
-    bool sync_buckets;           /* overlap off: the default hook reduces in backward_end, blocking */
+    /* where the default hook's reductions run: opts.overlap, AUTO resolved
+     * at create. OFF and INLINE reduce blocking on the training thread,
+     * OFF in backward_end, INLINE in the grad_ready completing the bucket */
+    tdist_ddp_overlap_t sched;
     /* launch scratch of the direct path: np gradient pointers and counts */
     void **direct_bufs;
     size_t *direct_counts;

@@ -7,7 +7,8 @@
  *
  * Everything here runs on the training thread. The only state touched by
  * another thread is ddp_bucket_t.done_ns, written (atomically) by the
- * default hook's completion callback on the group's engine thread.
+ * default hook's completion callback on the group's engine thread (with
+ * overlap ON; OFF and INLINE reduce on the training thread itself).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -55,14 +56,14 @@ tdist_status_t tdist_ddp_allreduce_hook(void *state, const tdist_ddp_bucket_t *b
  * over the storage at base. On the direct path in place over the caller's
  * gradients, one coalesced call (no bucket copies; a shadow iteration
  * issues the same call over zeros). Asynchronous, its completion time
- * taken on the engine thread; with overlap off (launched from
- * backward_end; never in a shadow iteration), blocking on this thread,
- * which then runs it itself (the group is idle: earlier buckets were
- * reduced the same way). */
+ * taken on the engine thread; with overlap OFF or INLINE (launched from
+ * backward_end, or from the grad_ready completing the bucket; never in a
+ * shadow iteration), blocking on this thread, which then runs it itself
+ * (the group is idle: earlier buckets were reduced the same way). */
 static tdist_status_t default_reduce(tdist_ddp_t *d, ddp_bucket_t *b, unsigned char *base,
                                      bool shadow)
 {
-    bool sync = d->sync_buckets && !shadow;
+    bool sync = d->sched != TDIST_DDP_OVERLAP_ON && !shadow;
     tdist_coll_opts_t co;
     tdist_coll_opts_init(&co);
     co.premul_factor = 1.0 / (double)d->divisor;
@@ -274,7 +275,12 @@ tdist_status_t tdist_ddp_grad_ready(tdist_ddp_t *ddp, size_t index)
     if (--b->pending == 0) {
         b->ready_ns = tdist__now_ns();
         (void)tdist_pg_mark(ddp->pg, "bucket_ready", p->bucket); /* flight recorder */
-        if (ddp->sync_buckets && !ddp->hook) return TDIST_OK; /* overlap off: in backward_end */
+        if (!ddp->hook && ddp->sched == TDIST_DDP_OVERLAP_OFF) return TDIST_OK; /* in backward_end */
+        /* inline: the small first bucket, which starts communication early
+         * for an engine thread with a CPU of its own, goes with the next
+         * one (one meeting of the ranks fewer, nothing to overlap) */
+        if (!ddp->hook && ddp->sched == TDIST_DDP_OVERLAP_INLINE && p->bucket == 0 && ddp->nb > 1)
+            return TDIST_OK;
         return launch_ready(ddp);
     }
     return TDIST_OK;

@@ -94,6 +94,8 @@ int tdist_pg_world_rank(const tdist_pg_t *pg, int r)
     return pg->wranks[r];
 }
 
+bool tdist_pg_shared_memory(const tdist_pg_t *pg) { return pg && !pg->backend && pg->shm; }
+
 tdist_status_t tdist_pg_error(const tdist_pg_t *pg, char *buf, size_t n)
 {
     if (!pg) return tdist__error(TDIST_ERR_INVALID_ARG, "tdist_pg_error: pg is NULL");

@@ -442,7 +442,7 @@ TEST(ddp_opts_defaults, 5)
     ASSERT_EQ(o.first_bucket_bytes, 1 << 20);
     ASSERT_TRUE(o.sync_at_create && o.broadcast_buffers);
     ASSERT_FALSE(o.find_unused_parameters || o.gradient_as_bucket_view || o.static_graph);
-    ASSERT_EQ(o.overlap, TDIST_DDP_OVERLAP_ON);
+    ASSERT_EQ(o.overlap, TDIST_DDP_OVERLAP_AUTO);
 }
 
 TEST(ddp_mlp_matches_single_process, 60)
@@ -633,24 +633,26 @@ TEST(ddp_comm_hook_wrapping_default, 60)
 /* sc (a reduction path) with several buckets and a rebuild, then with
  * no_sync and a parameter used on rank 0 only, one used nowhere (its
  * gradient untouched), and that with bucket views. */
-static void run_option_matrix(scenario_t *sc)
+static void run_option_matrix_on(scenario_t *sc, void (*run)(const scenario_t *))
 {
     sc->order = 1;
     sc->opts.bucket_cap_bytes = 300;
     sc->opts.first_bucket_bytes = 64;
     sc->check_stats = true;
-    run_1_to_4(sc);
+    run(sc);
     sc->check_stats = false;
     sc->micro = 2;
     sc->extra = 2;
     sc->opts.find_unused_parameters = true;
-    run_1_to_4(sc);
+    run(sc);
     sc->micro = 1;
     sc->extra = 1;
-    run_1_to_4(sc);
+    run(sc);
     sc->opts.gradient_as_bucket_view = true;
-    run_1_to_4(sc);
+    run(sc);
 }
+
+static void run_option_matrix(scenario_t *sc) { run_option_matrix_on(sc, run_1_to_4); }
 
 /* A hook on the gradients where they live: no copies, the same results,
  * with no_sync, unused parameters (one used nowhere keeps its gradient)
@@ -672,6 +674,25 @@ TEST(ddp_overlap_off, 90)
     scenario_defaults(&sc);
     sc.opts.overlap = TDIST_DDP_OVERLAP_OFF;
     run_option_matrix(&sc);
+}
+
+/* body on 2 ranks, then on 3 */
+static void on_2_and_3(void (*body)(int, int, void *), void *arg)
+{
+    for (int n = 2; n <= 3; n++) tdist_test_run_ranks(n, body, arg);
+}
+
+static void run_2_and_3(const scenario_t *sc) { on_2_and_3(scenario_body, (void *)sc); }
+
+/* Overlap INLINE: each bucket reduced on the training thread in the
+ * grad_ready that completes it; the same results with the same options
+ * as above (on 2 and 3 ranks: the paths are those of overlap off). */
+TEST(ddp_overlap_inline, 60)
+{
+    scenario_t sc;
+    scenario_defaults(&sc);
+    sc.opts.overlap = TDIST_DDP_OVERLAP_INLINE;
+    run_option_matrix_on(&sc, run_2_and_3);
 }
 
 /* Overlap off, the direct path: nothing is reduced before backward_end
@@ -717,8 +738,82 @@ static void overlap_off_body(int rank, int n, void *arg)
     tdist_world_destroy(w);
 }
 
-TEST(ddp_overlap_off_reduced_in_backward_end, 30)
+TEST(ddp_overlap_off_reduced_in_backward_end, 30) { on_2_and_3(overlap_off_body, NULL); }
+
+/* Overlap INLINE: each bucket is reduced in the grad_ready that completes
+ * it, on this thread (the gradients are averaged when it returns; the
+ * first bucket with the second), and
+ * every schedule (ON, OFF, INLINE, AUTO) gives the same bits: the same
+ * collectives over the same gradients, which are random so that the
+ * rounding of every average shows. */
+#define BITS_N 3
+#define BITS_LEN 1000
+static void overlap_bits_body(int rank, int n, void *arg)
 {
-    tdist_test_run_ranks(2, overlap_off_body, NULL);
-    tdist_test_run_ranks(3, overlap_off_body, NULL);
+    (void)arg;
+    tdist_world_t *w;
+    tdist_pg_t *pg;
+    open_pg(&w, &pg);
+    static const tdist_ddp_overlap_t modes[] = {TDIST_DDP_OVERLAP_ON, TDIST_DDP_OVERLAP_OFF,
+                                                TDIST_DDP_OVERLAP_INLINE, TDIST_DDP_OVERLAP_AUTO};
+    enum { NM = ARRAY_SIZE(modes) };
+    float(*p)[BITS_N][BITS_LEN] = calloc(NM, sizeof *p);
+    float(*g)[BITS_N][BITS_LEN] = calloc(NM, sizeof *g);
+    float(*own)[BITS_LEN] = calloc(BITS_N, sizeof *own);
+    ASSERT_TRUE(p && g && own);
+    tdist_ddp_t *ddp[NM];
+    const char *tr = getenv("TDIST_TRANSPORT");
+    bool shm = !(tr && !strcmp(tr, "tcp"));
+    ASSERT_EQ(tdist_pg_shared_memory(pg), shm);
+    ASSERT_FALSE(tdist_pg_shared_memory(NULL));
+    for (size_t m = 0; m < NM; m++) {
+        tdist_ddp_param_t params[BITS_N];
+        for (int i = 0; i < BITS_N; i++)
+            params[i] = (tdist_ddp_param_t){p[m][i], g[m][i], BITS_LEN, TDIST_F32, pname[i]};
+        tdist_ddp_opts_t o;
+        tdist_ddp_opts_init(&o);
+        o.overlap = modes[m];
+        o.bucket_cap_bytes = o.first_bucket_bytes = BITS_LEN * sizeof(float); /* a bucket each */
+        ASSERT_OK(tdist_ddp_create(pg, params, BITS_N, NULL, 0, &o, &ddp[m]));
+        tdist_ddp_stats_t st;
+        ASSERT_OK(tdist_ddp_get_stats(ddp[m], &st));
+        if (modes[m] == TDIST_DDP_OVERLAP_AUTO && shm)
+            ASSERT_TRUE(st.overlap == TDIST_DDP_OVERLAP_ON || st.overlap == TDIST_DDP_OVERLAP_INLINE);
+        else if (modes[m] == TDIST_DDP_OVERLAP_AUTO) /* TCP: the wire overlaps */
+            ASSERT_EQ(st.overlap, TDIST_DDP_OVERLAP_ON);
+        else
+            ASSERT_EQ(st.overlap, modes[m]);
+    }
+    for (int step = 0; step < 2; step++) {
+        rng_state = (uint64_t)(rank + 1) * 1000003 + (uint64_t)step;
+        for (int i = 0; i < BITS_N; i++)
+            for (int j = 0; j < BITS_LEN; j++) own[i][j] = frand() * (float)(1 + j % 7);
+        for (size_t m = 0; m < NM; m++) {
+            memcpy(g[m], own, sizeof g[m]);
+            ASSERT_OK(tdist_ddp_forward_begin(ddp[m]));
+            for (int i = BITS_N; i-- > 0;) { /* bucket 0 holds the last parameter */
+                ASSERT_OK(tdist_ddp_grad_ready(ddp[m], (size_t)i));
+                tdist_ddp_stats_t st;
+                ASSERT_OK(tdist_ddp_get_stats(ddp[m], &st));
+                if (modes[m] != TDIST_DDP_OVERLAP_INLINE) continue;
+                /* reduced before grad_ready returned; bucket 0 (parameter
+                 * BITS_N - 1) with bucket 1 */
+                uint64_t done = i == BITS_N - 1 ? 0 : (uint64_t)(BITS_N - i);
+                ASSERT_EQ(st.buckets_reduced, (uint64_t)(step * BITS_N) + done);
+                if (n > 1 && done)
+                    ASSERT_TRUE(memcmp(g[m][BITS_N - 1], own[BITS_N - 1], sizeof own[0]) != 0 &&
+                                memcmp(g[m][i], own[i], sizeof own[i]) != 0);
+            }
+            ASSERT_OK(tdist_ddp_backward_end(ddp[m]));
+            if (m > 0) ASSERT_MEMEQ(g[m], g[0], sizeof g[0]);
+        }
+    }
+    for (size_t m = 0; m < NM; m++) tdist_ddp_destroy(ddp[m]);
+    free(p);
+    free(g);
+    free(own);
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
 }
+
+TEST(ddp_overlap_schedules_same_bits, 30) { on_2_and_3(overlap_bits_body, NULL); }

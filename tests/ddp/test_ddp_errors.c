@@ -271,7 +271,7 @@ static void misuse_body(int rank, int n, void *arg)
     tdist_ddp_opts_init(&o);
     o.overlap = (tdist_ddp_overlap_t)7;
     ASSERT_STATUS(tdist_ddp_create(pg, t.params, NP, NULL, 0, &o, &ddp), TDIST_ERR_INVALID_ARG);
-    ASSERT_CONTAINS(tdist_last_error(), "opts.overlap is 7: expected TDIST_DDP_OVERLAP_ON or _OFF");
+    ASSERT_CONTAINS(tdist_last_error(), "opts.overlap is 7: expected TDIST_DDP_OVERLAP_ON, _OFF, _INLINE or _AUTO");
     ASSERT_TRUE(ddp == NULL);
 
     /* NULL reducer everywhere */
