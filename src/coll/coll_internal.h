@@ -90,6 +90,18 @@ tdist_status_t tdist__coll_fused(const tdist__coll_ctx_t *c,
                                             const tdist__coll_check_t *chk);
 tdist_status_t tdist__coll_monitored_barrier(const tdist__coll_ctx_t *c,
                                              const tdist__coll_check_t *chk);
+/* fused_tree.c: pg's check, and with a (NULL: the check alone) this
+ * rank's staged one-shot data, in log2(size) rounds of recursive doubling
+ * (select.c: tdist__coll_tree_on); every rank learns the same verdict,
+ * worded by chk->compare. On TDIST_OK c->g->blobs[r] points at rank r's
+ * staged data for tdist__oneshot_finish. */
+tdist_status_t tdist__coll_tree_exchange(const tdist__coll_ctx_t *c, const tdist__coll_check_t *chk,
+                                         const tdist__coll_args_t *a);
+/* select.c: whether this call's first exchange runs in rounds
+ * (tdist__coll_tree_exchange) rather than with every peer: a point-to-point
+ * group of TDIST_CHECK_TREE_MIN ranks or more, pg's check on, outside a
+ * Join (whose joined ranks read the leader's own stream). */
+bool tdist__coll_tree_on(const tdist__coll_ctx_t *c, const tdist__coll_check_t *chk);
 /* fused.c: read every acknowledgement owed by peer p (-1: by every peer)
  * and compare each with this rank's fingerprint of that collective:
  * TDIST_ERR_MISMATCH naming it (chk->compare_earlier) when one differs. */

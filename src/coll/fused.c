@@ -25,6 +25,11 @@
  * root with every sender) means every rank called the same; and a rank
  * that called something else still gets every fingerprint, so it fails
  * at once, as in the exchange with everyone.
+ *
+ * A group of the tree size or more (select.c, tdist__coll_tree_on) runs
+ * all of it in log2(size) rounds instead (fused_tree.c): every rank sends
+ * to log2(size) partners, not to size - 1 peers, and waits for every
+ * rank, rooted collectives too (no acknowledgements).
  */
 #include <string.h>
 
@@ -224,6 +229,10 @@ tdist_status_t tdist__coll_fused(const tdist__coll_ctx_t *c, const tdist__coll_a
                                  const tdist__coll_check_t *chk)
 {
     tdist__coll_group_t *g = c->g;
+    if (tdist__coll_tree_on(c, chk)) { /* a large group: in rounds (fused_tree.c) */
+        TDIST_CHECK(tdist__coll_tree_exchange(c, chk, a));
+        return tdist__oneshot_finish(c, a, g->blobs);
+    }
     size_t bytes = 0, fps = chk->len, k = 0;
     uint8_t *mine = g->fused_out + fps;
     const void *in = tdist__oneshot_input(c, a, &bytes);

@@ -11,10 +11,15 @@
  *   fused           TCP: a one-shot collective (oneshot.c: all_reduce, reduce,
  *                   broadcast, all_gather, gather, scatter, all_to_all,
  *                   reduce_scatter) staging up to fused_max(size) bytes a
- *                   rank (the rooted ones: fused_rooted_max(size)) sends
- *                   its data with the fingerprint
+ *                   rank (the rooted ones: fused_rooted_max(size), except
+ *                   in rounds) sends its data with the fingerprint: to
+ *                   every peer, or from TDIST_CHECK_TREE_MIN ranks (4) in
+ *                   log2(size) rounds of recursive doubling (fused_tree.c,
+ *                   as pg's check before the native algorithms then)
  *   monitored       TCP: monitored_barrier's collection at rank 0
- *   native          pg's fingerprint exchange, then the algorithm
+ *   native          pg's fingerprint exchange (in rounds, as the fused
+ *                   route's, in a group of TDIST_CHECK_TREE_MIN ranks),
+ *                   then the algorithm
  * Algorithm (size >= 2):
  *   all_reduce      shm: one-shot in the line (up to the blob), one-shot
  *                   through the staging slots (up to 2 KiB, or 8 KiB with
@@ -34,7 +39,8 @@
  *                   line or (up to TDIST_SHM_ONESHOT_MAX) in its slot;
  *                   else, like the others, their one algorithm
  *   barrier         shm: the line alone; point-to-point: pg's fingerprint
- *                   exchange alone when it runs, else dissemination
+ *                   exchange alone when it runs (in rounds: a recursive-
+ *                   doubling barrier), else dissemination
  *   others          their one algorithm (all_gatherv: direct up to 32 KiB
  *                   in all, ring above, in all_gatherv.c)
  * Every input of the choice is something every rank agrees on (the
@@ -148,10 +154,34 @@ tdist_status_t tdist__coll_forced_ar_algo(tdist__ar_algo_t *out)
     return TDIST_OK;
 }
 
+/* From this many ranks on, a point-to-point group's first exchange (pg's
+ * check, the fused collectives) runs in log2(size) rounds (fused_tree.c):
+ * a rank sends to log2(n) partners instead of n - 1 peers. Below it one
+ * message to every peer is as cheap and needs one round. TDIST_CHECK_TREE_MIN
+ * overrides it (0: never). */
+#define TREE_MIN 4
+
+static tdist_status_t tree_min(int *out)
+{
+    const char *e = getenv("TDIST_CHECK_TREE_MIN");
+    *out = TREE_MIN;
+    if (!e || !*e) return TDIST_OK;
+    char *end = NULL;
+    long v = strtol(e, &end, 10);
+    if (*end || v < 0 || v > 1 << 30)
+        return tdist__error(TDIST_ERR_INVALID_ARG,
+                            "TDIST_CHECK_TREE_MIN=\"%s\": expected a group size (0: never)", e);
+    *out = (int)v;
+    return TDIST_OK;
+}
+
 tdist_status_t tdist__coll_group_init(tdist__coll_group_t *g, int size)
 {
     memset(g, 0, sizeof *g);
     TDIST_CHECK(tdist__coll_forced_ar_algo(&g->ar_algo));
+    int tmin;
+    TDIST_CHECK(tree_min(&tmin));
+    g->tree = tmin > 0 && size >= tmin;
     size_t n = (size_t)(unsigned)size;
     g->fused_max = fused_max(size);
     g->fused_rooted_max = fused_rooted_max(size);
@@ -302,6 +332,20 @@ static tdist__coll_algo_t select_p2p(const tdist__coll_ctx_t *c, const tdist__co
     }
 }
 
+bool tdist__coll_tree_on(const tdist__coll_ctx_t *c, const tdist__coll_check_t *chk)
+{
+    /* compare_earlier is NULL and have set only inside a Join */
+    return c->g && c->g->tree && !c->shm && !c->slots && c->size > 1 && chk && chk->on &&
+           chk->compare_earlier && chk->have < 0;
+}
+
+/* The bytes a rank may stage for a's fused route: in rounds every rank
+ * receives every rank's data, so rooted ones get no more room. */
+static size_t fused_limit(const tdist__coll_group_t *g, tdist__op_t op)
+{
+    return rooted_op(op) && !g->tree ? g->fused_rooted_max : g->fused_max;
+}
+
 /* The selection itself (static: tdist__coll_run inlines it). */
 static inline tdist__coll_plan_t plan(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
                                       const tdist__coll_check_t *chk)
@@ -334,8 +378,7 @@ static inline tdist__coll_plan_t plan(const tdist__coll_ctx_t *c, const tdist__c
         p.route = TDIST__ROUTE_MONITORED;
     } else if (tdist__oneshot_op(a->op) && chk && chk->on && c->size > 1 && a->count > 0 &&
                c->g &&
-               tdist__oneshot_bytes(a, c->size) <=
-                   (rooted_op(a->op) ? c->g->fused_rooted_max : c->g->fused_max)) {
+               tdist__oneshot_bytes(a, c->size) <= fused_limit(c->g, a->op)) {
         p.route = TDIST__ROUTE_FUSED;
     } else if (a->op == TDIST__OP_BARRIER && chk && chk->on && c->size > 1) {
         p.algo = TDIST__ALGO_NONE; /* pg's fingerprint exchange is a barrier itself */
@@ -542,6 +585,19 @@ static tdist_status_t divide_active(const tdist__coll_ctx_t *c, const tdist__col
     }
 }
 
+/* pg's check before an algorithm: in rounds (all_to_allv's pairwise
+ * splits then with every peer, as its data goes), or pg's own exchange. */
+static tdist_status_t check_first(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
+                                  const tdist__coll_check_t *chk)
+{
+    if (!chk || !chk->on) return TDIST_OK;
+    if (tdist__coll_tree_on(c, chk)) {
+        TDIST_CHECK(tdist__coll_tree_exchange(c, chk, NULL));
+        if (a->op != TDIST__OP_ALL_TO_ALLV) return TDIST_OK;
+    }
+    return chk->exchange(chk->arg, c->deadline_ms);
+}
+
 /* A route whose only wait is the shm line's gather. */
 static bool single_wait(tdist__coll_plan_t p)
 {
@@ -586,7 +642,7 @@ tdist_status_t tdist__coll_run(const tdist__coll_ctx_t *c, const tdist__coll_arg
             TDIST_CHECK(chk->exchange(chk->arg, c->deadline_ms));
         return c->slots->slot[a->op](c->be, c, a, chk);
     case TDIST__ROUTE_HIER:
-        if (chk && chk->on) TDIST_CHECK(chk->exchange(chk->arg, c->deadline_ms));
+        TDIST_CHECK(check_first(c, a, chk));
         return c->g->hier_run(c->g->hier_arg, a, c->deadline_ms);
     case TDIST__ROUTE_SHM_LINE:
         return tdist__coll_shm_line(c, a, chk, p.algo);
@@ -596,7 +652,7 @@ tdist_status_t tdist__coll_run(const tdist__coll_ctx_t *c, const tdist__coll_arg
         return tdist__coll_monitored_barrier(c, chk);
     case TDIST__ROUTE_NATIVE:
     default:
-        if (chk && chk->on) TDIST_CHECK(chk->exchange(chk->arg, c->deadline_ms));
+        TDIST_CHECK(check_first(c, a, chk));
         return tdist__coll_run_algo(c, a, chk, p.algo);
     }
 }

@@ -91,6 +91,7 @@ typedef enum mm_case {
     MM_REDOP,
     MM_BARRIER,   /* barrier vs 1-element all_reduce */
     MM_A2AV,      /* pairwise split disagreement */
+    MM_TWO,       /* two ranks inside the group (3 and 6) each call another count */
 } mm_case_t;
 
 typedef struct mm_arg {
@@ -142,6 +143,10 @@ static void mm_body(int rank, int n, void *arg)
         break;
     case MM_COUNT:
         ASSERT_OK(tdist_all_reduce(pg, buf, buf, odd ? 63 : 64, TDIST_F32, TDIST_SUM, &co, &wk));
+        break;
+    case MM_TWO:
+        ASSERT_OK(tdist_all_reduce(pg, buf, buf, rank == 3 ? 63 : rank == 6 ? 62 : 64, TDIST_F32,
+                                   TDIST_SUM, &co, &wk));
         break;
     case MM_COUNT_PATHS: {
         /* 16 KiB = TDIST__FUSED_MAX at 3 ranks; on shm both are staged */
@@ -246,6 +251,18 @@ TEST(pg_mismatch_all_to_allv_pairwise, 30)
 {
     run_mm(3, MM_A2AV, "all_to_allv splits disagree: rank 0 sends 2 elements to rank 1, which "
                        "expects 1 from rank 0");
+}
+
+/* Larger groups (on TCP the check runs in rounds of recursive doubling;
+ * 6 ranks fold two pairs first): still the first differing rank, the same
+ * message on every rank. */
+TEST(pg_mismatch_8_ranks_first_of_two, 30)
+{
+    run_mm(8, MM_TWO, "rank 0 all_reduce(f32, 64, sum) vs rank 3 all_reduce(f32, 63, sum)");
+}
+TEST(pg_mismatch_6_ranks_barrier_vs_all_reduce, 30)
+{
+    run_mm(6, MM_BARRIER, "rank 0 barrier() vs rank 5 all_reduce(f32, 1, sum)");
 }
 
 /* Blocking calls without a callback, a few elements: on shared memory the

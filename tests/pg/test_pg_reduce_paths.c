@@ -323,3 +323,51 @@ static void oneshot_body(int rank, int n, void *arg)
 TEST(pg_oneshot_paths_2_ranks, 90) { tdist_test_run_ranks(2, oneshot_body, NULL); }
 TEST(pg_oneshot_paths_3_ranks, 120) { tdist_test_run_ranks(3, oneshot_body, NULL); }
 TEST(pg_oneshot_paths_4_ranks, 120) { tdist_test_run_ranks(4, oneshot_body, NULL); }
+
+/* Eight ranks (on TCP: pg's check and the fused collectives in rounds of
+ * recursive doubling): an all_reduce of floats whose sum depends on the
+ * order they are added in gives, on every rank, the bits of the sum in
+ * rank order (the one-shot order: ((x0 + x1) + x2) + ...), each rank
+ * computing that reference itself; a rooted broadcast and an all_gather
+ * through the same rounds deliver every rank's bytes. */
+static float order_val(int r, int i) { return (0.1f + 0.37f * (float)r) * (1.0f + 1e-3f * (float)i); }
+
+static void eight_body(int rank, int n, void *arg)
+{
+    (void)arg;
+    enum { CNT = 1000 }; /* 4000 bytes: fused at 8 ranks (64 KiB / 7 bytes a rank) */
+    tdist_world_t *w;
+    tdist_pg_t *pg;
+    open_world(&w, &pg);
+    static float x[CNT], y[CNT], want[CNT], all[8 * 3];
+    for (int i = 0; i < CNT; i++) {
+        x[i] = order_val(rank, i);
+        want[i] = order_val(0, i);
+        for (int r = 1; r < n; r++) want[i] += order_val(r, i);
+    }
+    /* the sum really depends on the order: backwards differs somewhere */
+    bool order_matters = false;
+    for (int i = 0; i < CNT && !order_matters; i++) {
+        float back = order_val(n - 1, i);
+        for (int r = n - 2; r >= 0; r--) back += order_val(r, i);
+        order_matters = back != want[i];
+    }
+    ASSERT_TRUE(order_matters);
+    const size_t counts[] = {2, CNT};
+    for (int k = 0; k < 2; k++) {
+        memset(y, 0x5a, sizeof y);
+        ASSERT_OK(tdist_all_reduce(pg, x, y, counts[k], TDIST_F32, TDIST_SUM, NULL, NULL));
+        expect_eq(y, want, counts[k], TDIST_F32, "8-rank all_reduce", TDIST_SUM, 0);
+    }
+    memcpy(y, rank == 5 ? x : want, sizeof y);
+    ASSERT_OK(tdist_broadcast(pg, y, CNT, TDIST_F32, 5, NULL, NULL));
+    for (int i = 0; i < CNT; i++) ASSERT_TRUE(y[i] == order_val(5, i));
+    ASSERT_OK(tdist_all_gather(pg, x, all, 3, TDIST_F32, NULL, NULL));
+    for (int r = 0; r < n; r++)
+        for (int i = 0; i < 3; i++) ASSERT_TRUE(all[r * 3 + i] == order_val(r, i));
+    ASSERT_OK(tdist_barrier(pg, NULL, NULL));
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
+}
+
+TEST(pg_fused_8_ranks_rank_order_bits, 60) { tdist_test_run_ranks(8, eight_body, NULL); }
