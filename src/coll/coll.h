@@ -159,7 +159,7 @@ typedef struct tdist__coll_group {
     size_t fused_max, fused_rooted_max, fused_cap;
     uint8_t *fused_out, *fused_in;
     /* point-to-point groups of TDIST_CHECK_TREE_MIN ranks or more: the
-     * check and the fused collectives in rounds (fused_tree.c) */
+     * check and the fused collectives along a tree (fused_tree.c) */
     bool tree;
     const uint8_t **blobs;         /* shm line: size entries */
     /* TCP, rooted one-shot collectives (fused.c): the acknowledgements (a

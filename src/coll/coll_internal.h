@@ -90,14 +90,13 @@ tdist_status_t tdist__coll_fused(const tdist__coll_ctx_t *c,
                                             const tdist__coll_check_t *chk);
 tdist_status_t tdist__coll_monitored_barrier(const tdist__coll_ctx_t *c,
                                              const tdist__coll_check_t *chk);
-/* fused_tree.c: pg's check, and with a (NULL: the check alone) this
- * rank's staged one-shot data, in log2(size) rounds of recursive doubling
- * (select.c: tdist__coll_tree_on); every rank learns the same verdict,
- * worded by chk->compare. On TDIST_OK c->g->blobs[r] points at rank r's
- * staged data for tdist__oneshot_finish. */
+/* fused_tree.c: pg's check along a binomial tree (up to rank 0 and back
+ * down; select.c: tdist__coll_tree_on), and with a (NULL: the check
+ * alone) the one-shot collective a, its data riding with the check;
+ * every rank learns the same verdict, worded by chk->compare. */
 tdist_status_t tdist__coll_tree_exchange(const tdist__coll_ctx_t *c, const tdist__coll_check_t *chk,
                                          const tdist__coll_args_t *a);
-/* select.c: whether this call's first exchange runs in rounds
+/* select.c: whether this call's first exchange runs along a tree
  * (tdist__coll_tree_exchange) rather than with every peer: a point-to-point
  * group of TDIST_CHECK_TREE_MIN ranks or more, pg's check on, outside a
  * Join (whose joined ranks read the leader's own stream). */

@@ -27,9 +27,9 @@
  * at once, as in the exchange with everyone.
  *
  * A group of the tree size or more (select.c, tdist__coll_tree_on) runs
- * all of it in log2(size) rounds instead (fused_tree.c): every rank sends
- * to log2(size) partners, not to size - 1 peers, and waits for every
- * rank, rooted collectives too (no acknowledgements).
+ * all of it along a binomial tree instead (fused_tree.c): 2 (size - 1)
+ * messages in all, not size (size - 1), and every rank waits for the
+ * verdict, rooted collectives too (no acknowledgements).
  */
 #include <string.h>
 
@@ -229,10 +229,8 @@ tdist_status_t tdist__coll_fused(const tdist__coll_ctx_t *c, const tdist__coll_a
                                  const tdist__coll_check_t *chk)
 {
     tdist__coll_group_t *g = c->g;
-    if (tdist__coll_tree_on(c, chk)) { /* a large group: in rounds (fused_tree.c) */
-        TDIST_CHECK(tdist__coll_tree_exchange(c, chk, a));
-        return tdist__oneshot_finish(c, a, g->blobs);
-    }
+    if (tdist__coll_tree_on(c, chk)) /* a large group: along a tree (fused_tree.c) */
+        return tdist__coll_tree_exchange(c, chk, a);
     size_t bytes = 0, fps = chk->len, k = 0;
     uint8_t *mine = g->fused_out + fps;
     const void *in = tdist__oneshot_input(c, a, &bytes);

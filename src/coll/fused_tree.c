@@ -1,42 +1,43 @@
 /*
  * coll/fused_tree.c — pg/'s check (and a small one-shot collective's
- * data) in log2(size) rounds of recursive doubling, for a point-to-point
- * group of tree_min ranks or more (select.c), instead of one message to
- * every peer: 3 messages a rank at 8 ranks, not 7.
+ * data) along a binomial tree, for a point-to-point group of tree_min
+ * ranks or more (select.c), instead of one message to every peer: up the
+ * tree to rank 0, then back down, 2 (size - 1) messages in all (14 at 8
+ * ranks, not 56), 2 ceil(log2 size) steps deep.
  *
- * Each rank speaks for a block of ranks [lo, hi), at first itself. A
- * message carries the block's verdict — the fingerprint of rank lo, and
- * the first rank of the block whose fingerprint differs from it with that
- * fingerprint (-1: none) — followed by the block's staged data in rank
- * order (its length in the header). Two neighbouring blocks merge into
- * one: the lower's verdict, else, when the upper's first fingerprint
- * differs from the lower's, the upper's first rank, else the upper's own
- * difference. Equality is transitive, so the merged verdict of [0, size)
- * names rank 0's fingerprint and the first rank that differs from it,
- * exactly what the exchange with every peer finds (pg/'s compare words
- * it: the same message on every rank, the same collective). After
- * log2(size) rounds every rank holds every rank's data; the one-shot
- * finish reduces it in rank order, as the exchange with every peer does:
- * the same bits on every rank.
- *
- * A size that is not a power of two folds first: the odd ranks below
- * 2 x (size - p2) hand their block to the even rank below, which speaks
- * for both and hands the result back at the end.
+ * Rank r's subtree is the block of ranks [r, r + lowbit(r)) (rank 0's:
+ * all). A message carries its block's verdict — the fingerprint of the
+ * block's first rank, and the first rank of the block whose fingerprint
+ * differs from it with that fingerprint (-1: none) — followed by data
+ * whose length it gives. Going up, the data is the block's staged data in
+ * rank order, and a parent merges each child's block (the next one above
+ * its own) into its own: its verdict, else, when the child's first
+ * fingerprint differs from it, the child's first rank, else the child's
+ * own difference. Equality is transitive, so rank 0 ends with rank 0's
+ * fingerprint and the first rank that differs from it, exactly what the
+ * exchange with every peer finds; going down, every rank gets that
+ * verdict (pg/'s compare words it: the same message on every rank, in
+ * the same collective) and the data: every rank's, or, for all_reduce
+ * and reduce, the result rank 0 reduced from them in rank order (the
+ * order of the exchange with every peer: the same bits).
  *
  * A rank whose fingerprint differs may stage other data or none: every
  * message says how much data follows, and a receiver reads it (into its
  * place while the merged verdict has no difference and the length is the
- * expected one, else into a scratch it ignores), so every rank finishes
- * the rounds with the byte streams in step and every rank learns of the
- * mismatch in the same collective. Every wait is bounded by the
- * collective's deadline; a peer that dies fails its partners, whose
- * failure closes their meshes (pg/'s cascade) and fails theirs in turn.
+ * expected one, else into a scratch it ignores), so the byte streams
+ * stay in step until every rank has the verdict, and every rank learns
+ * of the mismatch in the same collective. Every wait is bounded by the
+ * collective's deadline; a peer that dies fails its tree neighbours,
+ * whose failure closes their meshes (pg/'s cascade) and fails theirs.
  */
 #include <string.h>
 
 #include "coll/coll_internal.h"
 
 #define TREE_MAGIC 0x74724b31u /* "trK1" */
+/* Data up to this many bytes rides inside the header: one send and one
+ * receive a message instead of two. */
+#define TREE_INLINE 64
 
 typedef struct tree_hdr {
     uint32_t magic;
@@ -45,6 +46,7 @@ typedef struct tree_hdr {
     uint64_t data_len; /* bytes of staged data following, in rank order */
     uint8_t ref[TDIST__COLL_FP_MAX]; /* rank lo's fingerprint */
     uint8_t dfp[TDIST__COLL_FP_MAX]; /* rank diff's */
+    uint8_t inl[TREE_INLINE];        /* the data when it fits (an 8-byte all_reduce's) */
 } tree_hdr_t;
 
 /* One exchange's state. */
@@ -55,6 +57,8 @@ typedef struct tree {
     tree_hdr_t acc;              /* this rank's block */
     uint8_t *data;               /* every rank's staged data, in rank order */
     size_t max_data;             /* the most a block may carry */
+    uint8_t *res;                /* all_reduce, reduce: the result handed down */
+    size_t res_len;
 } tree_t;
 
 /* Where rank r's staged data starts (the ranks' lengths as this rank's
@@ -67,10 +71,18 @@ static size_t data_off(const tree_t *t, int r)
     return off;
 }
 
-/* The ranks of the fold: p2 = the largest power of two <= size, e = size -
- * p2; virtual rank v (0..p2) speaks for ranks [vlo(v), vhi(v)). */
-static int vlo(int e, int v) { return v < e ? 2 * v : v + e; }
-static int vhi(int e, int v) { return v < e ? 2 * v + 2 : v + e + 1; }
+/* The data that travels with the block [lo, hi) (*len bytes): its ranks'
+ * staged data, or the whole group's result handed down. */
+static uint8_t *payload(const tree_t *t, int lo, int hi, size_t *len)
+{
+    if (t->res && lo == 0 && hi == t->c->size) {
+        *len = t->res_len;
+        return t->res;
+    }
+    size_t at = data_off(t, lo);
+    *len = data_off(t, hi) - at;
+    return t->data + at;
+}
 
 static tdist_status_t malformed(int from, const tree_hdr_t *in, int lo, int hi)
 {
@@ -124,12 +136,15 @@ static tdist_status_t step(tree_t *t, int to, int from, int lo, int hi)
     tdist__tp_req_t r[3];
     tdist__tp_req_t *rp[3] = {&r[0], &r[1], &r[2]};
     tree_hdr_t out = t->acc, in;
-    size_t n = 0, my_off = data_off(t, out.lo);
-    out.data_len = out.diff < 0 ? data_off(t, out.hi) - my_off : 0;
+    size_t n = 0, mine_len;
+    const uint8_t *mine = payload(t, out.lo, out.hi, &mine_len);
+    out.data_len = out.diff < 0 ? mine_len : 0;
+    bool inl = out.data_len <= TREE_INLINE;
+    if (inl && out.data_len) memcpy(out.inl, mine, out.data_len);
     tdist_status_t st = TDIST_OK;
     if (to >= 0) st = tdist__tp_post_send(c->tp, &r[n++], to, &out, sizeof out);
-    if (st == TDIST_OK && to >= 0 && out.data_len)
-        st = tdist__tp_post_send(c->tp, &r[n++], to, t->data + my_off, out.data_len);
+    if (st == TDIST_OK && to >= 0 && !inl)
+        st = tdist__tp_post_send(c->tp, &r[n++], to, mine, out.data_len);
     if (st == TDIST_OK && from >= 0) st = tdist__tp_post_recv(c->tp, &r[n++], from, &in, sizeof in);
     /* the header first: how much data follows is in it */
     if (st == TDIST_OK && from >= 0) st = tdist__coll_wait(c, rp + n - 1, 1);
@@ -143,10 +158,16 @@ static tdist_status_t step(tree_t *t, int to, int from, int lo, int hi)
         return st;
     }
     merge(t, &in);
-    size_t at = data_off(t, lo), want = t->acc.diff < 0 ? data_off(t, hi) - at : 0;
+    size_t want;
+    uint8_t *at = payload(t, lo, hi, &want);
+    if (t->acc.diff >= 0) want = 0;
     bool keep = in.data_len && in.data_len == want;
     n--; /* the header is in */
-    if (keep) st = tdist__tp_post_recv(c->tp, &r[2], from, t->data + at, want);
+    if (in.data_len <= TREE_INLINE) {
+        if (keep) memcpy(at, in.inl, want);
+        return tdist__coll_wait(c, rp, n);
+    }
+    if (keep) st = tdist__tp_post_recv(c->tp, &r[2], from, at, want);
     if (st == TDIST_OK && keep) rp[n++] = &r[2];
     if (st == TDIST_OK) st = tdist__coll_wait(c, rp, n);
     else tdist__coll_abandon(c, rp, n);
@@ -154,23 +175,30 @@ static tdist_status_t step(tree_t *t, int to, int from, int lo, int hi)
     return st;
 }
 
-/* The recursive doubling itself; on return t->acc speaks for every rank. */
-static tdist_status_t rounds(tree_t *t)
+/* Every rank's staged data (blobs[r]), for the one-shot finish. */
+static const uint8_t *const *blobs(const tree_t *t)
 {
-    int n = t->c->size, me = t->c->rank, p2 = 1;
-    while (p2 <= n / 2) p2 *= 2;
-    int e = n - p2;
-    if (me < 2 * e && me % 2) { /* folded: hand over, get the result back */
-        TDIST_CHECK(step(t, me - 1, -1, 0, 0));
-        return step(t, -1, me - 1, 0, n);
+    for (int r = 0; r < t->c->size; r++) t->c->g->blobs[r] = t->data + data_off(t, r);
+    return t->c->g->blobs;
+}
+
+/* Up the binomial tree to rank 0 (each child's block merged into this
+ * rank's), rank 0's result of a reduction, then back down. */
+static tdist_status_t binomial(tree_t *t)
+{
+    int n = t->c->size, me = t->c->rank, mask = 1;
+    for (; mask < n; mask <<= 1) {
+        if (me & mask) {
+            TDIST_CHECK(step(t, me - mask, -1, 0, 0));
+            break;
+        }
+        if (me + mask < n) TDIST_CHECK(step(t, -1, me + mask, me + mask, TDIST_MIN(me + 2 * mask, n)));
     }
-    if (me < 2 * e) TDIST_CHECK(step(t, -1, me + 1, me + 1, me + 2));
-    int v = me < 2 * e ? me / 2 : me - e;
-    for (int mask = 1; mask < p2; mask <<= 1) {
-        int pv = v ^ mask, plo = pv & ~(mask - 1);
-        TDIST_CHECK(step(t, vlo(e, pv), vlo(e, pv), vlo(e, plo), vhi(e, plo + mask - 1)));
-    }
-    if (me < 2 * e) TDIST_CHECK(step(t, me + 1, -1, 0, 0));
+    if (me == 0 && t->res && t->acc.diff < 0)
+        TDIST_CHECK(tdist__oneshot_reduce(t->c, t->a, blobs(t), 0, t->res));
+    if (me) TDIST_CHECK(step(t, -1, me - mask, 0, n));
+    for (mask >>= 1; mask > 0; mask >>= 1)
+        if (me + mask < n) TDIST_CHECK(step(t, me + mask, -1, 0, 0));
     return TDIST_OK;
 }
 
@@ -196,13 +224,19 @@ tdist_status_t tdist__coll_tree_exchange(const tdist__coll_ctx_t *c, const tdist
         memcpy(mine, in, bytes);
         TDIST_CHECK(tdist__oneshot_scale(a, mine, bytes));
     }
-    TDIST_CHECK(rounds(&t));
+    if (a && (a->op == TDIST__OP_ALL_REDUCE || a->op == TDIST__OP_REDUCE)) {
+        t.res = g->fused_out;
+        t.res_len = tdist__coll_bytes(a->count, a->dtype);
+    }
+    TDIST_CHECK(binomial(&t));
     for (int r = 0; r < c->size; r++)
         memcpy(chk->theirs + (size_t)r * len, r == t.acc.diff ? t.acc.dfp : t.acc.ref, len);
     TDIST_CHECK(chk->compare(chk->arg));
     if (t.acc.diff >= 0)
         return tdist__error(TDIST_ERR_INTERNAL, "rank %d: rank %d's fingerprint differs from "
                             "rank 0's, yet they compare equal", c->rank, (int)t.acc.diff);
-    for (int r = 0; r < c->size; r++) g->blobs[r] = g->fused_in + data_off(&t, r);
+    if (!a) return TDIST_OK;
+    if (!t.res) return tdist__oneshot_finish(c, a, blobs(&t));
+    if (a->op == TDIST__OP_ALL_REDUCE || c->rank == a->root) memcpy(a->recvbuf, t.res, t.res_len);
     return TDIST_OK;
 }

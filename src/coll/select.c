@@ -12,13 +12,14 @@
  *                   broadcast, all_gather, gather, scatter, all_to_all,
  *                   reduce_scatter) staging up to fused_max(size) bytes a
  *                   rank (the rooted ones: fused_rooted_max(size), except
- *                   in rounds) sends its data with the fingerprint: to
- *                   every peer, or from TDIST_CHECK_TREE_MIN ranks (4) in
- *                   log2(size) rounds of recursive doubling (fused_tree.c,
- *                   as pg's check before the native algorithms then)
+ *                   along the tree) sends its data with the fingerprint: to
+ *                   every peer, or from TDIST_CHECK_TREE_MIN ranks (4)
+ *                   along a binomial tree, up to rank 0 and down
+ *                   (fused_tree.c; pg's check before the native
+ *                   algorithms then goes the same way)
  *   monitored       TCP: monitored_barrier's collection at rank 0
- *   native          pg's fingerprint exchange (in rounds, as the fused
- *                   route's, in a group of TDIST_CHECK_TREE_MIN ranks),
+ *   native          pg's fingerprint exchange (along the tree, as the
+ *                   fused route's, in a group of TDIST_CHECK_TREE_MIN ranks),
  *                   then the algorithm
  * Algorithm (size >= 2):
  *   all_reduce      shm: one-shot in the line (up to the blob), one-shot
@@ -39,8 +40,8 @@
  *                   line or (up to TDIST_SHM_ONESHOT_MAX) in its slot;
  *                   else, like the others, their one algorithm
  *   barrier         shm: the line alone; point-to-point: pg's fingerprint
- *                   exchange alone when it runs (in rounds: a recursive-
- *                   doubling barrier), else dissemination
+ *                   exchange alone when it runs (along the tree: a
+ *                   gather-release barrier), else dissemination
  *   others          their one algorithm (all_gatherv: direct up to 32 KiB
  *                   in all, ring above, in all_gatherv.c)
  * Every input of the choice is something every rank agrees on (the
@@ -155,10 +156,10 @@ tdist_status_t tdist__coll_forced_ar_algo(tdist__ar_algo_t *out)
 }
 
 /* From this many ranks on, a point-to-point group's first exchange (pg's
- * check, the fused collectives) runs in log2(size) rounds (fused_tree.c):
- * a rank sends to log2(n) partners instead of n - 1 peers. Below it one
- * message to every peer is as cheap and needs one round. TDIST_CHECK_TREE_MIN
- * overrides it (0: never). */
+ * check, the fused collectives) runs along a binomial tree (fused_tree.c):
+ * 2 (n - 1) messages instead of n (n - 1), 2 ceil(log2 n) steps deep.
+ * Below it one message to every peer is as cheap and needs one step.
+ * TDIST_CHECK_TREE_MIN overrides it (0: never). */
 #define TREE_MIN 4
 
 static tdist_status_t tree_min(int *out)
@@ -339,7 +340,7 @@ bool tdist__coll_tree_on(const tdist__coll_ctx_t *c, const tdist__coll_check_t *
            chk->compare_earlier && chk->have < 0;
 }
 
-/* The bytes a rank may stage for a's fused route: in rounds every rank
+/* The bytes a rank may stage for a's fused route: along the tree rank 0
  * receives every rank's data, so rooted ones get no more room. */
 static size_t fused_limit(const tdist__coll_group_t *g, tdist__op_t op)
 {
@@ -585,7 +586,7 @@ static tdist_status_t divide_active(const tdist__coll_ctx_t *c, const tdist__col
     }
 }
 
-/* pg's check before an algorithm: in rounds (all_to_allv's pairwise
+/* pg's check before an algorithm: along the tree (all_to_allv's pairwise
  * splits then with every peer, as its data goes), or pg's own exchange. */
 static tdist_status_t check_first(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
                                   const tdist__coll_check_t *chk)

@@ -253,9 +253,9 @@ TEST(pg_mismatch_all_to_allv_pairwise, 30)
                        "expects 1 from rank 0");
 }
 
-/* Larger groups (on TCP the check runs in rounds of recursive doubling;
- * 6 ranks fold two pairs first): still the first differing rank, the same
- * message on every rank. */
+/* Larger groups (on TCP the check runs along a binomial tree, a block
+ * of ranks' verdict merged at each step; 6 ranks: an uneven tree): still
+ * the first differing rank, the same message on every rank. */
 TEST(pg_mismatch_8_ranks_first_of_two, 30)
 {
     run_mm(8, MM_TWO, "rank 0 all_reduce(f32, 64, sum) vs rank 3 all_reduce(f32, 63, sum)");

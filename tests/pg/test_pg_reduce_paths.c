@@ -324,12 +324,12 @@ TEST(pg_oneshot_paths_2_ranks, 90) { tdist_test_run_ranks(2, oneshot_body, NULL)
 TEST(pg_oneshot_paths_3_ranks, 120) { tdist_test_run_ranks(3, oneshot_body, NULL); }
 TEST(pg_oneshot_paths_4_ranks, 120) { tdist_test_run_ranks(4, oneshot_body, NULL); }
 
-/* Eight ranks (on TCP: pg's check and the fused collectives in rounds of
- * recursive doubling): an all_reduce of floats whose sum depends on the
- * order they are added in gives, on every rank, the bits of the sum in
- * rank order (the one-shot order: ((x0 + x1) + x2) + ...), each rank
- * computing that reference itself; a rooted broadcast and an all_gather
- * through the same rounds deliver every rank's bytes. */
+/* Eight ranks (on TCP: pg's check and the fused collectives along a
+ * binomial tree): an all_reduce of floats whose sum depends on the order
+ * they are added in gives, on every rank, the bits of the sum in rank
+ * order (the one-shot order: ((x0 + x1) + x2) + ...), each rank computing
+ * that reference itself; a rooted broadcast and an all_gather through the
+ * same tree deliver every rank's bytes. */
 static float order_val(int r, int i) { return (0.1f + 0.37f * (float)r) * (1.0f + 1e-3f * (float)i); }
 
 static void eight_body(int rank, int n, void *arg)
