@@ -138,7 +138,7 @@ typedef struct tdist__coll_check {
 
 /* A selection and what it was made from (select.c's cache). */
 typedef struct tdist__coll_last_plan {
-    bool valid, chk_on;
+    bool valid, chk_on, tree_on;
     int op, dtype, redop, ar_forced;
     size_t count;
     const void *shm, *slots;

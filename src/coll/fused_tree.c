@@ -59,6 +59,10 @@ typedef struct tree {
     size_t max_data;             /* the most a block may carry */
     uint8_t *res;                /* all_reduce, reduce: the result handed down */
     size_t res_len;
+    /* a larger all_reduce: a block carries its ranks' reduction (res), a
+     * child's received into tmp and reduced into res, lower ranks first */
+    bool partial;
+    uint8_t *tmp;
 } tree_t;
 
 /* Where rank r's staged data starts (the ranks' lengths as this rank's
@@ -75,9 +79,9 @@ static size_t data_off(const tree_t *t, int r)
  * staged data, or the whole group's result handed down. */
 static uint8_t *payload(const tree_t *t, int lo, int hi, size_t *len)
 {
-    if (t->res && lo == 0 && hi == t->c->size) {
+    if (t->res && ((lo == 0 && hi == t->c->size) || t->partial)) {
         *len = t->res_len;
-        return t->res;
+        return lo == 0 || lo == t->c->rank ? t->res : t->tmp;
     }
     size_t at = data_off(t, lo);
     *len = data_off(t, hi) - at;
@@ -165,13 +169,17 @@ static tdist_status_t step(tree_t *t, int to, int from, int lo, int hi)
     n--; /* the header is in */
     if (in.data_len <= TREE_INLINE) {
         if (keep) memcpy(at, in.inl, want);
-        return tdist__coll_wait(c, rp, n);
+        st = tdist__coll_wait(c, rp, n);
+    } else {
+        if (keep) st = tdist__tp_post_recv(c->tp, &r[2], from, at, want);
+        if (st == TDIST_OK && keep) rp[n++] = &r[2];
+        if (st == TDIST_OK) st = tdist__coll_wait(c, rp, n);
+        else tdist__coll_abandon(c, rp, n);
+        if (st == TDIST_OK && in.data_len && !keep) st = drain(t, from, (size_t)in.data_len);
     }
-    if (keep) st = tdist__tp_post_recv(c->tp, &r[2], from, at, want);
-    if (st == TDIST_OK && keep) rp[n++] = &r[2];
-    if (st == TDIST_OK) st = tdist__coll_wait(c, rp, n);
-    else tdist__coll_abandon(c, rp, n);
-    if (st == TDIST_OK && in.data_len && !keep) st = drain(t, from, (size_t)in.data_len);
+    /* a child's partial reduction: after this rank's own (lower ranks) */
+    if (st == TDIST_OK && keep && at == t->tmp)
+        tdist__reduce_unchecked(t->res, t->res, t->tmp, t->a->count, t->a->dtype, t->a->redop);
     return st;
 }
 
@@ -195,10 +203,56 @@ static tdist_status_t binomial(tree_t *t)
         if (me + mask < n) TDIST_CHECK(step(t, -1, me + mask, me + mask, TDIST_MIN(me + 2 * mask, n)));
     }
     if (me == 0 && t->res && t->acc.diff < 0)
-        TDIST_CHECK(tdist__oneshot_reduce(t->c, t->a, blobs(t), 0, t->res));
+        TDIST_CHECK(t->partial ? tdist__coll_finish(t->c, t->res, t->a->count, t->a->dtype,
+                                                    t->a->redop)
+                               : tdist__oneshot_reduce(t->c, t->a, blobs(t), 0, t->res));
     if (me) TDIST_CHECK(step(t, -1, me - mask, 0, n));
     for (mask >>= 1; mask > 0; mask >>= 1)
         if (me + mask < n) TDIST_CHECK(step(t, me + mask, -1, 0, 0));
+    return TDIST_OK;
+}
+
+/* Stage this rank's part of a: its data in rank order, or (partial) its
+ * own reduction's start in a scratch of two vectors. */
+static tdist_status_t stage(tree_t *t)
+{
+    const tdist__coll_ctx_t *c = t->c;
+    const tdist__coll_args_t *a = t->a;
+    if (a->op == TDIST__OP_ALL_REDUCE || a->op == TDIST__OP_REDUCE) {
+        t->res = c->g->fused_out;
+        t->res_len = tdist__coll_bytes(a->count, a->dtype);
+    }
+    if (a->op == TDIST__OP_ALL_REDUCE && t->res_len > c->g->fused_max) {
+        void *s = NULL;
+        TDIST_CHECK(tdist__coll_scratch_get(c, 2 * t->res_len, "all_reduce along a tree", &s));
+        t->partial = true;
+        t->res = s;
+        t->tmp = t->res + t->res_len;
+        return tdist__coll_load(t->res, a->sendbuf, a->count, a->dtype, a->redop, a->premul);
+    }
+    size_t bytes = 0;
+    const void *in = tdist__oneshot_input(c, a, &bytes);
+    if (!in) return TDIST_OK;
+    uint8_t *mine = t->data + data_off(t, c->rank);
+    memcpy(mine, in, bytes);
+    return tdist__oneshot_scale(a, mine, bytes);
+}
+
+/* The verdict into chk->theirs, pg's compare; then a's result. */
+static tdist_status_t finish(tree_t *t)
+{
+    const tdist__coll_ctx_t *c = t->c;
+    const tdist__coll_args_t *a = t->a;
+    size_t len = t->chk->len;
+    for (int r = 0; r < c->size; r++)
+        memcpy(t->chk->theirs + (size_t)r * len, r == t->acc.diff ? t->acc.dfp : t->acc.ref, len);
+    TDIST_CHECK(t->chk->compare(t->chk->arg));
+    if (t->acc.diff >= 0)
+        return tdist__error(TDIST_ERR_INTERNAL, "rank %d: rank %d's fingerprint differs from "
+                            "rank 0's, yet they compare equal", c->rank, (int)t->acc.diff);
+    if (!a) return TDIST_OK;
+    if (!t->res) return tdist__oneshot_finish(c, a, blobs(t));
+    if (a->op == TDIST__OP_ALL_REDUCE || c->rank == a->root) memcpy(a->recvbuf, t->res, t->res_len);
     return TDIST_OK;
 }
 
@@ -210,33 +264,16 @@ tdist_status_t tdist__coll_tree_exchange(const tdist__coll_ctx_t *c, const tdist
     if (len > TDIST__COLL_FP_MAX)
         return tdist__error(TDIST_ERR_INTERNAL, "rank %d: a %zu-byte fingerprint", c->rank, len);
     tree_t t = {.c = c, .chk = chk, .a = a, .data = g->fused_in,
-                .max_data = (size_t)c->size * g->fused_cap};
+                .max_data = TDIST_MAX((size_t)c->size * g->fused_cap, TDIST__COLL_TREE_REDUCE_MAX)};
     memset(&t.acc, 0, sizeof t.acc);
     t.acc.magic = TREE_MAGIC;
     t.acc.lo = c->rank;
     t.acc.hi = c->rank + 1;
     t.acc.diff = -1;
     memcpy(t.acc.ref, chk->common, len);
-    size_t bytes = 0;
-    const void *in = a ? tdist__oneshot_input(c, a, &bytes) : NULL;
-    if (in) {
-        uint8_t *mine = t.data + data_off(&t, c->rank);
-        memcpy(mine, in, bytes);
-        TDIST_CHECK(tdist__oneshot_scale(a, mine, bytes));
-    }
-    if (a && (a->op == TDIST__OP_ALL_REDUCE || a->op == TDIST__OP_REDUCE)) {
-        t.res = g->fused_out;
-        t.res_len = tdist__coll_bytes(a->count, a->dtype);
-    }
-    TDIST_CHECK(binomial(&t));
-    for (int r = 0; r < c->size; r++)
-        memcpy(chk->theirs + (size_t)r * len, r == t.acc.diff ? t.acc.dfp : t.acc.ref, len);
-    TDIST_CHECK(chk->compare(chk->arg));
-    if (t.acc.diff >= 0)
-        return tdist__error(TDIST_ERR_INTERNAL, "rank %d: rank %d's fingerprint differs from "
-                            "rank 0's, yet they compare equal", c->rank, (int)t.acc.diff);
-    if (!a) return TDIST_OK;
-    if (!t.res) return tdist__oneshot_finish(c, a, blobs(&t));
-    if (a->op == TDIST__OP_ALL_REDUCE || c->rank == a->root) memcpy(a->recvbuf, t.res, t.res_len);
-    return TDIST_OK;
+    tdist_status_t st = a ? stage(&t) : TDIST_OK;
+    if (st == TDIST_OK) st = binomial(&t);
+    if (st == TDIST_OK) st = finish(&t);
+    if (t.partial) tdist__coll_scratch_done(c, t.res);
+    return st;
 }

@@ -16,7 +16,9 @@
  *                   every peer, or from TDIST_CHECK_TREE_MIN ranks (4)
  *                   along a binomial tree, up to rank 0 and down
  *                   (fused_tree.c; pg's check before the native
- *                   algorithms then goes the same way)
+ *                   algorithms then goes the same way, and all_reduce
+ *                   takes it up to TDIST__COLL_TREE_REDUCE_MAX, reduced
+ *                   on the way up)
  *   monitored       TCP: monitored_barrier's collection at rank 0
  *   native          pg's fingerprint exchange (along the tree, as the
  *                   fused route's, in a group of TDIST_CHECK_TREE_MIN ranks),
@@ -341,9 +343,14 @@ bool tdist__coll_tree_on(const tdist__coll_ctx_t *c, const tdist__coll_check_t *
 }
 
 /* The bytes a rank may stage for a's fused route: along the tree rank 0
- * receives every rank's data, so rooted ones get no more room. */
-static size_t fused_limit(const tdist__coll_group_t *g, tdist__op_t op)
+ * receives every rank's data, so rooted ones get no more room, and an
+ * all_reduce reduces on the way up (fused_tree.c), so it gets more. */
+static size_t fused_limit(const tdist__coll_ctx_t *c, const tdist__coll_check_t *chk,
+                          tdist__op_t op)
 {
+    const tdist__coll_group_t *g = c->g;
+    if (op == TDIST__OP_ALL_REDUCE && c->ar_forced == TDIST__AR_AUTO && tdist__coll_tree_on(c, chk))
+        return TDIST_MAX(g->fused_max, TDIST__COLL_TREE_REDUCE_MAX);
     return rooted_op(op) && !g->tree ? g->fused_rooted_max : g->fused_max;
 }
 
@@ -379,7 +386,7 @@ static inline tdist__coll_plan_t plan(const tdist__coll_ctx_t *c, const tdist__c
         p.route = TDIST__ROUTE_MONITORED;
     } else if (tdist__oneshot_op(a->op) && chk && chk->on && c->size > 1 && a->count > 0 &&
                c->g &&
-               tdist__oneshot_bytes(a, c->size) <= fused_limit(c->g, a->op)) {
+               tdist__oneshot_bytes(a, c->size) <= fused_limit(c, chk, a->op)) {
         p.route = TDIST__ROUTE_FUSED;
     } else if (a->op == TDIST__OP_BARRIER && chk && chk->on && c->size > 1) {
         p.algo = TDIST__ALGO_NONE; /* pg's fingerprint exchange is a barrier itself */
@@ -402,13 +409,15 @@ static inline tdist__coll_plan_t plan_cached(const tdist__coll_ctx_t *c,
     /* v and coalesced forms: their bytes are not count's */
     if (!c->g || a->sendcounts || a->recvcounts || a->bufs) return plan(c, a, chk);
     tdist__coll_last_plan_t *l = &c->g->last;
-    bool on = chk && chk->on;
+    bool on = chk && chk->on, tree = c->g->tree && tdist__coll_tree_on(c, chk);
     if (l->valid && l->op == (int)a->op && l->count == a->count && l->dtype == (int)a->dtype &&
         l->redop == (int)a->redop && l->ar_forced == (int)c->ar_forced && l->chk_on == on &&
+        l->tree_on == tree &&
         l->shm == (const void *)c->shm && l->slots == (const void *)c->slots)
         return (tdist__coll_plan_t){(tdist__coll_route_t)l->route, (tdist__coll_algo_t)l->algo};
     tdist__coll_plan_t p = plan(c, a, chk);
-    *l = (tdist__coll_last_plan_t){.valid = true, .chk_on = on, .op = (int)a->op, .dtype = (int)a->dtype,
+    *l = (tdist__coll_last_plan_t){.valid = true, .chk_on = on, .tree_on = tree,
+                                   .op = (int)a->op, .dtype = (int)a->dtype,
                                    .redop = (int)a->redop, .ar_forced = (int)c->ar_forced,
                                    .count = a->count, .shm = c->shm, .slots = c->slots,
                                    .route = (int)p.route, .algo = (int)p.algo};

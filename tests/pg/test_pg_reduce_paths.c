@@ -14,9 +14,11 @@
  * every rank's seeded input (tests/harness/gen.h: small integers, exact in
  * any summation order). Then the same for the other one-shot collectives
  * (below). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "gen.h"
 #include "harness.h"
@@ -328,8 +330,11 @@ TEST(pg_oneshot_paths_4_ranks, 120) { tdist_test_run_ranks(4, oneshot_body, NULL
  * binomial tree): an all_reduce of floats whose sum depends on the order
  * they are added in gives, on every rank, the bits of the sum in rank
  * order (the one-shot order: ((x0 + x1) + x2) + ...), each rank computing
- * that reference itself; a rooted broadcast and an all_gather through the
- * same tree deliver every rank's bytes. */
+ * that reference itself; a 64 KiB all_reduce (on TCP reduced on the way
+ * up the tree) gives the same bits on every rank; a rooted broadcast and
+ * an all_gather through the same tree deliver every rank's bytes. */
+static float *g_big; /* every rank's 64 KiB result (shared between the ranks' processes) */
+
 static float order_val(int r, int i) { return (0.1f + 0.37f * (float)r) * (1.0f + 1e-3f * (float)i); }
 
 static void eight_body(int rank, int n, void *arg)
@@ -359,6 +364,23 @@ static void eight_body(int rank, int n, void *arg)
         ASSERT_OK(tdist_all_reduce(pg, x, y, counts[k], TDIST_F32, TDIST_SUM, NULL, NULL));
         expect_eq(y, want, counts[k], TDIST_F32, "8-rank all_reduce", TDIST_SUM, 0);
     }
+    /* 64 KiB (on TCP reduced on the way up the tree, in its order): the
+     * same bits on every rank, and the sum within rounding */
+    enum { BIG = 16384 };
+    float *bx = malloc(BIG * sizeof *bx), *by = malloc(BIG * sizeof *by);
+    ASSERT_TRUE(bx && by);
+    for (int i = 0; i < BIG; i++) bx[i] = order_val(rank, i % 977);
+    ASSERT_OK(tdist_all_reduce(pg, bx, by, BIG, TDIST_F32, TDIST_SUM, NULL, NULL));
+    memcpy(g_big + (size_t)rank * BIG, by, BIG * sizeof *by);
+    ASSERT_OK(tdist_barrier(pg, NULL, NULL));
+    for (int i = 0; i < BIG; i++) {
+        double exact = 0;
+        for (int r = 0; r < n; r++) exact += (double)order_val(r, i % 977);
+        if (fabs((double)by[i] - exact) > 1e-5 * exact) FAIL("element %d: %g, not %g", i, by[i], exact);
+    }
+    ASSERT_TRUE(memcmp(by, g_big, BIG * sizeof *by) == 0); /* rank 0's bits */
+    free(bx);
+    free(by);
     memcpy(y, rank == 5 ? x : want, sizeof y);
     ASSERT_OK(tdist_broadcast(pg, y, CNT, TDIST_F32, 5, NULL, NULL));
     for (int i = 0; i < CNT; i++) ASSERT_TRUE(y[i] == order_val(5, i));
@@ -370,4 +392,11 @@ static void eight_body(int rank, int n, void *arg)
     tdist_world_destroy(w);
 }
 
-TEST(pg_fused_8_ranks_rank_order_bits, 60) { tdist_test_run_ranks(8, eight_body, NULL); }
+TEST(pg_fused_8_ranks_rank_order_bits, 60)
+{
+    g_big = mmap(NULL, 8 * 16384 * sizeof(float), PROT_READ | PROT_WRITE,
+                 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ASSERT_TRUE(g_big != MAP_FAILED);
+    tdist_test_run_ranks(8, eight_body, NULL);
+    munmap(g_big, 8 * 16384 * sizeof(float));
+}
