@@ -15,10 +15,10 @@
 # memory's staged and one-shot paths. Over TCP it does not: a ring moves
 # 2(n-1)/n of the buffer through each rank's sockets (1x at 2 ranks, 1.75x
 # at 8, so 7x per CPU), and the fingerprint check of every collective (the
-# small one-shot collectives ride in it) costs 2 messages at 2 ranks and
-# 2(n-1) along the binomial tree of 4 ranks or more (14 at 8; n(n-1) = 56
-# with TDIST_CHECK_TREE_MIN=0 in the environment, which this script passes
-# on: the exchange with every peer). "-o barrier" times the fingerprint
+# small one-shot collectives ride in it) costs 2 messages at 2 ranks, and
+# from 4 ranks 2(n-1) along a tree to rank 0 and back (14 at 8; n(n-1) =
+# 56 with TDIST_CHECK_TREE_MIN=0 in the environment, which this script
+# passes on: the exchange with every peer). "-o barrier" times the fingerprint
 # exchange alone, to see its share.
 #
 #   bench/oversub.sh [-B BUILD] [-c CPUS] [-n ITERS] [-r REPEATS] [-s "SIZES"] [-t "TRANSPORTS"]

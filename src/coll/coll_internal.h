@@ -97,7 +97,7 @@ tdist_status_t tdist__coll_monitored_barrier(const tdist__coll_ctx_t *c,
  * check's and then recursive doubling's log2(size) full vectors a rank. */
 #define TDIST__COLL_TREE_REDUCE_MAX (64u * 1024u)
 
-/* fused_tree.c: pg's check along a binomial tree (up to rank 0 and back
+/* fused_tree.c: pg's check along a k-nomial tree (up to rank 0 and back
  * down; select.c: tdist__coll_tree_on), and with a (NULL: the check
  * alone) the one-shot collective a, its data riding with the check;
  * every rank learns the same verdict, worded by chk->compare. */

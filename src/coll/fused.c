@@ -27,7 +27,7 @@
  * at once, as in the exchange with everyone.
  *
  * A group of the tree size or more (select.c, tdist__coll_tree_on) runs
- * all of it along a binomial tree instead (fused_tree.c): 2 (size - 1)
+ * all of it along a tree to rank 0 and back instead (fused_tree.c): 2 (size - 1)
  * messages in all, not size (size - 1), and every rank waits for the
  * verdict, rooted collectives too (no acknowledgements).
  */

@@ -1,17 +1,18 @@
 /*
  * coll/fused_tree.c — pg/'s check (and a small one-shot collective's
- * data) along a binomial tree, for a point-to-point group of tree_min
- * ranks or more (select.c), instead of one message to every peer: up the
- * tree to rank 0, then back down, 2 (size - 1) messages in all (14 at 8
- * ranks, not 56), 2 ceil(log2 size) steps deep.
+ * data) along a tree, for a point-to-point group of tree_min ranks or
+ * more (select.c), instead of one message to every peer: up the tree to
+ * rank 0, then back down, 2 (size - 1) messages in all (14 at 8 ranks,
+ * not 56). The tree is k-nomial of the group's radix (tree_radix, 8):
+ * flat (rank 0 and the others) up to k ranks, 2 ceil(log_k size) steps
+ * deep above.
  *
- * Rank r's subtree is the block of ranks [r, r + lowbit(r)) (rank 0's:
- * all). A message carries its block's verdict — the fingerprint of the
+ * Rank r's subtree is a block of ranks [r, r + k^j) (rank 0's: all). A message carries its block's verdict — the fingerprint of the
  * block's first rank, and the first rank of the block whose fingerprint
  * differs from it with that fingerprint (-1: none) — followed by data
  * whose length it gives. Going up, the data is the block's staged data in
  * rank order, and a parent merges each child's block (the next one above
- * its own) into its own: its verdict, else, when the child's first
+ * its own, in rank order) into its own: its verdict, else, when the child's first
  * fingerprint differs from it, the child's first rank, else the child's
  * own difference. Equality is transitive, so rank 0 ends with rank 0's
  * fingerprint and the first rank that differs from it, exactly what the
@@ -19,7 +20,10 @@
  * verdict (pg/'s compare words it: the same message on every rank, in
  * the same collective) and the data: every rank's, or, for all_reduce
  * and reduce, the result rank 0 reduced from them in rank order (the
- * order of the exchange with every peer: the same bits).
+ * order of the exchange with every peer: the same bits). An all_reduce
+ * above fused_max (up to TDIST__COLL_TREE_REDUCE_MAX) carries a block's
+ * partial reduction instead: a parent reduces its own, then each child's
+ * in turn, so the order is the tree's, fixed, and computed once.
  *
  * A rank whose fingerprint differs may stage other data or none: every
  * message says how much data follows, and a receiver reads it (into its
@@ -43,7 +47,7 @@ typedef struct tree_hdr {
     uint32_t magic;
     int32_t lo, hi;    /* the block of ranks [lo, hi) the sender speaks for */
     int32_t diff;      /* the block's first rank whose fingerprint differs from lo's; -1 */
-    uint64_t data_len; /* bytes of staged data following, in rank order */
+    uint64_t data_len; /* bytes of data following (inside, in inl, up to TREE_INLINE) */
     uint8_t ref[TDIST__COLL_FP_MAX]; /* rank lo's fingerprint */
     uint8_t dfp[TDIST__COLL_FP_MAX]; /* rank diff's */
     uint8_t inl[TREE_INLINE];        /* the data when it fits (an 8-byte all_reduce's) */
@@ -190,25 +194,35 @@ static const uint8_t *const *blobs(const tree_t *t)
     return t->c->g->blobs;
 }
 
-/* Up the binomial tree to rank 0 (each child's block merged into this
- * rank's), rank 0's result of a reduction, then back down. */
-static tdist_status_t binomial(tree_t *t)
+/* Rank 0's result of a reduction, once every rank's block is merged. */
+static tdist_status_t reduce_at_root(tree_t *t)
 {
-    int n = t->c->size, me = t->c->rank, mask = 1;
-    for (; mask < n; mask <<= 1) {
-        if (me & mask) {
-            TDIST_CHECK(step(t, me - mask, -1, 0, 0));
-            break;
-        }
-        if (me + mask < n) TDIST_CHECK(step(t, -1, me + mask, me + mask, TDIST_MIN(me + 2 * mask, n)));
+    if (!t->res || t->acc.diff >= 0) return TDIST_OK;
+    if (t->partial) return tdist__coll_finish(t->c, t->res, t->a->count, t->a->dtype, t->a->redop);
+    return tdist__oneshot_reduce(t->c, t->a, blobs(t), 0, t->res);
+}
+
+/* Up a k-nomial tree to rank 0 (each child's block merged into this
+ * rank's, in rank order), rank 0's result, then back down. Rank r's
+ * children at level span (a power of k below r's lowest nonzero base-k
+ * digit) are r + i span, i = 1 .. k - 1; its parent is r with that digit
+ * cleared. k = 2: binomial; k >= size: rank 0 and every other rank. */
+static tdist_status_t knomial(tree_t *t, int k)
+{
+    long n = t->c->size, me = t->c->rank, span = 1;
+    for (; span < n && (me / span) % k == 0; span *= k)
+        for (long i = 1, child = me + span; i < k && child < n; i++, child += span)
+            TDIST_CHECK(step(t, -1, (int)child, (int)child, (int)TDIST_MIN(child + span, n)));
+    long parent = me - ((me / span) % k) * span;
+    if (me) {
+        TDIST_CHECK(step(t, (int)parent, -1, 0, 0));
+        TDIST_CHECK(step(t, -1, (int)parent, 0, (int)n));
+    } else {
+        TDIST_CHECK(reduce_at_root(t));
     }
-    if (me == 0 && t->res && t->acc.diff < 0)
-        TDIST_CHECK(t->partial ? tdist__coll_finish(t->c, t->res, t->a->count, t->a->dtype,
-                                                    t->a->redop)
-                               : tdist__oneshot_reduce(t->c, t->a, blobs(t), 0, t->res));
-    if (me) TDIST_CHECK(step(t, -1, me - mask, 0, n));
-    for (mask >>= 1; mask > 0; mask >>= 1)
-        if (me + mask < n) TDIST_CHECK(step(t, me + mask, -1, 0, 0));
+    for (span /= k; span >= 1; span /= k)
+        for (long i = 1, child = me + span; i < k && child < n; i++, child += span)
+            TDIST_CHECK(step(t, (int)child, -1, 0, 0));
     return TDIST_OK;
 }
 
@@ -272,7 +286,7 @@ tdist_status_t tdist__coll_tree_exchange(const tdist__coll_ctx_t *c, const tdist
     t.acc.diff = -1;
     memcpy(t.acc.ref, chk->common, len);
     tdist_status_t st = a ? stage(&t) : TDIST_OK;
-    if (st == TDIST_OK) st = binomial(&t);
+    if (st == TDIST_OK) st = knomial(&t, g->tree_radix);
     if (st == TDIST_OK) st = finish(&t);
     if (t.partial) tdist__coll_scratch_done(c, t.res);
     return st;

@@ -14,7 +14,8 @@
  *                   rank (the rooted ones: fused_rooted_max(size), except
  *                   along the tree) sends its data with the fingerprint: to
  *                   every peer, or from TDIST_CHECK_TREE_MIN ranks (4)
- *                   along a binomial tree, up to rank 0 and down
+ *                   along a tree (flat up to TDIST_CHECK_TREE_RADIX
+ *                   ranks, k-nomial above), up to rank 0 and down
  *                   (fused_tree.c; pg's check before the native
  *                   algorithms then goes the same way, and all_reduce
  *                   takes it up to TDIST__COLL_TREE_REDUCE_MAX, reduced
@@ -158,22 +159,29 @@ tdist_status_t tdist__coll_forced_ar_algo(tdist__ar_algo_t *out)
 }
 
 /* From this many ranks on, a point-to-point group's first exchange (pg's
- * check, the fused collectives) runs along a binomial tree (fused_tree.c):
- * 2 (n - 1) messages instead of n (n - 1), 2 ceil(log2 n) steps deep.
+ * check, the fused collectives) runs along a tree (fused_tree.c):
+ * 2 (n - 1) messages instead of n (n - 1).
  * Below it one message to every peer is as cheap and needs one step.
  * TDIST_CHECK_TREE_MIN overrides it (0: never). */
 #define TREE_MIN 4
+/* The tree's fan-out: up to this many ranks it is rank 0 and the others
+ * (two steps deep, rank 0 receiving and sending size - 1 messages), above
+ * it a k-nomial tree of this radix. Ranks sharing CPUs wait less on a
+ * shallow tree than on a binomial one (docs/design.md, "the check along a
+ * tree"). TDIST_CHECK_TREE_RADIX overrides it (at least 2). */
+#define TREE_RADIX 8
 
-static tdist_status_t tree_min(int *out)
+/* An integer from the environment variable name in [lo, hi], else def. */
+static tdist_status_t env_int(const char *name, int def, long lo, long hi, const char *what,
+                              int *out)
 {
-    const char *e = getenv("TDIST_CHECK_TREE_MIN");
-    *out = TREE_MIN;
+    const char *e = getenv(name);
+    *out = def;
     if (!e || !*e) return TDIST_OK;
     char *end = NULL;
     long v = strtol(e, &end, 10);
-    if (*end || v < 0 || v > 1 << 30)
-        return tdist__error(TDIST_ERR_INVALID_ARG,
-                            "TDIST_CHECK_TREE_MIN=\"%s\": expected a group size (0: never)", e);
+    if (*end || v < lo || v > hi)
+        return tdist__error(TDIST_ERR_INVALID_ARG, "%s=\"%s\": expected %s", name, e, what);
     *out = (int)v;
     return TDIST_OK;
 }
@@ -183,7 +191,10 @@ tdist_status_t tdist__coll_group_init(tdist__coll_group_t *g, int size)
     memset(g, 0, sizeof *g);
     TDIST_CHECK(tdist__coll_forced_ar_algo(&g->ar_algo));
     int tmin;
-    TDIST_CHECK(tree_min(&tmin));
+    TDIST_CHECK(env_int("TDIST_CHECK_TREE_MIN", TREE_MIN, 0, 1L << 30,
+                        "a group size (0: never)", &tmin));
+    TDIST_CHECK(env_int("TDIST_CHECK_TREE_RADIX", TREE_RADIX, 2, 1L << 30,
+                        "a tree's fan-out, at least 2", &g->tree_radix));
     g->tree = tmin > 0 && size >= tmin;
     size_t n = (size_t)(unsigned)size;
     g->fused_max = fused_max(size);

@@ -327,7 +327,7 @@ TEST(pg_oneshot_paths_3_ranks, 120) { tdist_test_run_ranks(3, oneshot_body, NULL
 TEST(pg_oneshot_paths_4_ranks, 120) { tdist_test_run_ranks(4, oneshot_body, NULL); }
 
 /* Eight ranks (on TCP: pg's check and the fused collectives along a
- * binomial tree): an all_reduce of floats whose sum depends on the order
+ * tree to rank 0 and back): an all_reduce of floats whose sum depends on the order
  * they are added in gives, on every rank, the bits of the sum in rank
  * order (the one-shot order: ((x0 + x1) + x2) + ...), each rank computing
  * that reference itself; a 64 KiB all_reduce (on TCP reduced on the way
@@ -392,11 +392,17 @@ static void eight_body(int rank, int n, void *arg)
     tdist_world_destroy(w);
 }
 
-TEST(pg_fused_8_ranks_rank_order_bits, 60)
+static void run_eight(const char *radix)
 {
+    if (radix) setenv("TDIST_CHECK_TREE_RADIX", radix, 1); /* the ranks inherit it */
     g_big = mmap(NULL, 8 * 16384 * sizeof(float), PROT_READ | PROT_WRITE,
                  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     ASSERT_TRUE(g_big != MAP_FAILED);
     tdist_test_run_ranks(8, eight_body, NULL);
     munmap(g_big, 8 * 16384 * sizeof(float));
+    if (radix) unsetenv("TDIST_CHECK_TREE_RADIX");
 }
+
+TEST(pg_fused_8_ranks_rank_order_bits, 60) { run_eight(NULL); }
+/* the same along a binomial tree (three steps up, three down) */
+TEST(pg_fused_8_ranks_binomial_tree_bits, 60) { run_eight("2"); }
