@@ -14,10 +14,12 @@
 # The 4x holds where each rank's share of the work stays the same: shared
 # memory's staged and one-shot paths. Over TCP it does not: a ring moves
 # 2(n-1)/n of the buffer through each rank's sockets (1x at 2 ranks, 1.75x
-# at 8, so 7x per CPU), and every exchange that sends to every peer (the
-# fingerprint check of every collective, the small one-shot collectives)
-# costs n(n-1) messages (2 at 2 ranks, 56 at 8). "-o barrier" times the
-# fingerprint exchange alone, to see its share.
+# at 8, so 7x per CPU), and the fingerprint check of every collective (the
+# small one-shot collectives ride in it) costs 2 messages at 2 ranks, and
+# from 4 ranks 2(n-1) along a tree to rank 0 and back (14 at 8; n(n-1) =
+# 56 with TDIST_CHECK_TREE_MIN=0 in the environment, which this script
+# passes on: the exchange with every peer). "-o barrier" times the fingerprint
+# exchange alone, to see its share.
 #
 #   bench/oversub.sh [-B BUILD] [-c CPUS] [-n ITERS] [-r REPEATS] [-s "SIZES"] [-t "TRANSPORTS"]
 #                    [-o "OPS"]
@@ -51,7 +53,7 @@ while getopts "B:c:n:r:s:t:o:h" o; do
     n) iters=$OPTARG ;;
     s) sizes=$OPTARG ;;
     t) transports=$OPTARG ;;
-    *) sed -n '2,37p' "$0"; exit 2 ;;
+    *) sed -n '2,39p' "$0"; exit 2 ;;
     esac
 done
 [[ $iters =~ ^[0-9]+$ && $iters -ge 1 && $iters -le 10000 ]] || die "-n wants 1..10000"

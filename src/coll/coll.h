@@ -138,7 +138,7 @@ typedef struct tdist__coll_check {
 
 /* A selection and what it was made from (select.c's cache). */
 typedef struct tdist__coll_last_plan {
-    bool valid, chk_on;
+    bool valid, chk_on, tree_on;
     int op, dtype, redop, ar_forced;
     size_t count;
     const void *shm, *slots;
@@ -158,6 +158,11 @@ typedef struct tdist__coll_group {
      * holds fused_cap bytes per rank */
     size_t fused_max, fused_rooted_max, fused_cap;
     uint8_t *fused_out, *fused_in;
+    /* point-to-point groups of TDIST_CHECK_TREE_MIN ranks or more: the
+     * check and the fused collectives along a tree of tree_radix
+     * (TDIST_CHECK_TREE_RADIX) children a level (fused_tree.c) */
+    bool tree;
+    int tree_radix;
     const uint8_t **blobs;         /* shm line: size entries */
     /* TCP, rooted one-shot collectives (fused.c): the acknowledgements (a
      * peer's fingerprint) still to read from each peer, and this rank's

@@ -90,6 +90,24 @@ tdist_status_t tdist__coll_fused(const tdist__coll_ctx_t *c,
                                             const tdist__coll_check_t *chk);
 tdist_status_t tdist__coll_monitored_barrier(const tdist__coll_ctx_t *c,
                                              const tdist__coll_check_t *chk);
+/* An all_reduce of more than fused_max bytes and up to this many goes
+ * along the tree too, in a group that runs the check there: each step
+ * carries a block's partial reduction (reduced once, up to rank 0, and
+ * handed down), 2 (size - 1) messages with the check, instead of the
+ * check's and then recursive doubling's log2(size) full vectors a rank. */
+#define TDIST__COLL_TREE_REDUCE_MAX (64u * 1024u)
+
+/* fused_tree.c: pg's check along a k-nomial tree (up to rank 0 and back
+ * down; select.c: tdist__coll_tree_on), and with a (NULL: the check
+ * alone) the one-shot collective a, its data riding with the check;
+ * every rank learns the same verdict, worded by chk->compare. */
+tdist_status_t tdist__coll_tree_exchange(const tdist__coll_ctx_t *c, const tdist__coll_check_t *chk,
+                                         const tdist__coll_args_t *a);
+/* select.c: whether this call's first exchange runs along a tree
+ * (tdist__coll_tree_exchange) rather than with every peer: a point-to-point
+ * group of TDIST_CHECK_TREE_MIN ranks or more, pg's check on, outside a
+ * Join (whose joined ranks read the leader's own stream). */
+bool tdist__coll_tree_on(const tdist__coll_ctx_t *c, const tdist__coll_check_t *chk);
 /* fused.c: read every acknowledgement owed by peer p (-1: by every peer)
  * and compare each with this rank's fingerprint of that collective:
  * TDIST_ERR_MISMATCH naming it (chk->compare_earlier) when one differs. */

@@ -25,6 +25,11 @@
  * root with every sender) means every rank called the same; and a rank
  * that called something else still gets every fingerprint, so it fails
  * at once, as in the exchange with everyone.
+ *
+ * A group of the tree size or more (select.c, tdist__coll_tree_on) runs
+ * all of it along a tree to rank 0 and back instead (fused_tree.c): 2 (size - 1)
+ * messages in all, not size (size - 1), and every rank waits for the
+ * verdict, rooted collectives too (no acknowledgements).
  */
 #include <string.h>
 
@@ -224,6 +229,8 @@ tdist_status_t tdist__coll_fused(const tdist__coll_ctx_t *c, const tdist__coll_a
                                  const tdist__coll_check_t *chk)
 {
     tdist__coll_group_t *g = c->g;
+    if (tdist__coll_tree_on(c, chk)) /* a large group: along a tree (fused_tree.c) */
+        return tdist__coll_tree_exchange(c, chk, a);
     size_t bytes = 0, fps = chk->len, k = 0;
     uint8_t *mine = g->fused_out + fps;
     const void *in = tdist__oneshot_input(c, a, &bytes);

@@ -11,10 +11,19 @@
  *   fused           TCP: a one-shot collective (oneshot.c: all_reduce, reduce,
  *                   broadcast, all_gather, gather, scatter, all_to_all,
  *                   reduce_scatter) staging up to fused_max(size) bytes a
- *                   rank (the rooted ones: fused_rooted_max(size)) sends
- *                   its data with the fingerprint
+ *                   rank (the rooted ones: fused_rooted_max(size), except
+ *                   along the tree) sends its data with the fingerprint: to
+ *                   every peer, or from TDIST_CHECK_TREE_MIN ranks (4)
+ *                   along a tree (flat up to TDIST_CHECK_TREE_RADIX
+ *                   ranks, k-nomial above), up to rank 0 and down
+ *                   (fused_tree.c; pg's check before the native
+ *                   algorithms then goes the same way, and all_reduce
+ *                   takes it up to TDIST__COLL_TREE_REDUCE_MAX, reduced
+ *                   on the way up)
  *   monitored       TCP: monitored_barrier's collection at rank 0
- *   native          pg's fingerprint exchange, then the algorithm
+ *   native          pg's fingerprint exchange (along the tree, as the
+ *                   fused route's, in a group of TDIST_CHECK_TREE_MIN ranks),
+ *                   then the algorithm
  * Algorithm (size >= 2):
  *   all_reduce      shm: one-shot in the line (up to the blob), one-shot
  *                   through the staging slots (up to 2 KiB, or 8 KiB with
@@ -34,7 +43,8 @@
  *                   line or (up to TDIST_SHM_ONESHOT_MAX) in its slot;
  *                   else, like the others, their one algorithm
  *   barrier         shm: the line alone; point-to-point: pg's fingerprint
- *                   exchange alone when it runs, else dissemination
+ *                   exchange alone when it runs (along the tree: a
+ *                   gather-release barrier), else dissemination
  *   others          their one algorithm (all_gatherv: direct up to 32 KiB
  *                   in all, ring above, in all_gatherv.c)
  * Every input of the choice is something every rank agrees on (the
@@ -148,10 +158,44 @@ tdist_status_t tdist__coll_forced_ar_algo(tdist__ar_algo_t *out)
     return TDIST_OK;
 }
 
+/* From this many ranks on, a point-to-point group's first exchange (pg's
+ * check, the fused collectives) runs along a tree (fused_tree.c):
+ * 2 (n - 1) messages instead of n (n - 1).
+ * Below it one message to every peer is as cheap and needs one step.
+ * TDIST_CHECK_TREE_MIN overrides it (0: never). */
+#define TREE_MIN 4
+/* The tree's fan-out: up to this many ranks it is rank 0 and the others
+ * (two steps deep, rank 0 receiving and sending size - 1 messages), above
+ * it a k-nomial tree of this radix. Ranks sharing CPUs wait less on a
+ * shallow tree than on a binomial one (docs/design.md, "the check along a
+ * tree"). TDIST_CHECK_TREE_RADIX overrides it (at least 2). */
+#define TREE_RADIX 8
+
+/* An integer from the environment variable name in [lo, hi], else def. */
+static tdist_status_t env_int(const char *name, int def, long lo, long hi, const char *what,
+                              int *out)
+{
+    const char *e = getenv(name);
+    *out = def;
+    if (!e || !*e) return TDIST_OK;
+    char *end = NULL;
+    long v = strtol(e, &end, 10);
+    if (*end || v < lo || v > hi)
+        return tdist__error(TDIST_ERR_INVALID_ARG, "%s=\"%s\": expected %s", name, e, what);
+    *out = (int)v;
+    return TDIST_OK;
+}
+
 tdist_status_t tdist__coll_group_init(tdist__coll_group_t *g, int size)
 {
     memset(g, 0, sizeof *g);
     TDIST_CHECK(tdist__coll_forced_ar_algo(&g->ar_algo));
+    int tmin;
+    TDIST_CHECK(env_int("TDIST_CHECK_TREE_MIN", TREE_MIN, 0, 1L << 30,
+                        "a group size (0: never)", &tmin));
+    TDIST_CHECK(env_int("TDIST_CHECK_TREE_RADIX", TREE_RADIX, 2, 1L << 30,
+                        "a tree's fan-out, at least 2", &g->tree_radix));
+    g->tree = tmin > 0 && size >= tmin;
     size_t n = (size_t)(unsigned)size;
     g->fused_max = fused_max(size);
     g->fused_rooted_max = fused_rooted_max(size);
@@ -302,6 +346,25 @@ static tdist__coll_algo_t select_p2p(const tdist__coll_ctx_t *c, const tdist__co
     }
 }
 
+bool tdist__coll_tree_on(const tdist__coll_ctx_t *c, const tdist__coll_check_t *chk)
+{
+    /* compare_earlier is NULL and have set only inside a Join */
+    return c->g && c->g->tree && !c->shm && !c->slots && c->size > 1 && chk && chk->on &&
+           chk->compare_earlier && chk->have < 0;
+}
+
+/* The bytes a rank may stage for a's fused route: along the tree rank 0
+ * receives every rank's data, so rooted ones get no more room, and an
+ * all_reduce reduces on the way up (fused_tree.c), so it gets more. */
+static size_t fused_limit(const tdist__coll_ctx_t *c, const tdist__coll_check_t *chk,
+                          tdist__op_t op)
+{
+    const tdist__coll_group_t *g = c->g;
+    if (op == TDIST__OP_ALL_REDUCE && c->ar_forced == TDIST__AR_AUTO && tdist__coll_tree_on(c, chk))
+        return TDIST_MAX(g->fused_max, TDIST__COLL_TREE_REDUCE_MAX);
+    return rooted_op(op) && !g->tree ? g->fused_rooted_max : g->fused_max;
+}
+
 /* The selection itself (static: tdist__coll_run inlines it). */
 static inline tdist__coll_plan_t plan(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
                                       const tdist__coll_check_t *chk)
@@ -334,8 +397,7 @@ static inline tdist__coll_plan_t plan(const tdist__coll_ctx_t *c, const tdist__c
         p.route = TDIST__ROUTE_MONITORED;
     } else if (tdist__oneshot_op(a->op) && chk && chk->on && c->size > 1 && a->count > 0 &&
                c->g &&
-               tdist__oneshot_bytes(a, c->size) <=
-                   (rooted_op(a->op) ? c->g->fused_rooted_max : c->g->fused_max)) {
+               tdist__oneshot_bytes(a, c->size) <= fused_limit(c, chk, a->op)) {
         p.route = TDIST__ROUTE_FUSED;
     } else if (a->op == TDIST__OP_BARRIER && chk && chk->on && c->size > 1) {
         p.algo = TDIST__ALGO_NONE; /* pg's fingerprint exchange is a barrier itself */
@@ -358,13 +420,15 @@ static inline tdist__coll_plan_t plan_cached(const tdist__coll_ctx_t *c,
     /* v and coalesced forms: their bytes are not count's */
     if (!c->g || a->sendcounts || a->recvcounts || a->bufs) return plan(c, a, chk);
     tdist__coll_last_plan_t *l = &c->g->last;
-    bool on = chk && chk->on;
+    bool on = chk && chk->on, tree = c->g->tree && tdist__coll_tree_on(c, chk);
     if (l->valid && l->op == (int)a->op && l->count == a->count && l->dtype == (int)a->dtype &&
         l->redop == (int)a->redop && l->ar_forced == (int)c->ar_forced && l->chk_on == on &&
+        l->tree_on == tree &&
         l->shm == (const void *)c->shm && l->slots == (const void *)c->slots)
         return (tdist__coll_plan_t){(tdist__coll_route_t)l->route, (tdist__coll_algo_t)l->algo};
     tdist__coll_plan_t p = plan(c, a, chk);
-    *l = (tdist__coll_last_plan_t){.valid = true, .chk_on = on, .op = (int)a->op, .dtype = (int)a->dtype,
+    *l = (tdist__coll_last_plan_t){.valid = true, .chk_on = on, .tree_on = tree,
+                                   .op = (int)a->op, .dtype = (int)a->dtype,
                                    .redop = (int)a->redop, .ar_forced = (int)c->ar_forced,
                                    .count = a->count, .shm = c->shm, .slots = c->slots,
                                    .route = (int)p.route, .algo = (int)p.algo};
@@ -542,6 +606,19 @@ static tdist_status_t divide_active(const tdist__coll_ctx_t *c, const tdist__col
     }
 }
 
+/* pg's check before an algorithm: along the tree (all_to_allv's pairwise
+ * splits then with every peer, as its data goes), or pg's own exchange. */
+static tdist_status_t check_first(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
+                                  const tdist__coll_check_t *chk)
+{
+    if (!chk || !chk->on) return TDIST_OK;
+    if (tdist__coll_tree_on(c, chk)) {
+        TDIST_CHECK(tdist__coll_tree_exchange(c, chk, NULL));
+        if (a->op != TDIST__OP_ALL_TO_ALLV) return TDIST_OK;
+    }
+    return chk->exchange(chk->arg, c->deadline_ms);
+}
+
 /* A route whose only wait is the shm line's gather. */
 static bool single_wait(tdist__coll_plan_t p)
 {
@@ -586,7 +663,7 @@ tdist_status_t tdist__coll_run(const tdist__coll_ctx_t *c, const tdist__coll_arg
             TDIST_CHECK(chk->exchange(chk->arg, c->deadline_ms));
         return c->slots->slot[a->op](c->be, c, a, chk);
     case TDIST__ROUTE_HIER:
-        if (chk && chk->on) TDIST_CHECK(chk->exchange(chk->arg, c->deadline_ms));
+        TDIST_CHECK(check_first(c, a, chk));
         return c->g->hier_run(c->g->hier_arg, a, c->deadline_ms);
     case TDIST__ROUTE_SHM_LINE:
         return tdist__coll_shm_line(c, a, chk, p.algo);
@@ -596,7 +673,7 @@ tdist_status_t tdist__coll_run(const tdist__coll_ctx_t *c, const tdist__coll_arg
         return tdist__coll_monitored_barrier(c, chk);
     case TDIST__ROUTE_NATIVE:
     default:
-        if (chk && chk->on) TDIST_CHECK(chk->exchange(chk->arg, c->deadline_ms));
+        TDIST_CHECK(check_first(c, a, chk));
         return tdist__coll_run_algo(c, a, chk, p.algo);
     }
 }

@@ -9,6 +9,14 @@
  * round: each rank checks the pairs it is part of ("I send you s / I
  * expect r from you") and all ranks exchange their first disagreement, so
  * the lowest disagreeing pair is reported everywhere.
+ *
+ * A TCP group of TDIST_CHECK_TREE_MIN ranks or more sends the common part
+ * along a binomial tree instead (coll/fused_tree.c, chosen in
+ * coll/select.c): it fills theirs with rank 0's fingerprint and the first
+ * that differs, and compare_theirs words the same message from them.
+ * The exchange here stays for backends, inside a Join (a joined rank
+ * reads the leader's first message) and for all_to_allv's pairwise
+ * splits.
  */
 #include <inttypes.h>
 #include <stdio.h>

@@ -91,6 +91,7 @@ typedef enum mm_case {
     MM_REDOP,
     MM_BARRIER,   /* barrier vs 1-element all_reduce */
     MM_A2AV,      /* pairwise split disagreement */
+    MM_TWO,       /* two ranks inside the group (3 and 6) each call another count */
 } mm_case_t;
 
 typedef struct mm_arg {
@@ -142,6 +143,10 @@ static void mm_body(int rank, int n, void *arg)
         break;
     case MM_COUNT:
         ASSERT_OK(tdist_all_reduce(pg, buf, buf, odd ? 63 : 64, TDIST_F32, TDIST_SUM, &co, &wk));
+        break;
+    case MM_TWO:
+        ASSERT_OK(tdist_all_reduce(pg, buf, buf, rank == 3 ? 63 : rank == 6 ? 62 : 64, TDIST_F32,
+                                   TDIST_SUM, &co, &wk));
         break;
     case MM_COUNT_PATHS: {
         /* 16 KiB = TDIST__FUSED_MAX at 3 ranks; on shm both are staged */
@@ -246,6 +251,25 @@ TEST(pg_mismatch_all_to_allv_pairwise, 30)
 {
     run_mm(3, MM_A2AV, "all_to_allv splits disagree: rank 0 sends 2 elements to rank 1, which "
                        "expects 1 from rank 0");
+}
+
+/* Larger groups (on TCP the check runs along a tree, a block of ranks'
+ * verdict merged at each step: flat up to 8 ranks, and with radix 2 a
+ * binomial tree three steps up and down): still the first differing
+ * rank, the same message on every rank. */
+TEST(pg_mismatch_8_ranks_first_of_two, 30)
+{
+    run_mm(8, MM_TWO, "rank 0 all_reduce(f32, 64, sum) vs rank 3 all_reduce(f32, 63, sum)");
+}
+TEST(pg_mismatch_8_ranks_binomial_tree, 30)
+{
+    setenv("TDIST_CHECK_TREE_RADIX", "2", 1); /* the ranks' processes inherit it */
+    run_mm(8, MM_TWO, "rank 0 all_reduce(f32, 64, sum) vs rank 3 all_reduce(f32, 63, sum)");
+    unsetenv("TDIST_CHECK_TREE_RADIX");
+}
+TEST(pg_mismatch_6_ranks_barrier_vs_all_reduce, 30)
+{
+    run_mm(6, MM_BARRIER, "rank 0 barrier() vs rank 5 all_reduce(f32, 1, sum)");
 }
 
 /* Blocking calls without a callback, a few elements: on shared memory the
@@ -564,6 +588,9 @@ TEST(pg_peer_exit0_fails_others, 40) { run_death(3, 2, D_EXIT0, 3000); }
 TEST(pg_peer_exit1_fails_others, 40) { run_death(3, 0, D_EXIT1, 3000); }
 TEST(pg_peer_abort_fails_others, 40) { run_death(4, 3, D_ABORT, 3000); }
 TEST(pg_peer_sigstop_fails_others_at_timeout, 40) { run_death(3, 1, D_STOP, 2000); }
+/* 4 ranks: over TCP the check goes along a tree to rank 0 and back, so
+ * the others wait on rank 0, not on the stopped rank itself */
+TEST(pg_peer_sigstop_4_ranks_fails_others_at_timeout, 40) { run_death(4, 2, D_STOP, 2000); }
 /* blocking 2-element all_reduces: on shared memory, the work-less fast path */
 TEST(pg_peer_sigkill_fails_others_tiny_blocking, 40) { run_death_n(4, 2, D_KILL, 3000, false, 2); }
 TEST(pg_peer_sigstop_fails_others_at_timeout_tiny_blocking, 40)

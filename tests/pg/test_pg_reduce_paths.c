@@ -14,9 +14,11 @@
  * every rank's seeded input (tests/harness/gen.h: small integers, exact in
  * any summation order). Then the same for the other one-shot collectives
  * (below). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "gen.h"
 #include "harness.h"
@@ -323,3 +325,84 @@ static void oneshot_body(int rank, int n, void *arg)
 TEST(pg_oneshot_paths_2_ranks, 90) { tdist_test_run_ranks(2, oneshot_body, NULL); }
 TEST(pg_oneshot_paths_3_ranks, 120) { tdist_test_run_ranks(3, oneshot_body, NULL); }
 TEST(pg_oneshot_paths_4_ranks, 120) { tdist_test_run_ranks(4, oneshot_body, NULL); }
+
+/* Eight ranks (on TCP: pg's check and the fused collectives along a
+ * tree to rank 0 and back): an all_reduce of floats whose sum depends on the order
+ * they are added in gives, on every rank, the bits of the sum in rank
+ * order (the one-shot order: ((x0 + x1) + x2) + ...), each rank computing
+ * that reference itself; a 64 KiB all_reduce (on TCP reduced on the way
+ * up the tree) gives the same bits on every rank; a rooted broadcast and
+ * an all_gather through the same tree deliver every rank's bytes. */
+static float *g_big; /* every rank's 64 KiB result (shared between the ranks' processes) */
+
+static float order_val(int r, int i) { return (0.1f + 0.37f * (float)r) * (1.0f + 1e-3f * (float)i); }
+
+static void eight_body(int rank, int n, void *arg)
+{
+    (void)arg;
+    enum { CNT = 1000 }; /* 4000 bytes: fused at 8 ranks (64 KiB / 7 bytes a rank) */
+    tdist_world_t *w;
+    tdist_pg_t *pg;
+    open_world(&w, &pg);
+    static float x[CNT], y[CNT], want[CNT], all[8 * 3];
+    for (int i = 0; i < CNT; i++) {
+        x[i] = order_val(rank, i);
+        want[i] = order_val(0, i);
+        for (int r = 1; r < n; r++) want[i] += order_val(r, i);
+    }
+    /* the sum really depends on the order: backwards differs somewhere */
+    bool order_matters = false;
+    for (int i = 0; i < CNT && !order_matters; i++) {
+        float back = order_val(n - 1, i);
+        for (int r = n - 2; r >= 0; r--) back += order_val(r, i);
+        order_matters = back != want[i];
+    }
+    ASSERT_TRUE(order_matters);
+    const size_t counts[] = {2, CNT};
+    for (int k = 0; k < 2; k++) {
+        memset(y, 0x5a, sizeof y);
+        ASSERT_OK(tdist_all_reduce(pg, x, y, counts[k], TDIST_F32, TDIST_SUM, NULL, NULL));
+        expect_eq(y, want, counts[k], TDIST_F32, "8-rank all_reduce", TDIST_SUM, 0);
+    }
+    /* 64 KiB (on TCP reduced on the way up the tree, in its order): the
+     * same bits on every rank, and the sum within rounding */
+    enum { BIG = 16384 };
+    float *bx = malloc(BIG * sizeof *bx), *by = malloc(BIG * sizeof *by);
+    ASSERT_TRUE(bx && by);
+    for (int i = 0; i < BIG; i++) bx[i] = order_val(rank, i % 977);
+    ASSERT_OK(tdist_all_reduce(pg, bx, by, BIG, TDIST_F32, TDIST_SUM, NULL, NULL));
+    memcpy(g_big + (size_t)rank * BIG, by, BIG * sizeof *by);
+    ASSERT_OK(tdist_barrier(pg, NULL, NULL));
+    for (int i = 0; i < BIG; i++) {
+        double exact = 0;
+        for (int r = 0; r < n; r++) exact += (double)order_val(r, i % 977);
+        if (fabs((double)by[i] - exact) > 1e-5 * exact) FAIL("element %d: %g, not %g", i, by[i], exact);
+    }
+    ASSERT_TRUE(memcmp(by, g_big, BIG * sizeof *by) == 0); /* rank 0's bits */
+    free(bx);
+    free(by);
+    memcpy(y, rank == 5 ? x : want, sizeof y);
+    ASSERT_OK(tdist_broadcast(pg, y, CNT, TDIST_F32, 5, NULL, NULL));
+    for (int i = 0; i < CNT; i++) ASSERT_TRUE(y[i] == order_val(5, i));
+    ASSERT_OK(tdist_all_gather(pg, x, all, 3, TDIST_F32, NULL, NULL));
+    for (int r = 0; r < n; r++)
+        for (int i = 0; i < 3; i++) ASSERT_TRUE(all[r * 3 + i] == order_val(r, i));
+    ASSERT_OK(tdist_barrier(pg, NULL, NULL));
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
+}
+
+static void run_eight(const char *radix)
+{
+    if (radix) setenv("TDIST_CHECK_TREE_RADIX", radix, 1); /* the ranks inherit it */
+    g_big = mmap(NULL, 8 * 16384 * sizeof(float), PROT_READ | PROT_WRITE,
+                 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ASSERT_TRUE(g_big != MAP_FAILED);
+    tdist_test_run_ranks(8, eight_body, NULL);
+    munmap(g_big, 8 * 16384 * sizeof(float));
+    if (radix) unsetenv("TDIST_CHECK_TREE_RADIX");
+}
+
+TEST(pg_fused_8_ranks_rank_order_bits, 60) { run_eight(NULL); }
+/* the same along a binomial tree (three steps up, three down) */
+TEST(pg_fused_8_ranks_binomial_tree_bits, 60) { run_eight("2"); }
