@@ -13,7 +13,7 @@
  *                   reduce_scatter) staging up to fused_max(size) bytes a
  *                   rank (the rooted ones: fused_rooted_max(size), except
  *                   along the tree) sends its data with the fingerprint: to
- *                   every peer, or from TDIST_CHECK_TREE_MIN ranks (4)
+ *                   every peer, or from TDIST_CHECK_TREE_MIN ranks (8)
  *                   along a tree (flat up to TDIST_CHECK_TREE_RADIX
  *                   ranks, k-nomial above), up to rank 0 and down
  *                   (fused_tree.c; pg's check before the native
@@ -161,9 +161,12 @@ tdist_status_t tdist__coll_forced_ar_algo(tdist__ar_algo_t *out)
 /* From this many ranks on, a point-to-point group's first exchange (pg's
  * check, the fused collectives) runs along a tree (fused_tree.c):
  * 2 (n - 1) messages instead of n (n - 1).
- * Below it one message to every peer is as cheap and needs one step.
+ * Below it one message to every peer is as cheap, needs one step, and
+ * lets a blocking rooted collective's senders leave without waiting (on
+ * 4 ranks sharing 2 CPUs the tree measured 2-3x slower for an 8-byte
+ * broadcast or gather, faster only for all_reduce and barrier).
  * TDIST_CHECK_TREE_MIN overrides it (0: never). */
-#define TREE_MIN 4
+#define TREE_MIN 8
 /* The tree's fan-out: up to this many ranks it is rank 0 and the others
  * (two steps deep, rank 0 receiving and sending size - 1 messages), above
  * it a k-nomial tree of this radix. Ranks sharing CPUs wait less on a

@@ -269,7 +269,9 @@ TEST(pg_mismatch_8_ranks_binomial_tree, 30)
 }
 TEST(pg_mismatch_6_ranks_barrier_vs_all_reduce, 30)
 {
+    setenv("TDIST_CHECK_TREE_MIN", "4", 1); /* the tree from 4 ranks (its default is 8) */
     run_mm(6, MM_BARRIER, "rank 0 barrier() vs rank 5 all_reduce(f32, 1, sum)");
+    unsetenv("TDIST_CHECK_TREE_MIN");
 }
 
 /* Blocking calls without a callback, a few elements: on shared memory the
