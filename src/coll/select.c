@@ -32,7 +32,8 @@
  *   all_gather, gather, scatter, all_to_all, reduce_scatter
  *                   shm: one-shot when what a rank stages fits in the
  *                   line or (up to TDIST_SHM_ONESHOT_MAX) in its slot;
- *                   else, like the others, their one algorithm
+ *                   else reduce_scatter staged (shm_coll.c), the others
+ *                   their one algorithm
  *   barrier         shm: the line alone; point-to-point: pg's fingerprint
  *                   exchange alone when it runs, else dissemination
  *   others          their one algorithm (all_gatherv: direct up to 32 KiB
@@ -272,6 +273,10 @@ static tdist__coll_algo_t select_shm(const tdist__coll_ctx_t *c, const tdist__co
     case TDIST__OP_REDUCE: /* the root reduces everything, as an all_reduce's ranks do */
         one = shm_oneshot(c, a, a->redop == TDIST_PREMUL_SUM ? 0 : small_max(c));
         return one == TDIST__ALGO_OP ? TDIST__ALGO_REDUCE_SHM : one;
+    case TDIST__OP_REDUCE_SCATTER:
+        one = shm_oneshot(c, a, TDIST_SHM_ONESHOT_MAX);
+        return one == TDIST__ALGO_OP && tdist__shmc_reduce_scatter_fits(c->size)
+                   ? TDIST__ALGO_RS_SHM : one;
     case TDIST__OP_BARRIER:
         return TDIST__ALGO_NONE;
     case TDIST__OP_MONITORED_BARRIER:
@@ -324,7 +329,9 @@ static inline tdist__coll_plan_t plan(const tdist__coll_ctx_t *c, const tdist__c
             p.algo = a->op == TDIST__OP_ALL_REDUCE ? TDIST__ALGO_AR_SHM
                      : a->op == TDIST__OP_REDUCE    ? TDIST__ALGO_REDUCE_SHM
                      : a->op == TDIST__OP_BROADCAST ? TDIST__ALGO_BCAST_SHM
-                                                    : TDIST__ALGO_OP;
+                     : a->op == TDIST__OP_REDUCE_SCATTER && tdist__shmc_reduce_scatter_fits(c->size)
+                         ? TDIST__ALGO_RS_SHM
+                         : TDIST__ALGO_OP;
         if (!c->g && (p.algo == TDIST__ALGO_NONE || p.algo == TDIST__ALGO_MONITORED))
             p.algo = TDIST__ALGO_OP;
         return p;
@@ -498,6 +505,9 @@ tdist_status_t tdist__coll_run_algo(const tdist__coll_ctx_t *c, const tdist__col
     case TDIST__OP_SCATTER:
         return tdist__coll_scatter(c, a->sendbuf, a->recvbuf, a->count, a->dtype, a->root);
     case TDIST__OP_REDUCE_SCATTER:
+        if (algo == TDIST__ALGO_RS_SHM && c->size > 1)
+            return tdist__shmc_reduce_scatter(c, a->sendbuf, a->recvbuf, a->count, a->dtype,
+                                              a->redop, a->premul);
         return tdist__coll_reduce_scatter(c, a->sendbuf, a->recvbuf, a->count, a->dtype,
                                           a->redop, a->premul);
     case TDIST__OP_ALL_TO_ALL:
