@@ -34,6 +34,8 @@
  *                   line or (up to TDIST_SHM_ONESHOT_MAX) in its slot;
  *                   else reduce_scatter staged (shm_coll.c), the others
  *                   their one algorithm
+ *   reduce_scatter  point-to-point: direct up to TDIST__COLL_RS_DIRECT_RANKS
+ *                   ranks, ring above
  *   barrier         shm: the line alone; point-to-point: pg's fingerprint
  *                   exchange alone when it runs, else dissemination
  *   others          their one algorithm (all_gatherv: direct up to 32 KiB
@@ -300,6 +302,8 @@ static tdist__coll_algo_t select_p2p(const tdist__coll_ctx_t *c, const tdist__co
         return bytes >= TDIST__COLL_REDUCE_RSG_MIN && a->count >= (size_t)c->size
                    ? TDIST__ALGO_REDUCE_RSG
                    : TDIST__ALGO_REDUCE_TREE;
+    case TDIST__OP_REDUCE_SCATTER:
+        return c->size <= TDIST__COLL_RS_DIRECT_RANKS ? TDIST__ALGO_RS_DIRECT : TDIST__ALGO_OP;
     case TDIST__OP_MONITORED_BARRIER:
         return TDIST__ALGO_MONITORED;
     default:
@@ -508,6 +512,9 @@ tdist_status_t tdist__coll_run_algo(const tdist__coll_ctx_t *c, const tdist__col
         if (algo == TDIST__ALGO_RS_SHM && c->size > 1)
             return tdist__shmc_reduce_scatter(c, a->sendbuf, a->recvbuf, a->count, a->dtype,
                                               a->redop, a->premul);
+        if (algo == TDIST__ALGO_RS_DIRECT)
+            return tdist__coll_reduce_scatter_direct(c, a->sendbuf, a->recvbuf, a->count,
+                                                     a->dtype, a->redop, a->premul);
         return tdist__coll_reduce_scatter(c, a->sendbuf, a->recvbuf, a->count, a->dtype,
                                           a->redop, a->premul);
     case TDIST__OP_ALL_TO_ALL:

@@ -147,11 +147,11 @@ static void run_reductions(coll_rank_t *t, tdist_dtype_t dt, tdist_redop_t op, s
         ASSERT_OK(tdist__coll_reduce_scatter(c, s.p, out, count, dt, op, PREMUL));
         expect_eq(out, allwant + (size_t)r * bytes, count, dt, "reduce_scatter", n, op, mode);
         if (mode != 1) ASSERT_MEMEQ(s.p, allmine, tot);
-        /* shared memory: the staged reduce_scatter (the selection picks it
-         * without a group's line), out of place, unaligned, and in place
-         * both as this rank's own block and over the input's start (up to
-         * 5 ranks: 8 on 2 CPUs take too long) */
-        for (int v = 0; c->shm && n > 1 && n <= 5 && v < (mode == 1 ? 2 : 1); v++) {
+        /* the selection's reduce_scatter (without a group's line: staged
+         * on shared memory, direct over TCP), out of place, unaligned, and
+         * in place both as this rank's own block and over the input's
+         * start (up to 5 ranks: 8 on 2 CPUs take too long) */
+        for (int v = 0; n > 1 && n <= 5 && v < (mode == 1 ? 2 : 1); v++) {
             memcpy(s.p, allmine, tot);
             memset(d.p, 0x5a, bytes);
             void *o = mode != 1 ? d.p : v == 0 ? s.p + (size_t)r * bytes : s.p;
@@ -160,7 +160,7 @@ static void run_reductions(coll_rank_t *t, tdist_dtype_t dt, tdist_redop_t op, s
                                     .root = -1};
             ASSERT_OK(tdist__coll_run(c, &a, NULL));
             expect_eq(o, allwant + (size_t)r * bytes, count, dt,
-                      v ? "reduce_scatter staged over the input" : "reduce_scatter staged", n, op,
+                      v ? "reduce_scatter selected over the input" : "reduce_scatter selected", n, op,
                       mode);
             if (mode != 1) ASSERT_MEMEQ(s.p, allmine, tot);
         }
