@@ -28,7 +28,8 @@
  *                   size > 2
  *   reduce          shm: one-shot as all_reduce (the root reduces), else
  *                   staged; point-to-point: binomial tree, ring
- *                   reduce-scatter + gather from 512 KiB (count >= size)
+ *                   reduce-scatter + gather from 512 KiB (count >= size,
+ *                   more than 2 ranks)
  *   all_gather, gather, scatter, all_to_all, reduce_scatter
  *                   shm: one-shot when what a rank stages fits in the
  *                   line or (up to TDIST_SHM_ONESHOT_MAX) in its slot;
@@ -298,8 +299,8 @@ static tdist__coll_algo_t select_p2p(const tdist__coll_ctx_t *c, const tdist__co
     case TDIST__OP_BROADCAST:
         return bytes >= TDIST__COLL_BCAST_CHAIN_MIN && c->size > 2 ? TDIST__ALGO_BCAST_CHAIN
                                                                    : TDIST__ALGO_BCAST_TREE;
-    case TDIST__OP_REDUCE:
-        return bytes >= TDIST__COLL_REDUCE_RSG_MIN && a->count >= (size_t)c->size
+    case TDIST__OP_REDUCE: /* 2 ranks: the tree moves the data once, in one round */
+        return bytes >= TDIST__COLL_REDUCE_RSG_MIN && a->count >= (size_t)c->size && c->size > 2
                    ? TDIST__ALGO_REDUCE_RSG
                    : TDIST__ALGO_REDUCE_TREE;
     case TDIST__OP_REDUCE_SCATTER:

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "coll/coll.h"
+#include "coll/coll_internal.h"
 #include "gen.h"
 #include "mesh.h"
 
@@ -438,6 +439,18 @@ static void big_body(int rank, int n, void *arg)
             float want = 0;
             for (int r = 0; r < n; r++) want = TDIST_MAX(want, (float)((i * 3 + (size_t)r) % 50));
             if (b[i] != want) FAIL("reduce element %zu: %g != %g", i, (double)b[i], (double)want);
+        }
+    /* the binomial tree past its window of posted segments (2 MiB), a
+     * short last segment, root 2, in place at the root */
+    size_t tc = (5u << 20) / 4 + 7;
+    for (size_t i = 0; i < tc; i++) in[i] = (float)((i * 5 + (size_t)rank * 3) % 61);
+    ASSERT_OK(tdist__coll_reduce_tree(&t.ctx, in, rank == 2 ? in : NULL, tc, TDIST_F32, TDIST_SUM,
+                                      1.0, 2));
+    if (rank == 2)
+        for (size_t i = 0; i < tc; i++) {
+            float want = 0;
+            for (int r = 0; r < n; r++) want += (float)((i * 5 + (size_t)r * 3) % 61);
+            if (in[i] != want) FAIL("tree reduce element %zu: %g != %g", i, (double)in[i], (double)want);
         }
     free(in);
     /* a large broadcast takes the pipelined chain */
