@@ -260,6 +260,8 @@ typedef enum tdist__coll_algo {
     TDIST__ALGO_REDUCE_TREE, TDIST__ALGO_REDUCE_RSG, TDIST__ALGO_REDUCE_SHM,
     TDIST__ALGO_OP,            /* the op's one algorithm (gather, scatter, ...) */
     TDIST__ALGO_MONITORED,     /* the monitored barrier's collection at rank 0 */
+    TDIST__ALGO_RS_SHM,        /* shm: reduce_scatter through the staging slots */
+    TDIST__ALGO_RS_DIRECT,     /* reduce_scatter: every block straight to its rank */
 } tdist__coll_algo_t;
 
 typedef struct tdist__coll_plan {
@@ -507,5 +509,16 @@ tdist_status_t tdist__shmc_all_reduce(const tdist__coll_ctx_t *c, const void *se
 /* broadcast of root's buf through the staging area. */
 tdist_status_t tdist__shmc_broadcast(const tdist__coll_ctx_t *c, void *buf, size_t count,
                                      tdist_dtype_t dtype, int root);
+
+/* reduce_scatter (recvcount elements a rank) through the staging area:
+ * rank r's recvbuf gets block r of the op over every rank's sendbuf, in
+ * rank order (AVG divided, PREMUL_SUM scaled). recvbuf may be sendbuf's
+ * block r (in place) or overlap it otherwise (a private copy is read).
+ * Only for groups where tdist__shmc_reduce_scatter_fits(size). Blocks
+ * until done or the deadline. */
+bool tdist__shmc_reduce_scatter_fits(int size);
+tdist_status_t tdist__shmc_reduce_scatter(const tdist__coll_ctx_t *c, const void *sendbuf,
+                                          void *recvbuf, size_t recvcount, tdist_dtype_t dtype,
+                                          tdist_redop_t op, double premul);
 
 #endif /* TDIST_COLL_H */

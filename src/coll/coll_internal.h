@@ -138,6 +138,14 @@ tdist_status_t tdist__coll_reduce_scatter_ring(const tdist__coll_ctx_t *c, const
                                                const size_t *displs, tdist_dtype_t dtype,
                                                tdist_redop_t op);
 
+/* reduce_scatter.c: direct reduce-scatter (every block straight to its
+ * rank, reduced there in rank order); same contract as
+ * tdist__coll_reduce_scatter. recvbuf may overlap sendbuf. */
+tdist_status_t tdist__coll_reduce_scatter_direct(const tdist__coll_ctx_t *c, const void *sendbuf,
+                                                 void *recvbuf, size_t recvcount,
+                                                 tdist_dtype_t dtype, tdist_redop_t op,
+                                                 double premul);
+
 /* all_gatherv.c: ring all-gather in place: block r of buf (counts/displs)
  * is filled from rank r. */
 tdist_status_t tdist__coll_all_gatherv_ring_inplace(const tdist__coll_ctx_t *c, void *buf,
@@ -163,7 +171,10 @@ tdist_status_t tdist__coll_broadcast_chain(const tdist__coll_ctx_t *c, void *buf
 #define TDIST__COLL_AR_RD_MAX (256u * 1024u)    /* recursive doubling below this */
 #define TDIST__COLL_BCAST_CHAIN_MIN (1u << 20)  /* pipelined chain from this (size > 2) */
 #define TDIST__COLL_CHAIN_SEG (256u * 1024u)    /* chain segment */
+#ifndef TDIST__COLL_REDUCE_RSG_MIN /* a build may move it to compare */
 #define TDIST__COLL_REDUCE_RSG_MIN (512u * 1024u) /* reduce: rs + gather from this */
+#endif
 #define TDIST__COLL_AG_DIRECT_MAX (32u * 1024u) /* all_gatherv direct up to this total */
+#define TDIST__COLL_RS_DIRECT_RANKS 8 /* reduce_scatter direct up to this many ranks */
 
 #endif /* TDIST_COLL_INTERNAL_H */

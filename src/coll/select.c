@@ -37,11 +37,15 @@
  *                   size > 2
  *   reduce          shm: one-shot as all_reduce (the root reduces), else
  *                   staged; point-to-point: binomial tree, ring
- *                   reduce-scatter + gather from 512 KiB (count >= size)
+ *                   reduce-scatter + gather from 512 KiB (count >= size,
+ *                   more than 2 ranks)
  *   all_gather, gather, scatter, all_to_all, reduce_scatter
  *                   shm: one-shot when what a rank stages fits in the
  *                   line or (up to TDIST_SHM_ONESHOT_MAX) in its slot;
- *                   else, like the others, their one algorithm
+ *                   else reduce_scatter staged (shm_coll.c), the others
+ *                   their one algorithm
+ *   reduce_scatter  point-to-point: direct up to TDIST__COLL_RS_DIRECT_RANKS
+ *                   ranks, ring above
  *   barrier         shm: the line alone; point-to-point: pg's fingerprint
  *                   exchange alone when it runs (along the tree: a
  *                   gather-release barrier), else dissemination
@@ -319,6 +323,10 @@ static tdist__coll_algo_t select_shm(const tdist__coll_ctx_t *c, const tdist__co
     case TDIST__OP_REDUCE: /* the root reduces everything, as an all_reduce's ranks do */
         one = shm_oneshot(c, a, a->redop == TDIST_PREMUL_SUM ? 0 : small_max(c));
         return one == TDIST__ALGO_OP ? TDIST__ALGO_REDUCE_SHM : one;
+    case TDIST__OP_REDUCE_SCATTER:
+        one = shm_oneshot(c, a, TDIST_SHM_ONESHOT_MAX);
+        return one == TDIST__ALGO_OP && tdist__shmc_reduce_scatter_fits(c->size)
+                   ? TDIST__ALGO_RS_SHM : one;
     case TDIST__OP_BARRIER:
         return TDIST__ALGO_NONE;
     case TDIST__OP_MONITORED_BARRIER:
@@ -338,10 +346,12 @@ static tdist__coll_algo_t select_p2p(const tdist__coll_ctx_t *c, const tdist__co
     case TDIST__OP_BROADCAST:
         return bytes >= TDIST__COLL_BCAST_CHAIN_MIN && c->size > 2 ? TDIST__ALGO_BCAST_CHAIN
                                                                    : TDIST__ALGO_BCAST_TREE;
-    case TDIST__OP_REDUCE:
-        return bytes >= TDIST__COLL_REDUCE_RSG_MIN && a->count >= (size_t)c->size
+    case TDIST__OP_REDUCE: /* 2 ranks: the tree moves the data once, in one round */
+        return bytes >= TDIST__COLL_REDUCE_RSG_MIN && a->count >= (size_t)c->size && c->size > 2
                    ? TDIST__ALGO_REDUCE_RSG
                    : TDIST__ALGO_REDUCE_TREE;
+    case TDIST__OP_REDUCE_SCATTER:
+        return c->size <= TDIST__COLL_RS_DIRECT_RANKS ? TDIST__ALGO_RS_DIRECT : TDIST__ALGO_OP;
     case TDIST__OP_MONITORED_BARRIER:
         return TDIST__ALGO_MONITORED;
     default:
@@ -390,7 +400,9 @@ static inline tdist__coll_plan_t plan(const tdist__coll_ctx_t *c, const tdist__c
             p.algo = a->op == TDIST__OP_ALL_REDUCE ? TDIST__ALGO_AR_SHM
                      : a->op == TDIST__OP_REDUCE    ? TDIST__ALGO_REDUCE_SHM
                      : a->op == TDIST__OP_BROADCAST ? TDIST__ALGO_BCAST_SHM
-                                                    : TDIST__ALGO_OP;
+                     : a->op == TDIST__OP_REDUCE_SCATTER && tdist__shmc_reduce_scatter_fits(c->size)
+                         ? TDIST__ALGO_RS_SHM
+                         : TDIST__ALGO_OP;
         if (!c->g && (p.algo == TDIST__ALGO_NONE || p.algo == TDIST__ALGO_MONITORED))
             p.algo = TDIST__ALGO_OP;
         return p;
@@ -565,6 +577,12 @@ tdist_status_t tdist__coll_run_algo(const tdist__coll_ctx_t *c, const tdist__col
     case TDIST__OP_SCATTER:
         return tdist__coll_scatter(c, a->sendbuf, a->recvbuf, a->count, a->dtype, a->root);
     case TDIST__OP_REDUCE_SCATTER:
+        if (algo == TDIST__ALGO_RS_SHM && c->size > 1)
+            return tdist__shmc_reduce_scatter(c, a->sendbuf, a->recvbuf, a->count, a->dtype,
+                                              a->redop, a->premul);
+        if (algo == TDIST__ALGO_RS_DIRECT)
+            return tdist__coll_reduce_scatter_direct(c, a->sendbuf, a->recvbuf, a->count,
+                                                     a->dtype, a->redop, a->premul);
         return tdist__coll_reduce_scatter(c, a->sendbuf, a->recvbuf, a->count, a->dtype,
                                           a->redop, a->premul);
     case TDIST__OP_ALL_TO_ALL:

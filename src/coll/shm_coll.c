@@ -1101,3 +1101,145 @@ tdist_status_t tdist__shmc_broadcast(const tdist__coll_ctx_t *c, void *buf, size
     s->chunks = g0 + nk;
     return st;
 }
+
+/* ------------------------------------------------ staged reduce_scatter */
+
+/* reduce_scatter through the staging slots. Chunk k of the call holds
+ * piece k of every block q of the rank's input (pcap elements each,
+ * 64-byte aligned, block q's piece at q * pcap in the slot, where rank q
+ * reads it): every rank stages piece k of
+ * every block but its own (read in place), and rank q then reduces piece
+ * k of block q over the ranks' slots in rank order, straight into its
+ * output — no copy-out step, no buffer of the whole input: each rank
+ * moves (size - 1)/size of its input once and reads its own block's
+ * pieces from every peer once. Each element is reduced by one rank in
+ * rank order, as the one-shot reduce_scatter and the staged all_reduce
+ * do (the same bits). The counters follow the all_reduce's: in = staged,
+ * red = out = this rank has read every peer's slot of the chunk. */
+typedef struct rs_job {
+    red_job_t r;     /* sb, es, dtype, op, premul, g0, stream, oversub */
+    uint8_t *out;    /* this rank's block of the result */
+    size_t rcount;   /* elements of a block */
+    size_t pcap;     /* elements of a block's piece in one chunk */
+    bool stage_own;  /* own piece staged too (PREMUL_SUM scaled there, or out aliases it) */
+} rs_job_t;
+
+/* PREMUL_SUM on f32/f64 scales while it sums (premul_add): every rank
+ * stages its pieces unscaled. Other dtypes stage scaled copies. Every rank
+ * must decide alike (its pieces are read by the others). */
+static bool rs_fused(const rs_job_t *j)
+{
+    return j->r.op == TDIST_PREMUL_SUM && (j->r.dtype == TDIST_F32 || j->r.dtype == TDIST_F64);
+}
+
+static const uint8_t *rs_piece(const tdist__coll_ctx_t *c, const rs_job_t *j, int q, size_t k)
+{
+    const tdist__shmc_t *s = c->shm;
+    if (q == s->rank && !j->stage_own)
+        return j->r.sb + ((size_t)q * j->rcount + k * j->pcap) * j->r.es;
+    return slot_of(s, q, j->r.g0 + k) + (size_t)s->rank * j->pcap * j->r.es;
+}
+
+static tdist_status_t rs_stage(const tdist__coll_ctx_t *c, const rs_job_t *j, size_t k)
+{
+    tdist__shmc_t *s = c->shm;
+    uint64_t g = j->r.g0 + k;
+    if (g >= SLOTS - 1) TDIST_CHECK(wait_for(c, W_OUT, g - (SLOTS - 1), -1));
+    size_t es = j->r.es, off = k * j->pcap, e = TDIST_MIN(j->pcap, j->rcount - off);
+    bool pm = j->r.op == TDIST_PREMUL_SUM && !rs_fused(j), fence = false;
+    uint8_t *slot = slot_of(s, s->rank, g);
+    int here = j->r.stream && j->r.oversub ? tdist__tp_cpu_of(s->tp, s->rank) : -1;
+    for (int q = 0; q < s->size; q++) {
+        if (q == s->rank && !j->stage_own) continue;
+        uint8_t *dst = slot + (size_t)q * j->pcap * es;
+        const uint8_t *src = j->r.sb + ((size_t)q * j->rcount + off) * es;
+        /* piece q has one reader, rank q (see stage_chunk) */
+        bool st = j->r.stream && !pm && q != s->rank &&
+                  (!j->r.oversub || here < 0 || tdist__tp_cpu_of(s->tp, q) != here);
+        if (st)
+            stream_copy(dst, src, e * es);
+        else
+            memcpy(dst, src, e * es);
+        fence = fence || st;
+        if (pm) TDIST_CHECK(tdist_scale(dst, e, j->r.dtype, j->r.premul));
+    }
+    if (fence) stream_fence();
+    publish(c, &ctl_of(s, s->rank)->in, g + 1);
+    return TDIST_OK;
+}
+
+static tdist_status_t rs_reduce(const tdist__coll_ctx_t *c, const rs_job_t *j, size_t k)
+{
+    tdist__shmc_t *s = c->shm;
+    uint64_t g = j->r.g0 + k;
+    size_t off = k * j->pcap, e = TDIST_MIN(j->pcap, j->rcount - off);
+    uint8_t *dst = j->out + off * j->r.es;
+    TDIST_CHECK(wait_for(c, W_IN, g + 1, -1));
+    if (rs_fused(j)) {
+        /* premul_add stores whole elements: an unaligned output gets them
+         * through a block that stays in L1 */
+        _Alignas(64) uint8_t blk[4096];
+        size_t es = j->r.es, step = (uintptr_t)dst % es == 0 ? e : sizeof blk / es;
+        for (size_t i = 0; i < e; i += step) {
+            size_t m = TDIST_MIN(step, e - i), at = i * es;
+            uint8_t *to = step == e ? dst : blk;
+            premul_add(to, rs_piece(c, j, 0, k) + at, rs_piece(c, j, 1, k) + at, m, j->r.dtype,
+                       j->r.premul, true);
+            for (int q = 2; q < s->size; q++)
+                premul_add(to, NULL, rs_piece(c, j, q, k) + at, m, j->r.dtype, j->r.premul, false);
+            if (to != dst) memcpy(dst + at, blk, m * es);
+        }
+    } else {
+        TDIST_CHECK(tdist_reduce(dst, rs_piece(c, j, 0, k), rs_piece(c, j, 1, k), e, j->r.dtype,
+                                 j->r.op));
+        for (int q = 2; q < s->size; q++)
+            TDIST_CHECK(tdist_reduce(dst, dst, rs_piece(c, j, q, k), e, j->r.dtype, j->r.op));
+        if (j->r.op == TDIST_AVG) TDIST_CHECK(tdist_divide(dst, e, j->r.dtype, s->size));
+    }
+    atomic_store_explicit(&ctl_of(s, s->rank)->red, g + 1, memory_order_relaxed);
+    publish(c, &ctl_of(s, s->rank)->out, g + 1);
+    return TDIST_OK;
+}
+
+bool tdist__shmc_reduce_scatter_fits(int size) { return (size_t)size * 64u <= CHUNK; }
+
+tdist_status_t tdist__shmc_reduce_scatter(const tdist__coll_ctx_t *c, const void *sendbuf,
+                                          void *recvbuf, size_t recvcount, tdist_dtype_t dtype,
+                                          tdist_redop_t op, double premul)
+{
+    tdist__shmc_t *s = c->shm;
+    if (recvcount == 0) return TDIST_OK;
+    size_t es = tdist_dtype_size(dtype), n = (size_t)s->size, total = n * recvcount * es;
+    rs_job_t j = {.r = {.sb = sendbuf, .es = es, .dtype = dtype, .op = op, .premul = premul,
+                        .g0 = s->chunks, .oversub = s->oversub},
+                  .out = recvbuf, .rcount = recvcount};
+    size_t align = es >= 64 ? 1 : 64 / es;
+    j.pcap = TDIST_MAX(CHUNK / n / es / align * align, (size_t)1);
+    size_t nk = (recvcount + j.pcap - 1) / j.pcap;
+    /* the output may be this rank's own block of the input (in place):
+     * its pieces are then staged before they are overwritten. Any other
+     * overlap reads a private copy of the input (this rank's choice
+     * alone: the protocol is the same). */
+    const uint8_t *in = sendbuf, *o = recvbuf;
+    void *copy = NULL;
+    if (o == in + (size_t)s->rank * recvcount * es) {
+        j.stage_own = true;
+    } else if (o < in + total && in < o + recvcount * es) {
+        TDIST_CHECK(tdist__coll_alloc(c, total, "reduce_scatter's input", &copy));
+        memcpy(copy, sendbuf, total);
+        j.r.sb = copy;
+    }
+    /* PREMUL_SUM reads its own piece scaled like the others' (staged),
+     * or, scaling while it sums, aligned (staged when it is not) */
+    if (op == TDIST_PREMUL_SUM && (!rs_fused(&j) || (uintptr_t)j.r.sb % es != 0))
+        j.stage_own = true;
+    tdist_status_t st = pick_stream(c, total, &j.r.stream);
+    if (st == TDIST_OK) st = rs_stage(c, &j, 0);
+    for (size_t k = 0; k < nk && st == TDIST_OK; k++) {
+        if (k + 1 < nk) st = rs_stage(c, &j, k + 1);
+        if (st == TDIST_OK) st = rs_reduce(c, &j, k);
+    }
+    s->chunks = j.r.g0 + nk;
+    free(copy);
+    return st;
+}
