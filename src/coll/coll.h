@@ -262,6 +262,7 @@ typedef enum tdist__coll_algo {
     TDIST__ALGO_MONITORED,     /* the monitored barrier's collection at rank 0 */
     TDIST__ALGO_RS_SHM,        /* shm: reduce_scatter through the staging slots */
     TDIST__ALGO_RS_DIRECT,     /* reduce_scatter: every block straight to its rank */
+    TDIST__ALGO_COUNT          /* (the flight recorder names each: fr/format.h) */
 } tdist__coll_algo_t;
 
 typedef struct tdist__coll_plan {

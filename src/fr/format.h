@@ -258,8 +258,8 @@ static const char *const tdist__fr_route_names[] = {"native", "backend", "hierar
                                                     "fused", "monitored", "shm_line"};
 static const char *const tdist__fr_algo_names[] = {
     "none", "slot", "ring", "rd", "direct", "shm", "shm_tiny", "shm_small", "bcast_tree",
-    "bcast_chain", "bcast_shm", "bcast_shm_tiny", "reduce_tree", "reduce_rsg", "reduce_shm",
-    "op", "monitored"};
+    "bcast_chain", "bcast_shm", "reduce_tree", "reduce_rsg", "reduce_shm", "op", "monitored",
+    "rs_shm", "rs_direct"};
 static const char *const tdist__fr_state_names[] = {"empty", "queued", "started", "completed",
                                                     "failed"};
 static const char *const tdist__fr_dtype_names[] = {"f32", "f64", "f16", "bf16",

@@ -13,6 +13,14 @@
 
 #include "pg/internal.h"
 
+/* The recorder stores coll/'s numbers and names them itself (fr/format.h,
+ * which its readers share without coll/): the tables must keep in step. */
+_Static_assert(sizeof tdist__fr_algo_names / sizeof tdist__fr_algo_names[0] == TDIST__ALGO_COUNT,
+               "fr/format.h names every coll/ algorithm, in coll/'s order");
+_Static_assert(sizeof tdist__fr_route_names / sizeof tdist__fr_route_names[0] ==
+                   TDIST__ROUTE_SHM_LINE + 1,
+               "fr/format.h names every coll/ route, in coll/'s order");
+
 /* The transport's (tdist__tp_on_wait) or another backend's (backend.h
  * on_wait) hook: the running collective's entry names the peer its wait
  * is on (slow path only; fr/wait.c). */
