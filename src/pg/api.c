@@ -441,6 +441,49 @@ tdist_status_t tdist_broadcast_coalesced(tdist_pg_t *pg, void *const *bufs, cons
                      n, dtype, TDIST_SUM, root, opts, work);
 }
 
+/* The all_reduce over a 16-bit wire (coll/all_reduce_wire.c): its work
+ * carries the wire as its dtype, the flat vector's length as its count
+ * (what the fingerprint compares) and the divisor as premul. */
+tdist_status_t tdist_all_reduce_wire(tdist_pg_t *pg, void *const *bufs, const size_t *counts,
+                                     size_t n, tdist_dtype_t wire, double divisor,
+                                     const tdist_coll_opts_t *opts, tdist_work_t **work)
+{
+    static const char *fn = "tdist_all_reduce_wire";
+    TDIST_CHECK(chk_common(fn, pg, opts));
+    if (wire != TDIST_F16 && wire != TDIST_BF16)
+        return arg_err(fn, pg, "the wire is %s; it must be f16 or bf16",
+                       (int)wire >= 0 && wire < TDIST_DTYPE_COUNT ? tdist_dtype_name(wire) : "invalid");
+    if (!(divisor > 0) || !isfinite(divisor) || !isfinite((float)divisor))
+        return arg_err(fn, pg, "divisor %g: it must be finite and above 0", divisor);
+    if (n > 0 && (!bufs || !counts))
+        return arg_err(fn, pg, "%s is NULL with n = %zu", !bufs ? "bufs" : "counts", n);
+    if (n > (size_t)1 << 24) return arg_err(fn, pg, "n = %zu buffers is too many", n);
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        char name[40];
+        snprintf(name, sizeof name, "bufs[%zu]", i);
+        TDIST_CHECK(chk_size(fn, pg, counts[i], 1, TDIST_F32, name));
+        TDIST_CHECK(chk_buf(fn, pg, bufs[i], counts[i], name));
+        if (__builtin_add_overflow(total, counts[i], &total))
+            return arg_err(fn, pg, "the counts overflow size_t");
+    }
+    struct tdist_work *w = tdist__work_new(TDIST__OP_ALL_REDUCE_WIRE, opts);
+    if (!w) return no_mem(fn);
+    w->bufs = malloc((n ? n : 1) * sizeof *w->bufs);
+    w->counts = malloc((n ? n : 1) * sizeof *w->counts);
+    if (!w->bufs || !w->counts) return reject(w, no_mem(fn));
+    for (size_t i = 0; i < n; i++) {
+        w->bufs[i] = bufs[i];
+        w->counts[i] = counts[i];
+    }
+    w->nbufs = n;
+    w->count = total;
+    w->dtype = wire;
+    w->redop = TDIST_SUM;
+    w->premul = divisor;
+    return tdist__pg_submit(pg, w, work);
+}
+
 /* ------------------------------------------------------------------- p2p */
 
 static tdist_status_t p2p(const char *fn, tdist_pg_t *pg, tdist__op_t op, const void *sbuf,
