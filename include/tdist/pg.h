@@ -284,6 +284,38 @@ TDIST_API tdist_status_t tdist_broadcast_coalesced(tdist_pg_t *pg, void *const *
                                                    const tdist_coll_opts_t *opts,
                                                    tdist_work_t **work);
 
+/* All_reduce (SUM) of f32 values over a 16-bit wire: n buffers of
+ * counts[i] f32 values each, in place, reduced as one flat vector of
+ * sum(counts) elements; between the ranks (on the wire, in shared memory)
+ * they travel as `wire` values (TDIST_F16 or TDIST_BF16), half the bytes
+ * of f32. Rank r's value x goes on the wire as
+ *     h_r = wire(fl(float(wire(x)) / divisor))
+ * (round to nearest even; a NaN becomes the wire's quiet NaN: f16
+ * sign|0x7E00, bf16 0x7FC0); the h_r are summed as a 16-bit all_reduce
+ * sums them (each addition computed in f32 and rounded to the wire; with
+ * 2 ranks one addition, with more in the algorithm's order: rank order on
+ * shared memory), and every buffer of every rank receives float(sum) — the
+ * same bits on every rank. divisor 1 is a plain cast; the world size gives
+ * the average as PyTorch's fp16/bf16 compression hooks compute it. On
+ * shared memory the values are packed while they are staged and unpacked
+ * while the result is copied out: no pass of the caller's and no copy of
+ * the whole vector; over TCP and other backends they are packed into the
+ * group's scratch, reduced by the 16-bit all_reduce, unpacked.
+ * The fingerprint compares the wire, the total count and the op, not how
+ * a rank splits the vector into buffers. Blocking (work NULL) or
+ * asynchronous; the buffers are borrowed until the work completes, the
+ * bufs and counts arrays are copied. Errors: TDIST_ERR_INVALID_ARG (the
+ * wire, a divisor not finite or not above 0, a NULL array or buffer),
+ * before anything is sent; then as tdist_all_reduce. Thread-safe as the
+ * other collectives. Example (a contiguous buffer of n f32 values,
+ * averaged over 2 ranks with an f16 wire):
+ *     void *b[1] = {grad}; size_t c[1] = {n};
+ *     tdist_all_reduce_wire(pg, b, c, 1, TDIST_F16, 2.0, NULL, NULL); */
+TDIST_API tdist_status_t tdist_all_reduce_wire(tdist_pg_t *pg, void *const *bufs,
+                                               const size_t *counts, size_t n, tdist_dtype_t wire,
+                                               double divisor, const tdist_coll_opts_t *opts,
+                                               tdist_work_t **work);
+
 /* Multi-buffer collectives (PyTorch's *_multigpu semantics), for a
  * process that drives k buffers of count elements each (worker threads',
  * devices'): the k buffers are reduced (or packed) locally first, in list

@@ -19,6 +19,12 @@
  * bucket) -> (W2, T2) handed to the reducer as (W2, wrapper_then) ... and
  * when the inner chain is exhausted, the cast back.
  *
+ * An f32 bucket of the compression hook takes one all_reduce over the
+ * 16-bit wire (tdist_all_reduce_wire), which casts, divides and casts the
+ * gradients while it stages them and casts the sum back while it copies
+ * it out: the hook itself makes no pass over the bucket. Other dtypes and
+ * the wrapper cast into the slot's staging buffer and back.
+ *
  * The casts, PyTorch 1.13's bit for bit (tests/algorithms/test_compress.c
  * checks them against PyTorch's recording):
  *   hook:    h = wire( fl( float(wire(fl(g))) / W ) ); the division's
@@ -36,6 +42,7 @@
 #include <string.h>
 
 #include "algorithms/internal.h"
+#include "core/kernels.h"
 
 #define WHO "tdist_compress_hook"
 #define CHUNK 4096 /* elements converted per pass (on the stack as f32 unless f32) */
@@ -118,7 +125,7 @@ static void compress_run(const tdist_compress_t *c, uint16_t *wire, const void *
         uint16_t *h = wire + i;
         const float *g = as_f32(buf, dt, i, n, tmp);
         if (!c->inner) {
-            tdist__hook16_cast(h, g, n, dv, wt); /* one fused pass */
+            tdist__wire16_pack(h, g, n, dv, wt); /* one fused pass */
             continue;
         }
         to_wire(h, g, n, wt);
@@ -129,11 +136,12 @@ static void compress_run(const tdist_compress_t *c, uint16_t *wire, const void *
     }
 }
 
-/* The bucket cast into wire: from the flat buffer, or (a hook on the
- * gradients) from each gradient straight into its place in wire. */
-static void compress(const tdist_compress_t *c, uint16_t *wire, const tdist_ddp_bucket_t *b)
+/* The bucket cast into wire (the hook: divided by dv): from the flat
+ * buffer, or (a hook on the gradients) from each gradient straight into
+ * its place in wire. */
+static void compress(const tdist_compress_t *c, uint16_t *wire, const tdist_ddp_bucket_t *b,
+                     float dv)
 {
-    const float dv = (float)b->divisor;
     if (!b->grads) {
         compress_run(c, wire, b->buffer, b->dtype, b->count, dv);
         return;
@@ -381,6 +389,47 @@ static tdist_status_t call_inner(tdist_compress_t *c, slot_t *s, const tdist_ddp
     return TDIST_OK;
 }
 
+/* The observer of an f32 bucket reduced over the 16-bit wire: the
+ * reduced values packed again (float(h) packs back into h). */
+static tdist_status_t observe_reduced(void *state, const tdist_ddp_bucket_t *bucket,
+                                      tdist_ddp_hook_result_t *next)
+{
+    (void)next;
+    tdist_compress_t *c = state;
+    const slot_t *s = &c->slots[bucket->index];
+    compress(c, s->wire, bucket, 1.0f);
+    c->observe(c->observe_arg, bucket, s->wire, true);
+    return TDIST_OK;
+}
+
+/* The hook on an f32 bucket: one all_reduce over the 16-bit wire packs
+ * the gradients (cast, divide, cast) while it stages them, sums the
+ * 16-bit values and unpacks the sum into them — no pass of its own over
+ * the bucket. An observer gets the packed input computed once more, and
+ * the reduced values packed again. */
+static tdist_status_t hook_wire(tdist_compress_t *c, const tdist_ddp_bucket_t *b,
+                                tdist_ddp_hook_result_t *result)
+{
+    void *flat[1] = {b->buffer};
+    size_t flat_count[1] = {b->count};
+    void *const *bufs = b->grads ? b->grads : flat;
+    const size_t *counts = b->grads ? b->counts : flat_count;
+    size_t n = b->grads ? b->num_params : 1;
+    if (c->observe) {
+        slot_t *s = NULL;
+        TDIST_CHECK(slot_for(c, b, &s));
+        compress(c, s->wire, b, (float)b->divisor);
+        c->observe(c->observe_arg, b, s->wire, false);
+        result->then = observe_reduced;
+    }
+    tdist_status_t st = tdist_all_reduce_wire(b->pg, bufs, counts, n, c->wire, (double)b->divisor,
+                                              NULL, &result->work);
+    if (st != TDIST_OK)
+        return tdist__error_context(st, "%s: %s bucket %zu: all_reduce over the %s wire", WHO,
+                                    c->desc, b->index, tdist_dtype_name(c->wire));
+    return TDIST_OK;
+}
+
 static tdist_status_t check_call(const tdist_compress_t *c, const tdist_ddp_bucket_t *b,
                                  const tdist_ddp_hook_result_t *result)
 {
@@ -395,9 +444,10 @@ tdist_status_t tdist_compress_hook(void *state, const tdist_ddp_bucket_t *bucket
     tdist_compress_t *c = state;
     TDIST_CHECK(check_call(c, bucket, result));
     TDIST_CHECK(tdist__agree(&c->agree, bucket, WHO, "compress", c->desc, c->config));
+    if (!c->inner && bucket->dtype == TDIST_F32) return hook_wire(c, bucket, result);
     slot_t *s = NULL;
     TDIST_CHECK(slot_for(c, bucket, &s));
-    compress(c, s->wire, bucket);
+    compress(c, s->wire, bucket, (float)bucket->divisor);
     if (c->observe) c->observe(c->observe_arg, bucket, s->wire, false);
     if (c->inner) return call_inner(c, s, bucket, result);
     tdist_status_t st = tdist_all_reduce(bucket->pg, s->wire, s->wire, bucket->count, c->wire,

@@ -1,16 +1,12 @@
 /*
- * algorithms/hook_kernels.c — the per-element passes of the 16-bit
- * compression hook and of the int8 hook, each fused into one pass over
- * the bucket and vectorised for the instruction set core chose at run time
- * (tdist__get_isa: AVX-512, AVX2 + F16C, or portable C; TDIST_KERNELS
- * forces one). Every path gives the bits of the portable one, which is the
- * definition written out step by step:
+ * algorithms/hook_kernels.c — the per-element passes of the int8 hook,
+ * each fused into one pass over the bucket and vectorised for the
+ * instruction set core chose at run time (tdist__get_isa: AVX-512, AVX2 +
+ * F16C, or portable C; TDIST_KERNELS forces one). Every path gives the
+ * bits of the portable one, which is the definition written out step by
+ * step (the 16-bit hook's cast is core's tdist__wire16_pack, shared with
+ * the all_reduce over a 16-bit wire):
  *
- *   16-bit hook cast  h = wire(fl(float(wire(g)) / W)), then a NaN h made
- *                     c10's scalar NaN (f16 sign|0x7E00, bf16 0x7FC0);
- *                     wire() rounds to nearest even (core's converters:
- *                     F16C for f16, integer arithmetic for bf16); the
- *                     division is one IEEE division per element;
  *   int8 block scale  s = max |x| over the finite x of the block, / 127;
  *   int8 code         -128 for a non-finite x; 0 when s == 0; else
  *                     x / s rounded half away from zero, clamped to
@@ -38,107 +34,6 @@
 #define ATTR_AVX2 __attribute__((target("avx2,f16c,fma")))
 #define ATTR_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c,fma")))
 #endif
-
-/* ------------------------------------------------------- the 16-bit hook */
-
-TDIST__INLINE uint16_t hook16_one(float g, float dv, tdist_dtype_t wire)
-{
-    if (wire == TDIST_F16) {
-        uint16_t h = tdist__f2h(tdist__h2f(tdist__f2h(g)) / dv);
-        return (h & 0x7fffu) > 0x7c00u ? (uint16_t)((h & 0x8000u) | 0x7e00u) : h;
-    }
-    uint16_t h = tdist__f2bf(tdist__bf2f(tdist__f2bf(g)) / dv);
-    return (h & 0x7fffu) > 0x7f80u ? 0x7fc0u : h;
-}
-
-/* The portable loop from element i on (bf16 on AVX2: it vectorises). */
-#define HOOK16_LOOP(SUF, ATTR)                                                                   \
-    ATTR static void hook16_loop_##SUF(uint16_t *restrict dst, const float *restrict src,        \
-                                       size_t i, size_t n, float dv, tdist_dtype_t wire)         \
-    {                                                                                            \
-        for (; i < n; i++) dst[i] = hook16_one(src[i], dv, wire);                                \
-    }
-HOOK16_LOOP(generic, )
-
-#ifdef HAVE_X86
-ATTR_AVX512 static size_t hook16_avx512(uint16_t *dst, const float *src, size_t n, float dv,
-                                        tdist_dtype_t wire)
-{
-    const __m512 d = _mm512_set1_ps(dv);
-    size_t i = 0;
-    if (wire == TDIST_F16) {
-        const __m256i sign = _mm256_set1_epi16((short)0x8000), qnan = _mm256_set1_epi16(0x7e00);
-        for (; i + 16 <= n; i += 16) {
-            __m256i h = _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
-            __m512 q = _mm512_div_ps(_mm512_cvtph_ps(h), d);
-            h = _mm512_cvtps_ph(q, _MM_FROUND_TO_NEAREST_INT);
-            __mmask16 nan = _mm512_cmp_ps_mask(q, q, _CMP_UNORD_Q);
-            h = _mm256_mask_blend_epi16(nan, h, _mm256_or_si256(_mm256_and_si256(h, sign), qnan));
-            _mm256_storeu_si256((__m256i *)(void *)(dst + i), h);
-        }
-        return i;
-    }
-    const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
-    for (; i + 16 <= n; i += 16) {
-        __m512i x = _mm512_castps_si512(_mm512_loadu_ps(src + i));
-        __m512i r = _mm512_add_epi32(_mm512_add_epi32(x, bias),
-                                     _mm512_and_si512(_mm512_srli_epi32(x, 16), one));
-        r = _mm512_srli_epi32(r, 16);
-        __mmask16 nan_in = _mm512_cmp_ps_mask(_mm512_castsi512_ps(x), _mm512_castsi512_ps(x),
-                                              _CMP_UNORD_Q);
-        /* a NaN input: (x >> 16) | 0x40; its value is NaN, as is q's */
-        __m512 g = _mm512_castsi512_ps(_mm512_slli_epi32(r, 16));
-        g = _mm512_mask_blend_ps(nan_in, g, _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
-        __m512 q = _mm512_div_ps(g, d);
-        __m512i y = _mm512_castps_si512(q);
-        __m512i o = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(y, bias),
-                                                        _mm512_and_si512(_mm512_srli_epi32(y, 16), one)),
-                                      16);
-        __mmask16 nan = _mm512_cmp_ps_mask(q, q, _CMP_UNORD_Q);
-        o = _mm512_mask_blend_epi32(nan, o, _mm512_set1_epi32(0x7fc0));
-        _mm256_storeu_si256((__m256i *)(void *)(dst + i), _mm512_cvtepi32_epi16(o));
-    }
-    return i;
-}
-
-HOOK16_LOOP(avx2, ATTR_AVX2)
-
-ATTR_AVX2 static size_t hook16_avx2(uint16_t *dst, const float *src, size_t n, float dv,
-                                    tdist_dtype_t wire)
-{
-    if (wire != TDIST_F16) {
-        hook16_loop_avx2(dst, src, 0, n, dv, wire);
-        return n;
-    }
-    const __m256 d = _mm256_set1_ps(dv);
-    const __m128i sign = _mm_set1_epi16((short)0x8000), qnan = _mm_set1_epi16(0x7e00);
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
-        __m256 q = _mm256_div_ps(_mm256_cvtph_ps(h), d);
-        h = _mm256_cvtps_ph(q, _MM_FROUND_TO_NEAREST_INT);
-        __m256i nan32 = _mm256_castps_si256(_mm256_cmp_ps(q, q, _CMP_UNORD_Q));
-        __m128i nan = _mm_packs_epi32(_mm256_castsi256_si128(nan32), _mm256_extracti128_si256(nan32, 1));
-        h = _mm_blendv_epi8(h, _mm_or_si128(_mm_and_si128(h, sign), qnan), nan);
-        _mm_storeu_si128((__m128i *)(void *)(dst + i), h);
-    }
-    return i;
-}
-#endif
-
-void tdist__hook16_cast(uint16_t *dst, const float *src, size_t n, float divisor,
-                        tdist_dtype_t wire)
-{
-    size_t i = 0;
-#ifdef HAVE_X86
-    switch (tdist__get_isa()) {
-    case TDIST__ISA_AVX512: i = hook16_avx512(dst, src, n, divisor, wire); break;
-    case TDIST__ISA_AVX2: i = hook16_avx2(dst, src, n, divisor, wire); break;
-    default: break;
-    }
-#endif
-    hook16_loop_generic(dst, src, i, n, divisor, wire);
-}
 
 /* ------------------------------------------------------------------ int8 */
 

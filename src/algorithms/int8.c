@@ -17,6 +17,16 @@
  *   finish        message r of `send` is shard r of the result, the same
  *                 bytes on every rank: dequantised into the bucket
  *
+ * The shards and blocks follow the flat bucket layout (bucket->offsets),
+ * the same on every rank whether the hook reads the bucket or, registered
+ * with TDIST_DDP_HOOK_GRADS (tdist_int8_register), the gradients where
+ * they live: a shard, and a block, may span a parameter boundary, and the
+ * bits are those of the bucket path. On the gradients an f32 bucket
+ * without the input residual is quantised a chunk (whole blocks, in L1)
+ * at a time, read from the gradients directly or gathered when the chunk
+ * spans parameters, and the result is dequantised straight into them: no
+ * copy of the bucket either way.
+ *
  * A message is [scales: f32 x blocks][codes: int8 x shard length][zero
  * padding]: every message has the size of the longest shard's, rounded up
  * to 4 bytes, so both collectives have equal splits (shards differ by at
@@ -57,7 +67,8 @@ typedef struct slot {
     unsigned char *mine; /* msg: this rank's reduced shard, quantised */
     float *x;            /* n: the input (+ residual), then its new residual */
     float *acc;          /* max_len: this rank's shard of the sum */
-    size_t cap_send, cap_recv, cap_mine, cap_x, cap_acc;
+    float *tmp;          /* a chunk of the gradients gathered (the hook on them) */
+    size_t cap_send, cap_recv, cap_mine, cap_x, cap_acc, cap_tmp;
     layout_t lay;
 } slot_t;
 
@@ -211,6 +222,7 @@ void tdist_int8_destroy(tdist_int8_t *st)
         free(s->mine);
         free(s->x);
         free(s->acc);
+        free(s->tmp);
     }
     for (size_t i = 0; i < st->nres; i++) {
         free(st->res[i].in);
@@ -226,7 +238,9 @@ tdist_status_t tdist_int8_register(tdist_ddp_t *ddp, tdist_int8_t *st)
     if (!ddp || !st)
         return tdist__error(TDIST_ERR_INVALID_ARG, "tdist_int8_register: %s is NULL",
                             !ddp ? "ddp" : "the int8 hook state");
-    return tdist_ddp_register_comm_hook(ddp, st, tdist_int8_hook);
+    /* the hook reads the gradients where they are and leaves the result
+     * there: the reducer's copies into the bucket and back are not needed */
+    return tdist_ddp_register_comm_hook_flags(ddp, st, tdist_int8_hook, TDIST_DDP_HOOK_GRADS);
 }
 
 tdist_status_t tdist_int8_get_stats(const tdist_int8_t *st, tdist_int8_stats_t *out)
@@ -277,6 +291,9 @@ static int resid_arrays(tdist_int8_t *st, size_t p, size_t count)
     return 0;
 }
 
+/* Elements quantised or summed at a time: whole blocks, about L1's worth. */
+static size_t chunk_of(const layout_t *l) { return l->block * TDIST_MAX((size_t)1, SUM_CHUNK / l->block); }
+
 /* Bucket b's slot with its layout and buffers, and the residual arrays of
  * its parameters. */
 static tdist_status_t slot_for(tdist_int8_t *st, const tdist_ddp_bucket_t *b, slot_t **out)
@@ -297,7 +314,8 @@ static tdist_status_t slot_for(tdist_int8_t *st, const tdist_ddp_bucket_t *b, sl
         grow((void **)&s->recv, &s->cap_recv, msgs, 1) ||
         grow((void **)&s->mine, &s->cap_mine, l->msg, 1) ||
         grow((void **)&s->x, &s->cap_x, l->n, sizeof(float)) ||
-        grow((void **)&s->acc, &s->cap_acc, l->max_len, sizeof(float)))
+        grow((void **)&s->acc, &s->cap_acc, l->max_len, sizeof(float)) ||
+        grow((void **)&s->tmp, &s->cap_tmp, chunk_of(l), sizeof(float)))
         goto oom;
     if (st->ef_in || st->ef_sum)
         for (size_t j = 0; j < b->num_params; j++)
@@ -337,18 +355,62 @@ static void move_resid(tdist_int8_t *st, const tdist_ddp_bucket_t *b, int which,
 
 /* -------------------------------------------------------------- the hook */
 
+/* The part of bucket elements [lo, hi) that parameter j holds: [*a, *e)
+ * (empty when *a >= *e). */
+static void part_of(const tdist_ddp_bucket_t *b, size_t j, size_t lo, size_t hi, size_t *a,
+                    size_t *e)
+{
+    *a = TDIST_MAX(b->offsets[j], lo);
+    *e = TDIST_MIN(b->offsets[j] + b->counts[j], hi);
+}
+
+/* Bucket elements [lo, hi) as f32 into dst: from the gradients (zeros
+ * between parameters, as the bucket holds) or the bucket; f64 rounded
+ * once. */
+static void gather(const tdist_ddp_bucket_t *b, float *dst, size_t lo, size_t hi)
+{
+    if (!b->grads) {
+        if (b->dtype == TDIST_F32)
+            memcpy(dst, (const float *)b->buffer + lo, (hi - lo) * sizeof *dst);
+        else
+            for (size_t i = lo; i < hi; i++) dst[i - lo] = (float)((const double *)b->buffer)[i];
+        return;
+    }
+    memset(dst, 0, (hi - lo) * sizeof *dst);
+    for (size_t j = 0; j < b->num_params; j++) {
+        size_t a, e;
+        part_of(b, j, lo, hi, &a, &e);
+        size_t o = b->offsets[j];
+        if (a >= e) continue;
+        if (b->dtype == TDIST_F32)
+            memcpy(dst + (a - lo), (const float *)b->grads[j] + (a - o), (e - a) * sizeof *dst);
+        else
+            for (size_t i = a; i < e; i++) dst[i - lo] = (float)((const double *)b->grads[j])[i - o];
+    }
+}
+
 /* The f32 input to quantise: the bucket itself when it is f32 and there
- * is no input residual to add (no copy); else x = the bucket as f32 (f64
- * rounded once), plus the input residual. */
+ * is no input residual to add (no copy); NULL for the same on the
+ * gradients (quantised chunk by chunk from them: quantise_shards); else x
+ * = the input as f32 (f64 rounded once), plus the input residual. */
 static const float *load_input(tdist_int8_t *st, slot_t *s, const tdist_ddp_bucket_t *b)
 {
-    if (b->dtype == TDIST_F32 && !st->ef_in) return b->buffer;
-    if (b->dtype == TDIST_F32)
-        memcpy(s->x, b->buffer, b->count * sizeof(float));
-    else
-        for (size_t i = 0; i < b->count; i++) s->x[i] = (float)((const double *)b->buffer)[i];
+    if (b->dtype == TDIST_F32 && !st->ef_in) return b->grads ? NULL : b->buffer;
+    gather(b, s->x, 0, b->count);
     if (st->ef_in) move_resid(st, b, RESID_IN, false, s->x, 0, b->count);
     return s->x;
+}
+
+/* Bucket elements [lo, hi) of an f32 bucket on its gradients: a pointer
+ * into one gradient when they lie in it, else gathered into tmp. */
+static const float *grads_chunk(const tdist_ddp_bucket_t *b, float *tmp, size_t lo, size_t hi)
+{
+    for (size_t j = 0; j < b->num_params; j++) {
+        size_t o = b->offsets[j];
+        if (lo >= o && hi <= o + b->counts[j]) return (const float *)b->grads[j] + (lo - o);
+    }
+    gather(b, tmp, lo, hi);
+    return tmp;
 }
 
 /* Zero what a message of a shard of len elements does not fill: the
@@ -362,17 +424,82 @@ static void zero_unused(const layout_t *l, unsigned char *m, size_t len)
 }
 
 /* Shard p of x into message p of send; with the input residual, x (then
- * this slot's own copy) becomes the input's residual. */
-static void quantise_shards(tdist_int8_t *st, slot_t *s, const float *x)
+ * this slot's own copy) becomes the input's residual. x NULL: the bucket's
+ * gradients, a chunk at a time. */
+static void quantise_shards(tdist_int8_t *st, slot_t *s, const tdist_ddp_bucket_t *b,
+                            const float *x)
 {
     const layout_t *l = &s->lay;
+    const size_t chunk = chunk_of(l);
     for (int p = 0; p < l->size; p++) {
         size_t off, len;
         shard_of(l, p, &off, &len);
         unsigned char *m = s->send + (size_t)p * l->msg;
+        int8_t *codes = (int8_t *)(m + l->codes_at);
         zero_unused(l, m, len);
-        st->stats.nonfinite_in += quantise((int8_t *)(m + l->codes_at), m, x + off,
-                                           st->ef_in ? s->x + off : NULL, len, l->block);
+        if (x) {
+            st->stats.nonfinite_in += quantise(codes, m, x + off, st->ef_in ? s->x + off : NULL,
+                                               len, l->block);
+            continue;
+        }
+        for (size_t c0 = 0; c0 < len; c0 += chunk) {
+            size_t cn = TDIST_MIN(chunk, len - c0);
+            const float *g = grads_chunk(b, s->tmp, off + c0, off + c0 + cn);
+            st->stats.nonfinite_in += quantise(codes + c0, m + c0 / l->block * sizeof(float), g,
+                                               NULL, cn, l->block);
+        }
+    }
+}
+
+/* Shard elements [a, e) (message m, codes and scales of the shard) into
+ * dst[0 .. e - a) as f32: a partial first block, then whole blocks and the
+ * tail. */
+static void dequantise_f32(float *dst, const layout_t *l, const unsigned char *m, size_t a,
+                           size_t e)
+{
+    const int8_t *codes = (const int8_t *)(m + l->codes_at);
+    size_t head = TDIST_MIN(e, (a / l->block + 1) * l->block);
+    if (a % l->block) {
+        dequantise(dst, codes + a, m + a / l->block * sizeof(float), head - a, l->block, false);
+        dst += head - a;
+        a = head;
+    }
+    if (a < e) dequantise(dst, codes + a, m + a / l->block * sizeof(float), e - a, l->block, false);
+}
+
+/* The same into f64 values. */
+static void dequantise_f64(double *dst, const layout_t *l, const unsigned char *m, size_t a,
+                           size_t e)
+{
+    const int8_t *codes = (const int8_t *)(m + l->codes_at);
+    for (size_t i = a; i < e; i++) {
+        float sc;
+        memcpy(&sc, m + i / l->block * sizeof sc, sizeof sc);
+        dst[i - a] = value_of(codes[i], sc);
+    }
+}
+
+/* Shard r (bucket elements [off, off + len), message m) of the result into
+ * the bucket, or into the parts of the gradients it covers. */
+static void result_shard(const tdist_ddp_bucket_t *b, const layout_t *l, const unsigned char *m,
+                         size_t off, size_t len)
+{
+    bool f32 = b->dtype == TDIST_F32;
+    if (!b->grads) {
+        if (f32)
+            dequantise_f32((float *)b->buffer + off, l, m, 0, len);
+        else
+            dequantise_f64((double *)b->buffer + off, l, m, 0, len);
+        return;
+    }
+    for (size_t j = 0; j < b->num_params; j++) {
+        size_t a, e, o = b->offsets[j];
+        part_of(b, j, off, off + len, &a, &e);
+        if (a >= e) continue;
+        if (f32)
+            dequantise_f32((float *)b->grads[j] + (a - o), l, m, a - off, e - off);
+        else
+            dequantise_f64((double *)b->grads[j] + (a - o), l, m, a - off, e - off);
     }
 }
 
@@ -386,18 +513,7 @@ static tdist_status_t finish(void *state, const tdist_ddp_bucket_t *b, tdist_ddp
     for (int r = 0; r < l->size; r++) {
         size_t off, len;
         shard_of(l, r, &off, &len);
-        const unsigned char *m = s->send + (size_t)r * l->msg;
-        const int8_t *codes = (const int8_t *)(m + l->codes_at);
-        if (b->dtype == TDIST_F32) {
-            dequantise((float *)b->buffer + off, codes, m, len, l->block, false);
-            continue;
-        }
-        double *dst = (double *)b->buffer + off;
-        for (size_t b0 = 0, k = 0; b0 < len; b0 += l->block, k++) {
-            float sc;
-            memcpy(&sc, m + k * sizeof sc, sizeof sc);
-            for (size_t i = b0; i < TDIST_MIN(b0 + l->block, len); i++) dst[i] = value_of(codes[i], sc);
-        }
+        result_shard(b, l, s->send + (size_t)r * l->msg, off, len);
     }
     size_t w = (size_t)l->size;
     st->stats.buckets++;
@@ -439,7 +555,7 @@ static tdist_status_t reduce_shard(void *state, const tdist_ddp_bucket_t *b,
     zero_unused(l, s->mine, len);
     /* chunks of whole blocks, each summed, divided and (without the sum
      * residual) quantised while it is in cache */
-    const size_t chunk = l->block * TDIST_MAX((size_t)1, SUM_CHUNK / l->block);
+    const size_t chunk = chunk_of(l);
     for (size_t c0 = 0; c0 < len; c0 += chunk) {
         size_t cn = TDIST_MIN(chunk, len - c0);
         sum_chunk(l, s->recv, acc + c0, c0, cn, (float)b->divisor);
@@ -493,7 +609,7 @@ tdist_status_t tdist_int8_hook(void *state, const tdist_ddp_bucket_t *bucket,
     TDIST_CHECK(tdist__agree(&st->agree, bucket, WHO, "int8", st->desc, st->config));
     slot_t *s = NULL;
     TDIST_CHECK(slot_for(st, bucket, &s));
-    quantise_shards(st, s, load_input(st, s, bucket));
+    quantise_shards(st, s, bucket, load_input(st, s, bucket));
     const layout_t *l = &s->lay;
     tdist_status_t rc = tdist_all_to_all(bucket->pg, s->send, s->recv, l->msg, TDIST_U8, NULL,
                                          &result->work);

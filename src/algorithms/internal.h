@@ -123,12 +123,6 @@ tdist_status_t tdist__averager_run(tdist_averager_t *a, const tdist_optim_param_
  * (hook_kernels.c: one fused, vectorised pass each; the definitions are
  * written out there). Pure, thread-safe, no allocation. */
 
-/* The 16-bit compression hook's cast of n f32 values: dst[i] =
- * wire(fl(float(wire(src[i])) / divisor)), a NaN made c10's scalar NaN
- * (f16 sign|0x7E00, bf16 0x7FC0). wire: TDIST_F16 or TDIST_BF16. */
-void tdist__hook16_cast(uint16_t *dst, const float *src, size_t n, float divisor,
-                        tdist_dtype_t wire);
-
 /* int8 quantisation of n f32 values in blocks of `block`: codes[i], and
  * one f32 scale per block stored as bytes at scales (unaligned). resid
  * (NULL, or src itself): src - dequantised, 0 where src is not finite.

@@ -25,6 +25,12 @@
  *             Q = M^T P; post the SUM all_reduce of Q  -> work, after_q
  *   after_q:  Q / divisor (kept as next warm start); bucket = P Q^T;
  *             error = input - output.
+ * The hook is registered on the gradients (TDIST_DDP_HOOK_GRADS): the
+ * fused unbatched passes (error feedback, every tensor on the large
+ * products, no observer) read and write each gradient where it lives;
+ * every other path gathers the gradients into the bucket buffer first and
+ * scatters the result back at the end of its chain, as the reducer's own
+ * copies would.
  * Pipelining: the reducer calls the hook of each bucket as soon as it is
  * ready (during backward) and runs the continuations in backward_end, in
  * bucket order. So the P all_reduces of every bucket are in flight while
@@ -78,6 +84,10 @@ typedef struct slot {
     size_t side, r;
     float *mat, *bq, *pad_err;
     bool has_bq, has_pad_err;
+    /* this call (the hook on the gradients): direct, the fused passes read
+     * and write the gradients where they live; else they were gathered
+     * into the bucket buffer and are scattered back at the end */
+    bool direct;
 } slot_t;
 
 struct tdist_powersgd {
@@ -248,7 +258,10 @@ tdist_status_t tdist_powersgd_register(tdist_ddp_t *ddp, tdist_powersgd_t *s)
     if (!ddp || !s)
         return tdist__error(TDIST_ERR_INVALID_ARG, "tdist_powersgd_register: %s is NULL",
                             !ddp ? "ddp" : "the PowerSGD state");
-    return tdist_ddp_register_comm_hook(ddp, s, tdist_powersgd_hook);
+    /* on the gradients where they live (the fused unbatched passes read
+     * and write them in place; the other paths gather them into the
+     * bucket buffer and scatter the result back) */
+    return tdist_ddp_register_comm_hook_flags(ddp, s, tdist_powersgd_hook, TDIST_DDP_HOOK_GRADS);
 }
 
 int64_t tdist_powersgd_iteration(const tdist_powersgd_t *s)
@@ -467,6 +480,55 @@ static const tens_t *tensor_at(const slot_t *sl, size_t off)
     return NULL;
 }
 
+/* Where the fused passes find bucket parameter j's values: its gradient
+ * (direct), else its place in the bucket buffer. */
+static float *grad_j(const slot_t *sl, const tdist_ddp_bucket_t *b, size_t j)
+{
+    return sl->direct ? (float *)b->grads[j] : (float *)b->buffer + b->offsets[j];
+}
+
+/* The same for the parameter at bucket offset off. */
+static float *grad_at(const slot_t *sl, const tdist_ddp_bucket_t *b, size_t off)
+{
+    if (!sl->direct) return (float *)b->buffer + off;
+    for (size_t j = 0; j < b->num_params; j++)
+        if (b->offsets[j] == off && b->counts[j] > 0) return b->grads[j];
+    return (float *)b->buffer + off; /* not reached: off is a parameter's */
+}
+
+/* Between the gradients and the bucket buffer (a hook on the gradients
+ * on a path that works on the buffer): in (gradients -> buffer) or out.
+ * Nothing where they are the same memory (gradient_as_bucket_view). */
+static void move_grads(const tdist_ddp_bucket_t *b, bool in)
+{
+    if (!b->grads) return;
+    for (size_t j = 0; j < b->num_params; j++) {
+        float *f = (float *)b->buffer + b->offsets[j], *g = b->grads[j];
+        if (f == g || b->counts[j] == 0) continue;
+        if (in)
+            memcpy(f, g, b->counts[j] * sizeof *f);
+        else
+            memcpy(g, f, b->counts[j] * sizeof *f);
+    }
+}
+
+/* The uncompressed values between the bucket (each parameter's place,
+ * grad_j) and their packed copy u: into u (pack) or back from it divided
+ * by dv. */
+static void uncompressed(const slot_t *sl, const tdist_ddp_bucket_t *b, float *u, bool pack,
+                         float dv)
+{
+    for (size_t j = 0, k = 0; j < b->num_params && k < sl->nu; j++) {
+        if (b->counts[j] == 0 || sl->uoff[k] != b->offsets[j]) continue;
+        float *g = grad_j(sl, b, j);
+        if (pack)
+            memcpy(u, g, sl->ucnt[k] * sizeof *u);
+        else
+            for (size_t i = 0; i < sl->ucnt[k]; i++) g[i] = u[i] / dv;
+        u += sl->ucnt[k++];
+    }
+}
+
 /* x[0..c) = x + e (e NULL: no error yet, x stays), also into copy (NULL:
  * not). */
 static void add_error(float *x, const float *e, size_t c, float *copy)
@@ -491,24 +553,25 @@ static void add_error(float *x, const float *e, size_t c, float *copy)
 static void feedback_in_fused(tdist_powersgd_t *s, slot_t *sl, const tdist_ddp_bucket_t *b)
 {
     float *g = b->buffer, *cp = sl->cp, *pp = sl->pu + sl->ulen;
-    const bool keep = s->o.observe != NULL;
+    const bool keep = s->o.observe != NULL; /* never direct */
     size_t done = 0;
     for (size_t j = 0; j < b->num_params; j++) {
         const pstore_t *p = &s->ps[b->param_indices[j]];
         size_t o = b->offsets[j], c = b->counts[j];
+        float *gj = grad_j(sl, b, j);
         if (keep) memcpy(cp + done, g + done, (o - done) * sizeof *cp);
         done = o + c;
         const float *e = p->has_err && p->count == c ? p->err : NULL; /* PyTorch: once one exists */
         const tens_t *t = c > 0 ? tensor_at(sl, o) : NULL;
         if (!t) {
-            add_error(g + o, e, c, cp + o);
+            add_error(gj, e, c, cp + o);
             continue;
         }
         const size_t rb = block_rows(t->m);
         for (size_t i0 = 0; i0 < t->n; i0 += rb) {
             size_t rows = TDIST_MIN(rb, t->n - i0), at = i0 * t->m;
-            add_error(g + o + at, e ? e + at : NULL, rows * t->m, keep ? cp + o + at : NULL);
-            tdist__psgd_gemm(pp + t->poff + i0 * t->r, g + o + at, sl->q + t->qoff, rows, t->m,
+            add_error(gj + at, e ? e + at : NULL, rows * t->m, keep ? cp + o + at : NULL);
+            tdist__psgd_gemm(pp + t->poff + i0 * t->r, gj + at, sl->q + t->qoff, rows, t->m,
                              t->r, 0, 0, true);
         }
     }
@@ -554,7 +617,8 @@ static tdist_status_t err_array(pstore_t *p, size_t count, const tdist_ddp_bucke
 /* feedback_out of the unbatched hook in one pass: each parameter's error
  * (input - output, 0 for an uncompressed one without
  * error_feedback_uncompressed) straight into its error array; the
- * bucket-wide copy only when an observer wants to see it. */
+ * bucket-wide copy only when an observer wants to see it. out: the flat
+ * output, or NULL for each parameter's place (grad_j). */
 static tdist_status_t feedback_out_fused(tdist_powersgd_t *s, slot_t *sl,
                                          const tdist_ddp_bucket_t *b, const float *out,
                                          bool compressed_done)
@@ -579,7 +643,8 @@ static tdist_status_t feedback_out_fused(tdist_powersgd_t *s, slot_t *sl,
         } else if (keep) {
             for (size_t i = 0; i < c; i++) e[i] = cp[o + i] = cp[o + i] - out[o + i];
         } else {
-            for (size_t i = 0; i < c; i++) e[i] = cp[o + i] - out[o + i];
+            const float *oj = out ? out + o : grad_j(sl, b, j);
+            for (size_t i = 0; i < c; i++) e[i] = cp[o + i] - oj[i];
         }
         p->has_err = true;
     }
@@ -670,12 +735,16 @@ static tdist_status_t after_p(void *state, const tdist_ddp_bucket_t *b,
 {
     tdist_powersgd_t *s = state;
     slot_t *sl = slot_of(s, b);
-    float *g = b->buffer;
     const float dv = (float)b->divisor;
     observe(s, b, TDIST_POWERSGD_P_REDUCED, sl->pu, sl->ulen + sl->plen);
-    const float *u = sl->pu;
-    for (size_t k = 0; k < sl->nu; u += sl->ucnt[k], k++)
-        for (size_t i = 0; i < sl->ucnt[k]; i++) g[sl->uoff[k] + i] = u[i] / dv;
+    if (params_in_order(b)) {
+        uncompressed(sl, b, sl->pu, false, dv);
+    } else {
+        const float *u = sl->pu;
+        float *g = b->buffer;
+        for (size_t k = 0; k < sl->nu; u += sl->ucnt[k], k++)
+            for (size_t i = 0; i < sl->ucnt[k]; i++) g[sl->uoff[k] + i] = u[i] / dv;
+    }
     float *p = sl->pu + sl->ulen;
     for (size_t i = 0; i < sl->nt; i++) {
         const tens_t *t = &sl->t[i];
@@ -684,7 +753,8 @@ static tdist_status_t after_p(void *state, const tdist_ddp_bucket_t *b,
     observe(s, b, TDIST_POWERSGD_P_ORTHO, p, sl->plen);
     for (size_t i = 0; i < sl->nt; i++) {
         const tens_t *t = &sl->t[i];
-        tdist__psgd_gemm(sl->q + t->qoff, g + t->off, p + t->poff, t->m, t->n, t->r, 1, 0, false);
+        tdist__psgd_gemm(sl->q + t->qoff, grad_at(sl, b, t->off), p + t->poff, t->m, t->n, t->r, 1,
+                         0, false);
     }
     observe(s, b, TDIST_POWERSGD_Q_LOCAL, sl->q, sl->qlen);
     TDIST_CHECK(post(b, sl->q, sl->qlen, "Q", &next->work));
@@ -704,7 +774,7 @@ static tdist_status_t decompress_with_error(tdist_powersgd_t *s, slot_t *sl,
 {
     pstore_t *ps = &s->ps[t->param];
     TDIST_CHECK(err_array(ps, t->n * t->m, b));
-    float *g = (float *)b->buffer + t->off, *cp = sl->cp + t->off, *e = ps->err;
+    float *g = grad_at(sl, b, t->off), *cp = sl->cp + t->off, *e = ps->err;
     const bool keep = s->o.observe != NULL;
     const size_t rb = block_rows(t->m);
     for (size_t i0 = 0; i0 < t->n; i0 += rb) {
@@ -759,8 +829,10 @@ static tdist_status_t after_q(void *state, const tdist_ddp_bucket_t *b,
             tdist__psgd_gemm(g + t->off, p + t->poff, sl->q + t->qoff, t->n, t->r, t->m, 0, 1, false);
     }
     observe(s, b, TDIST_POWERSGD_OUTPUT, g, b->count);
-    if (fuse) return feedback_out_fused(s, sl, b, g, true);
-    return feedback_out(s, sl, b, g);
+    tdist_status_t st = fuse ? feedback_out_fused(s, sl, b, sl->direct ? NULL : g, true)
+                             : feedback_out(s, sl, b, g);
+    if (!sl->direct) move_grads(b, false);
+    return st;
 }
 
 /* The unbatched hook from error feedback to the post of [U | P]. */
@@ -775,9 +847,13 @@ static tdist_status_t begin(tdist_powersgd_t *s, slot_t *sl, const tdist_ddp_buc
     } else {
         feedback_in(s, sl, b, g);
     }
-    float *u = sl->pu;
-    for (size_t k = 0; k < sl->nu; u += sl->ucnt[k], k++)
-        memcpy(u, g + sl->uoff[k], sl->ucnt[k] * sizeof *u);
+    if (fuse) {
+        uncompressed(sl, b, sl->pu, true, 1.0f);
+    } else {
+        float *u = sl->pu;
+        for (size_t k = 0; k < sl->nu; u += sl->ucnt[k], k++)
+            memcpy(u, g + sl->uoff[k], sl->ucnt[k] * sizeof *u);
+    }
     if (!fuse) {
         prepare_q(s, sl, b);
         float *p = sl->pu + sl->ulen;
@@ -808,7 +884,9 @@ static tdist_status_t batched_after_q(void *state, const tdist_ddp_bucket_t *b,
     tdist__psgd_gemm(sl->mat, sl->pu, sl->bq, sl->side, sl->r, sl->side, 0, 1, true);
     memcpy(b->buffer, sl->mat, b->count * sizeof(float));
     observe(s, b, TDIST_POWERSGD_OUTPUT, b->buffer, b->count);
-    return feedback_out(s, sl, b, sl->mat);
+    tdist_status_t st = feedback_out(s, sl, b, sl->mat);
+    move_grads(b, false);
+    return st;
 }
 
 static tdist_status_t batched_after_p(void *state, const tdist_ddp_bucket_t *b,
@@ -877,6 +955,16 @@ static tdist_status_t run_serial(tdist_powersgd_t *s, const tdist_ddp_bucket_t *
     return TDIST_OK;
 }
 
+/* The plain phase on the gradients: the averaged bucket back into them. */
+static tdist_status_t plain_done(void *state, const tdist_ddp_bucket_t *b,
+                                 tdist_ddp_hook_result_t *next)
+{
+    (void)state;
+    (void)next;
+    move_grads(b, false);
+    return TDIST_OK;
+}
+
 /* Before start_powerSGD_iter: fl(g / divisor), then a SUM all_reduce. */
 static tdist_status_t plain_average(const tdist_ddp_bucket_t *b, tdist_ddp_hook_result_t *res)
 {
@@ -895,10 +983,19 @@ tdist_status_t tdist_powersgd_hook(void *state, const tdist_ddp_bucket_t *bucket
     s->cur = s->iter;
     bool plain = s->iter < s->o.start_powerSGD_iter;
     if (bucket->is_last) s->iter++;
-    if (plain) return plain_average(bucket, result);
+    if (plain) {
+        move_grads(bucket, true);
+        TDIST_CHECK(plain_average(bucket, result));
+        if (bucket->grads) result->then = plain_done;
+        return TDIST_OK;
+    }
     TDIST_CHECK(grow_stores(s, bucket));
     slot_t *sl = slot_of(s, bucket);
     TDIST_CHECK(plan(s, sl, bucket));
+    /* the fused unbatched passes work on the gradients in place; every
+     * other path on the bucket buffer, the gradients gathered into it */
+    sl->direct = bucket->grads && !s->o.observe && fused_plan(s, sl, bucket);
+    if (!sl->direct) move_grads(bucket, true);
     if (s->o.batched)
         TDIST_CHECK(batched_begin(s, sl, bucket, result));
     else

@@ -81,6 +81,7 @@ typedef enum tdist__op {
     TDIST__OP_BROADCAST_COALESCED,
     TDIST__OP_SEND,
     TDIST__OP_RECV,
+    TDIST__OP_ALL_REDUCE_WIRE, /* f32 in and out, a 16-bit wire (all_reduce_wire.c) */
     TDIST__OP_COUNT
 } tdist__op_t;
 
@@ -506,6 +507,37 @@ tdist__oneshot_role_t tdist__oneshot_role(const tdist__coll_ctx_t *c,
 tdist_status_t tdist__shmc_all_reduce(const tdist__coll_ctx_t *c, const void *sendbuf,
                                       void *recvbuf, size_t count, tdist_dtype_t dtype,
                                       tdist_redop_t op, double premul, int root);
+
+/* An all_reduce through the staging area whose input and output are
+ * converted on the way (all_reduce_wire.c): every rank's whole input,
+ * its own slice included, is staged by load(arg, dst, at, n), which
+ * writes elements [at, at + n) of the flat input as dtype into dst; the
+ * slices are reduced as tdist__shmc_all_reduce reduces them (op over the
+ * ranks' staged slices in rank order: the same bits on every rank); and
+ * store(arg, src, at, n) takes the reduced elements [at, at + n) from src.
+ * count: the flat input's elements. op: SUM, MIN, MAX or PROD. */
+typedef struct tdist__shmc_conv {
+    void (*load)(void *arg, void *dst, size_t at, size_t n);
+    void (*store)(void *arg, const void *src, size_t at, size_t n);
+    void *arg;
+} tdist__shmc_conv_t;
+tdist_status_t tdist__shmc_all_reduce_conv(const tdist__coll_ctx_t *c, size_t count,
+                                           tdist_dtype_t dtype, tdist_redop_t op,
+                                           const tdist__shmc_conv_t *conv);
+
+/* The all_reduce over a 16-bit wire (all_reduce_wire.c; a->op
+ * TDIST__OP_ALL_REDUCE_WIRE): a->bufs[0..nbufs) hold a->counts[i] f32
+ * values each, reduced in place as one flat vector of a->count elements;
+ * a->dtype is the wire (TDIST_F16 or TDIST_BF16), a->premul the divisor.
+ * Each rank packs h = wire(fl(float(wire(x)) / divisor)) (core's
+ * tdist__wire16_pack), the ranks' h are summed in the wire dtype as a
+ * 16-bit all_reduce sums them (each addition rounded to the wire), and
+ * every rank gets float(sum), the same bits everywhere. Shared memory:
+ * packed while staged and unpacked while copied out (no separate pass);
+ * point-to-point and a backend's slot: packed into scratch, the 16-bit
+ * all_reduce, unpacked. Runs after the route's first exchange. */
+tdist_status_t tdist__coll_all_reduce_wire(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
+                                           const tdist__coll_check_t *chk);
 
 /* broadcast of root's buf through the staging area. */
 tdist_status_t tdist__shmc_broadcast(const tdist__coll_ctx_t *c, void *buf, size_t count,

@@ -49,6 +49,10 @@
  *   barrier         shm: the line alone; point-to-point: pg's fingerprint
  *                   exchange alone when it runs (along the tree: a
  *                   gather-release barrier), else dissemination
+ *   all_reduce_wire (f32 over a 16-bit wire) its one algorithm, which
+ *                   takes the shm staged path, or the 16-bit all_reduce
+ *                   chosen by its size, or a backend's all_reduce slot
+ *                   (all_reduce_wire.c)
  *   others          their one algorithm (all_gatherv: direct up to 32 KiB
  *                   in all, ring above, in all_gatherv.c)
  * Every input of the choice is something every rank agrees on (the
@@ -136,6 +140,7 @@ static const char *const op_names[TDIST__OP_COUNT] = {
     [TDIST__OP_BROADCAST_COALESCED] = "broadcast_coalesced",
     [TDIST__OP_SEND] = "send",
     [TDIST__OP_RECV] = "recv",
+    [TDIST__OP_ALL_REDUCE_WIRE] = "all_reduce_wire",
 };
 
 const char *tdist__op_name(tdist__op_t op)
@@ -388,6 +393,10 @@ static inline tdist__coll_plan_t plan(const tdist__coll_ctx_t *c, const tdist__c
         p.algo = TDIST__ALGO_SLOT;
         return p;
     }
+    if (c->slots && a->op == TDIST__OP_ALL_REDUCE_WIRE) {
+        p.route = TDIST__ROUTE_BACKEND; /* over the backend's 16-bit all_reduce */
+        return p;
+    }
     if (hier_eligible(c, a)) {
         p.route = TDIST__ROUTE_HIER;
         return p;
@@ -602,6 +611,8 @@ tdist_status_t tdist__coll_run_algo(const tdist__coll_ctx_t *c, const tdist__col
             TDIST_CHECK(run_broadcast(c, TDIST__ALGO_OP, a->bufs[i], a->counts[i], a->dtype,
                                       a->root));
         return TDIST_OK;
+    case TDIST__OP_ALL_REDUCE_WIRE:
+        return tdist__coll_all_reduce_wire(c, a, chk);
     default:
         return tdist__error(TDIST_ERR_INTERNAL, "unknown collective %d", (int)a->op);
     }
@@ -682,6 +693,7 @@ tdist_status_t tdist__coll_run(const tdist__coll_ctx_t *c, const tdist__coll_arg
     case TDIST__ROUTE_BACKEND:
         if (a->op != TDIST__OP_MONITORED_BARRIER && chk && chk->on && c->size > 1)
             TDIST_CHECK(chk->exchange(chk->arg, c->deadline_ms));
+        if (p.algo != TDIST__ALGO_SLOT) return tdist__coll_run_algo(c, a, chk, p.algo);
         return c->slots->slot[a->op](c->be, c, a, chk);
     case TDIST__ROUTE_HIER:
         TDIST_CHECK(check_first(c, a, chk));

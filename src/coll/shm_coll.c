@@ -39,7 +39,10 @@
  *           (chunk g's copy follows chunk g+1's reduce; the last chunk's
  *           ends the call)
  * Each element is reduced once, by one rank, in one order: every rank gets
- * the same bits. Copying out one chunk behind means a rank rarely waits
+ * the same bits. With converters (tdist__shmc_all_reduce_conv: the
+ * all_reduce over a 16-bit wire) a rank stages every slice, its own too,
+ * through load(), reduces from the slots alone, and copies out through
+ * store(). Copying out one chunk behind means a rank rarely waits
  * for a peer's reduce (it finished a whole step ago), and four slots let
  * it stage chunk g+1 while a slower peer still copies chunk g-2 out, and
  * the next call's first chunk while the peers copy out this call's last:
@@ -803,6 +806,7 @@ typedef struct red_job {
     tdist_redop_t op;
     double premul;
     uint64_t g0;
+    const tdist__shmc_conv_t *conv; /* converted input and output, or NULL */
 } red_job_t;
 
 /* PREMUL_SUM on f32/f64 scales while it sums: x * f is computed exactly as
@@ -854,14 +858,18 @@ static tdist_status_t stage_chunk(const tdist__coll_ctx_t *c, const red_job_t *j
     if (g >= SLOTS - 1) TDIST_CHECK(wait_for(c, W_OUT, g - (SLOTS - 1), -1));
     size_t off = k * j->cap, e = TDIST_MIN(j->cap, j->count - off);
     uint8_t *slot = slot_of(s, s->rank, g);
-    const uint8_t *src = j->sb + off * j->es;
+    const uint8_t *src = j->sb ? j->sb + off * j->es : NULL; /* NULL: converted */
     bool pm = j->op == TDIST_PREMUL_SUM && !premul_fused(j), fence = false;
     int here = j->stream && j->oversub ? tdist__tp_cpu_of(s->tp, s->rank) : -1;
     for (int q = 0; q < s->size; q++) {
-        if (q == s->rank && !pm) continue;
+        if (q == s->rank && !pm && !j->conv) continue;
         size_t lo, hi;
         slice_of(e, s->size, q, j->es, &lo, &hi);
         if (hi <= lo) continue;
+        if (j->conv) { /* converted: every slice, this rank's too */
+            j->conv->load(j->conv->arg, slot + lo * j->es, off + lo, hi - lo);
+            continue;
+        }
         /* slice q has one reader, rank q: when it shares this CPU, the
          * slice is best left in the cache */
         bool st = j->stream && !pm &&
@@ -925,7 +933,7 @@ static tdist_status_t reduce_chunk(const tdist__coll_ctx_t *c, red_job_t *j, siz
             premul_add(dst, NULL, q == s->rank ? own : slot_of(s, q, g) + b, m, j->dtype,
                        j->premul, false);
     } else if (hi > lo) {
-        bool pm = j->op == TDIST_PREMUL_SUM;
+        bool pm = j->op == TDIST_PREMUL_SUM || j->conv; /* own slice staged in the slot */
         size_t b = lo * j->es, m = hi - lo;
         uint8_t *dst = slot_of(s, s->rank, g) + b;
         /* PREMUL_SUM staged (and scaled) this rank's slice in dst itself:
@@ -968,6 +976,11 @@ static tdist_status_t copy_chunk(const tdist__coll_ctx_t *c, const red_job_t *j,
     uint64_t g = j->g0 + k;
     size_t off = k * j->cap, e = TDIST_MIN(j->cap, j->count - off);
     TDIST_CHECK(wait_for(c, W_RED, g + 1, -1));
+    for (int q = 0; j->conv && q < s->size; q++) {
+        size_t lo, hi;
+        slice_of(e, s->size, q, j->es, &lo, &hi);
+        if (hi > lo) j->conv->store(j->conv->arg, slot_of(s, q, g) + lo * j->es, off + lo, hi - lo);
+    }
     if (j->rb) {
         uint8_t *dst = j->rb + off * j->es;
         for (int q = 0; q < s->size; q++) {
@@ -981,15 +994,11 @@ static tdist_status_t copy_chunk(const tdist__coll_ctx_t *c, const red_job_t *j,
     return TDIST_OK;
 }
 
-tdist_status_t tdist__shmc_all_reduce(const tdist__coll_ctx_t *c, const void *sendbuf,
-                                      void *recvbuf, size_t count, tdist_dtype_t dtype,
-                                      tdist_redop_t op, double premul, int root)
+static tdist_status_t run_job(const tdist__coll_ctx_t *c, red_job_t j)
 {
     tdist__shmc_t *s = c->shm;
-    if (count == 0) return TDIST_OK;
-    red_job_t j = {.sb = sendbuf, .rb = (root < 0 || root == s->rank) ? recvbuf : NULL,
-                   .count = count, .es = tdist_dtype_size(dtype), .dtype = dtype, .op = op,
-                   .premul = premul, .g0 = s->chunks};
+    size_t count = j.count;
+    j.g0 = s->chunks;
     j.cap = CHUNK / j.es;
     size_t nk = (count + j.cap - 1) / j.cap;
     j.oversub = s->oversub;
@@ -1004,6 +1013,26 @@ tdist_status_t tdist__shmc_all_reduce(const tdist__coll_ctx_t *c, const void *se
     if (st == TDIST_OK) st = copy_chunk(c, &j, nk - 1);
     s->chunks = j.g0 + nk;
     return st;
+}
+
+tdist_status_t tdist__shmc_all_reduce(const tdist__coll_ctx_t *c, const void *sendbuf,
+                                      void *recvbuf, size_t count, tdist_dtype_t dtype,
+                                      tdist_redop_t op, double premul, int root)
+{
+    if (count == 0) return TDIST_OK;
+    int me = c->shm->rank;
+    return run_job(c, (red_job_t){.sb = sendbuf, .rb = (root < 0 || root == me) ? recvbuf : NULL,
+                                  .count = count, .es = tdist_dtype_size(dtype), .dtype = dtype,
+                                  .op = op, .premul = premul});
+}
+
+tdist_status_t tdist__shmc_all_reduce_conv(const tdist__coll_ctx_t *c, size_t count,
+                                           tdist_dtype_t dtype, tdist_redop_t op,
+                                           const tdist__shmc_conv_t *conv)
+{
+    if (count == 0) return TDIST_OK;
+    return run_job(c, (red_job_t){.count = count, .es = tdist_dtype_size(dtype), .dtype = dtype,
+                                  .op = op, .premul = 1.0, .conv = conv});
 }
 
 /* ------------------------------------------------------ one-shot small */

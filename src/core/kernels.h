@@ -148,4 +148,13 @@ void tdist__f32_to_f16_k(uint16_t *dst, const float *src, size_t n);
 void tdist__bf16_to_f32_k(float *dst, const uint16_t *src, size_t n);
 void tdist__f32_to_bf16_k(uint16_t *dst, const float *src, size_t n);
 
+/* A 16-bit wire (core/wire16.c; wire: TDIST_F16 or TDIST_BF16): pack
+ * dst[i] = wire(fl(float(wire(src[i])) / divisor)), a NaN made the wire's
+ * scalar quiet NaN (f16 sign|0x7E00, bf16 0x7FC0) — divisor 1 is a plain
+ * round-to-nearest-even cast; unpack dst[i] = float(src[i]), exact. The
+ * same bits on every isa. No overlap; pure, thread-safe. */
+void tdist__wire16_pack(uint16_t *dst, const float *src, size_t n, float divisor,
+                        tdist_dtype_t wire);
+void tdist__wire16_unpack(float *dst, const uint16_t *src, size_t n, tdist_dtype_t wire);
+
 #endif /* TDIST_CORE_KERNELS_H */

@@ -253,7 +253,7 @@ static inline size_t tdist__fr_collect(const tdist__fr_header_t *h, const tdist_
 static const char *const tdist__fr_op_names[] = {
     "none", "broadcast", "all_reduce", "reduce", "all_gather", "all_gatherv", "gather",
     "scatter", "reduce_scatter", "all_to_all", "all_to_allv", "barrier", "monitored_barrier",
-    "all_reduce_coalesced", "broadcast_coalesced", "send", "recv"};
+    "all_reduce_coalesced", "broadcast_coalesced", "send", "recv", "all_reduce_wire"};
 static const char *const tdist__fr_route_names[] = {"native", "backend", "hierarchical",
                                                     "fused", "monitored", "shm_line"};
 static const char *const tdist__fr_algo_names[] = {

@@ -407,24 +407,31 @@ tdist_status_t tdist_monitored_barrier(tdist_pg_t *pg, const tdist_coll_opts_t *
     return tdist__pg_submit(pg, w, NULL);
 }
 
-static tdist_status_t coalesced(const char *fn, tdist_pg_t *pg, tdist__op_t op, void *const *bufs,
-                                const size_t *counts, size_t n, tdist_dtype_t dtype,
-                                tdist_redop_t redop, int root, const tdist_coll_opts_t *opts,
-                                tdist_work_t **work)
+/* A list of n buffers (counts[i] elements of dtype each) checked; *total:
+ * their elements in all. */
+static tdist_status_t chk_list(const char *fn, const tdist_pg_t *pg, void *const *bufs,
+                               const size_t *counts, size_t n, tdist_dtype_t dtype, size_t *total)
 {
-    TDIST_CHECK(chk_common(fn, pg, opts));
-    TDIST_CHECK(chk_dtype(fn, pg, dtype));
-    if (op == TDIST__OP_ALL_REDUCE_COALESCED) TDIST_CHECK(chk_redop(fn, pg, redop, dtype));
-    if (op == TDIST__OP_BROADCAST_COALESCED) TDIST_CHECK(chk_root(fn, pg, root));
     if (n > 0 && (!bufs || !counts))
         return arg_err(fn, pg, "%s is NULL with n = %zu", !bufs ? "bufs" : "counts", n);
     if (n > (size_t)1 << 24) return arg_err(fn, pg, "n = %zu buffers is too many", n);
+    *total = 0;
     for (size_t i = 0; i < n; i++) {
         char name[40];
         snprintf(name, sizeof name, "bufs[%zu]", i);
         TDIST_CHECK(chk_size(fn, pg, counts[i], 1, dtype, name));
         TDIST_CHECK(chk_buf(fn, pg, bufs[i], counts[i], name));
+        if (__builtin_add_overflow(*total, counts[i], total))
+            return arg_err(fn, pg, "the counts overflow size_t");
     }
+    return TDIST_OK;
+}
+
+/* A work of op over copies of the list's arrays. */
+static tdist_status_t list_work(const char *fn, tdist__op_t op, const tdist_coll_opts_t *opts,
+                                void *const *bufs, const size_t *counts, size_t n,
+                                struct tdist_work **out)
+{
     struct tdist_work *w = tdist__work_new(op, opts);
     if (!w) return no_mem(fn);
     w->bufs = malloc((n ? n : 1) * sizeof *w->bufs);
@@ -435,6 +442,23 @@ static tdist_status_t coalesced(const char *fn, tdist_pg_t *pg, tdist__op_t op, 
         w->counts[i] = counts[i];
     }
     w->nbufs = n;
+    *out = w;
+    return TDIST_OK;
+}
+
+static tdist_status_t coalesced(const char *fn, tdist_pg_t *pg, tdist__op_t op, void *const *bufs,
+                                const size_t *counts, size_t n, tdist_dtype_t dtype,
+                                tdist_redop_t redop, int root, const tdist_coll_opts_t *opts,
+                                tdist_work_t **work)
+{
+    TDIST_CHECK(chk_common(fn, pg, opts));
+    TDIST_CHECK(chk_dtype(fn, pg, dtype));
+    if (op == TDIST__OP_ALL_REDUCE_COALESCED) TDIST_CHECK(chk_redop(fn, pg, redop, dtype));
+    if (op == TDIST__OP_BROADCAST_COALESCED) TDIST_CHECK(chk_root(fn, pg, root));
+    size_t total;
+    TDIST_CHECK(chk_list(fn, pg, bufs, counts, n, dtype, &total));
+    struct tdist_work *w;
+    TDIST_CHECK(list_work(fn, op, opts, bufs, counts, n, &w));
     w->dtype = dtype;
     w->redop = redop;
     w->root = root;
@@ -455,6 +479,31 @@ tdist_status_t tdist_broadcast_coalesced(tdist_pg_t *pg, void *const *bufs, cons
 {
     return coalesced("tdist_broadcast_coalesced", pg, TDIST__OP_BROADCAST_COALESCED, bufs, counts,
                      n, dtype, TDIST_SUM, root, opts, work);
+}
+
+/* The all_reduce over a 16-bit wire (coll/all_reduce_wire.c): its work
+ * carries the wire as its dtype, the flat vector's length as its count
+ * (what the fingerprint compares) and the divisor as premul. */
+tdist_status_t tdist_all_reduce_wire(tdist_pg_t *pg, void *const *bufs, const size_t *counts,
+                                     size_t n, tdist_dtype_t wire, double divisor,
+                                     const tdist_coll_opts_t *opts, tdist_work_t **work)
+{
+    static const char *fn = "tdist_all_reduce_wire";
+    TDIST_CHECK(chk_common(fn, pg, opts));
+    if (wire != TDIST_F16 && wire != TDIST_BF16)
+        return arg_err(fn, pg, "the wire is %s; it must be f16 or bf16",
+                       (int)wire >= 0 && wire < TDIST_DTYPE_COUNT ? tdist_dtype_name(wire) : "invalid");
+    if (!(divisor > 0) || !isfinite(divisor) || !isfinite((float)divisor))
+        return arg_err(fn, pg, "divisor %g: it must be finite and above 0", divisor);
+    size_t total;
+    TDIST_CHECK(chk_list(fn, pg, bufs, counts, n, TDIST_F32, &total));
+    struct tdist_work *w;
+    TDIST_CHECK(list_work(fn, TDIST__OP_ALL_REDUCE_WIRE, opts, bufs, counts, n, &w));
+    w->count = total;
+    w->dtype = wire;
+    w->redop = TDIST_SUM;
+    w->premul = divisor;
+    return tdist__pg_submit(pg, w, work);
 }
 
 /* ------------------------------------------------------------------- p2p */

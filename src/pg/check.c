@@ -110,6 +110,7 @@ void tdist__fp_describe(const tdist__fp_t *fp, bool with_seq, char *buf, size_t 
         break;
     case TDIST__OP_ALL_REDUCE:
     case TDIST__OP_REDUCE_SCATTER:
+    case TDIST__OP_ALL_REDUCE_WIRE: /* dtype: the wire */
         snprintf(buf, n, "%s(%s, %llu, %s)%s", name, dt, cnt, ro, seq);
         break;
     case TDIST__OP_REDUCE:

@@ -352,7 +352,8 @@ static inline void tdist__fp_init(tdist__fp_t *fp, tdist__op_t op, uint64_t uid_
 {
     bool has_root = tdist__op_has_root(op);
     bool has_redop = op == TDIST__OP_ALL_REDUCE || op == TDIST__OP_REDUCE ||
-                     op == TDIST__OP_REDUCE_SCATTER || op == TDIST__OP_ALL_REDUCE_COALESCED;
+                     op == TDIST__OP_REDUCE_SCATTER || op == TDIST__OP_ALL_REDUCE_COALESCED ||
+                     op == TDIST__OP_ALL_REDUCE_WIRE;
     bool has_dtype = op != TDIST__OP_BARRIER && op != TDIST__OP_MONITORED_BARRIER;
     *fp = (tdist__fp_t){.magic = TDIST__FP_MAGIC,
                         .op = (uint32_t)op,

@@ -683,9 +683,21 @@ static void bad_call_body(int rank, int n, void *arg)
         ASSERT_TRUE(res.work == NULL && res.then == NULL);
     }
     ASSERT_OK(tdist_barrier(pg, NULL, NULL));
-    /* the hook by hand, outside DDP: agreement, all_reduce, continuation */
+    /* the hook by hand, outside DDP: agreement, then an f32 bucket's one
+     * all_reduce over the 16-bit wire, which leaves the result in place
+     * (no continuation) */
     for (int i = 0; i < 10; i++) fbuf[i] = (float)(rank + 1) * (float)(i + 1);
     tdist_ddp_bucket_t b = hand_bucket(pg, fbuf, 10, TDIST_F32, 2);
+    ASSERT_OK(tdist_compress_hook(c, &b, &res));
+    ASSERT_TRUE(res.work != NULL && res.then == NULL);
+    ASSERT_OK(tdist_work_wait(res.work, -1));
+    tdist_work_free(res.work);
+    for (int i = 0; i < 10; i++) ASSERT_TRUE(fbuf[i] == 1.5f * (float)(i + 1));
+    /* an f64 bucket: cast into the staging buffer, 16-bit all_reduce,
+     * continuation casting back */
+    double dbuf[10];
+    for (int i = 0; i < 10; i++) dbuf[i] = (double)(rank + 1) * (double)(i + 1);
+    b = hand_bucket(pg, dbuf, 10, TDIST_F64, 2);
     ASSERT_OK(tdist_compress_hook(c, &b, &res));
     ASSERT_TRUE(res.work != NULL && res.then != NULL);
     ASSERT_OK(tdist_work_wait(res.work, -1));
@@ -693,7 +705,7 @@ static void bad_call_body(int rank, int n, void *arg)
     tdist_ddp_hook_result_t next = {0};
     ASSERT_OK(res.then(c, &b, &next));
     ASSERT_TRUE(next.work == NULL && next.then == NULL);
-    for (int i = 0; i < 10; i++) ASSERT_TRUE(fbuf[i] == 1.5f * (float)(i + 1));
+    for (int i = 0; i < 10; i++) ASSERT_TRUE(dbuf[i] == 1.5 * (double)(i + 1));
     /* one state, one group */
     tdist_pg_t *sub;
     const int both[2] = {1, 0};
@@ -724,4 +736,129 @@ static void bad_call_body(int rank, int n, void *arg)
 TEST(compress_bad_calls_fail_before_communication, 60)
 {
     tdist_test_run_ranks(2, bad_call_body, NULL);
+}
+
+/* ====================== 6. the all_reduce over a 16-bit wire (tdist/pg.h)
+ *
+ * What the hook runs on f32 buckets, called directly: each rank splits
+ * the same flat vector into buffers its own way (empty ones included,
+ * several staging chunks in all); the result must be, bit for bit, the
+ * 16-bit all_reduce of the reference's packed values (the same sum on
+ * every route), and with 2 ranks the reference's rank-order sum itself. */
+
+#define WIRE_N 300000
+#define WIRE_SPLITS 8
+
+/* Element i of rank r: magnitudes 1e-7 .. 6e4 of both signs, an infinity
+ * now and then, values whose f16 sum overflows. */
+static float wire_val(int r, size_t i)
+{
+    if (i % 9973 == 17) return r == 1 ? INFINITY : 1.0f;
+    if (i % 7919 == 5) return 60000.0f;
+    double m = pow(10.0, (double)((i * 7 + (size_t)r * 3) % 12) - 7.0);
+    return (float)(m * sin((double)i * 0.37 + (double)r * 1.3) * 6.0);
+}
+
+static void wire_check(int rank, int n, tdist_pg_t *pg, tdist_dtype_t wire, double divisor,
+                       bool async)
+{
+    static float x[WIRE_N];
+    static uint16_t h[WIRE_N];
+    for (size_t i = 0; i < WIRE_N; i++) {
+        x[i] = wire_val(rank, i);
+        h[i] = ref_hook16(x[i], (int64_t)divisor, wire);
+    }
+    /* rank-dependent buffers over x */
+    size_t cuts[WIRE_SPLITS] = {0, 0, 1, 37, 1000 + (size_t)rank * 5000, 150000, 150000,
+                                299995 - (size_t)rank};
+    void *bufs[WIRE_SPLITS + 1];
+    size_t counts[WIRE_SPLITS + 1];
+    for (size_t k = 0; k <= WIRE_SPLITS; k++) {
+        size_t lo = k ? cuts[k - 1] : 0, hi = k < WIRE_SPLITS ? cuts[k] : WIRE_N;
+        bufs[k] = x + lo;
+        counts[k] = hi - lo;
+    }
+    tdist_work_t *wk = NULL;
+    ASSERT_OK(tdist_all_reduce_wire(pg, bufs, counts, WIRE_SPLITS + 1, wire, divisor, NULL,
+                                    async ? &wk : NULL));
+    if (async) {
+        ASSERT_OK(tdist_work_wait(wk, -1));
+        tdist_work_free(wk);
+    }
+    ASSERT_OK(tdist_all_reduce(pg, h, h, WIRE_N, wire, TDIST_SUM, NULL, NULL));
+    for (size_t i = 0; i < WIRE_N; i++) {
+        float want = from16(h[i], wire);
+        if (bits32(x[i]) != bits32(want))
+            FAIL("%d ranks %s / %g element %zu: 0x%08x, the 16-bit all_reduce gives 0x%08x", n,
+                 tdist_dtype_name(wire), divisor, i, bits32(x[i]), bits32(want));
+        if (n != 2) continue;
+        uint16_t s = ref_add16(ref_hook16(wire_val(0, i), (int64_t)divisor, wire),
+                               ref_hook16(wire_val(1, i), (int64_t)divisor, wire), wire);
+        if (bits32(x[i]) != bits32(from16(s, wire)))
+            FAIL("2 ranks %s element %zu: 0x%08x, the reference 0x%04x", tdist_dtype_name(wire), i,
+                 bits32(x[i]), s);
+    }
+}
+
+static void wire_body(int rank, int n, void *arg)
+{
+    (void)arg;
+    tdist_world_t *w;
+    tdist_pg_t *pg;
+    open_pg(&w, &pg);
+    wire_check(rank, n, pg, TDIST_F16, (double)n, false);
+    wire_check(rank, n, pg, TDIST_BF16, n == 2 ? 2.0 : 3.0, true);
+    wire_check(rank, n, pg, TDIST_F16, 1.0, true);
+    /* refused before anything is sent */
+    float v[4] = {1, 2, 3, 4};
+    void *b[1] = {v};
+    size_t c[1] = {4};
+    ASSERT_STATUS(tdist_all_reduce_wire(pg, b, c, 1, TDIST_F32, 1.0, NULL, NULL),
+                  TDIST_ERR_INVALID_ARG);
+    ASSERT_CONTAINS(tdist_last_error(), "the wire is f32; it must be f16 or bf16");
+    ASSERT_STATUS(tdist_all_reduce_wire(pg, b, c, 1, TDIST_F16, 0.0, NULL, NULL),
+                  TDIST_ERR_INVALID_ARG);
+    ASSERT_CONTAINS(tdist_last_error(), "divisor 0: it must be finite and above 0");
+    b[0] = NULL;
+    ASSERT_STATUS(tdist_all_reduce_wire(pg, b, c, 1, TDIST_F16, 1.0, NULL, NULL),
+                  TDIST_ERR_INVALID_ARG);
+    ASSERT_CONTAINS(tdist_last_error(), "bufs[0] is NULL with 4 elements");
+    /* another wire on one rank: a mismatch on every rank, naming both */
+    b[0] = v;
+    if (n > 1) {
+        tdist_dtype_t wt = rank == 1 ? TDIST_BF16 : TDIST_F16;
+        ASSERT_STATUS(tdist_all_reduce_wire(pg, b, c, 1, wt, 1.0, NULL, NULL), TDIST_ERR_MISMATCH);
+        ASSERT_CONTAINS(tdist_last_error(), "all_reduce_wire(f16, 4, sum)");
+        ASSERT_CONTAINS(tdist_last_error(), "all_reduce_wire(bf16, 4, sum)");
+    }
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
+}
+
+static void wire_run(int n, const char *transport)
+{
+    tdist_ranks_opts_t o;
+    tdist_ranks_opts_init(&o, n);
+    char env[64];
+    const char *envs[2] = {env, NULL};
+    snprintf(env, sizeof env, "TDIST_TRANSPORT=%s", transport);
+    o.env = envs;
+    tdist_rank_result_t res[4];
+    int failed = tdist_test_spawn_ranks(&o, wire_body, NULL, res);
+    for (int r = 0; r < n; r++) {
+        char why[128];
+        if (!res[r].exited || res[r].code != 0)
+            FAIL("%d ranks %s: rank %d %s", n, transport, r,
+                 tdist_test_describe(&res[r], why, sizeof why));
+    }
+    ASSERT_EQ(failed, 0);
+}
+
+TEST(compress_all_reduce_wire_1_2_3_ranks_shm_tcp, 90)
+{
+    wire_run(2, "shm");
+    wire_run(2, "tcp");
+    wire_run(3, "shm");
+    wire_run(3, "tcp");
+    wire_run(1, "shm");
 }

@@ -1,13 +1,14 @@
 /* tests/algorithms/test_hook_kernels.c — the fused element passes of the
- * 16-bit compression hook and of the int8 hook (algorithms/hook_kernels.c)
+ * 16-bit compression hook (core/wire16.c, which the all_reduce over a
+ * 16-bit wire shares) and of the int8 hook (algorithms/hook_kernels.c)
  * on every instruction-set path this CPU has (generic, AVX2, AVX-512),
  * bit for bit against references written here from the rules (scalar
  * code, core's scalar converters, the C library's roundf), on large
  * buffers so that every vector loop and its tail run:
  *  - the hook cast wire(fl(float(wire(g)) / W)) with c10's NaN, over
  *    about a million f32 bit patterns of both signs (every 4099th of 2^32,
- *    so NaN payloads, infinities, subnormals and ties all occur) and four
- *    divisors;
+ *    so NaN payloads, infinities, subnormals and ties all occur) and six
+ *    divisors (powers of two take a multiply: the same bits);
  *  - int8 quantisation (scales, codes, residuals, the count of values that
  *    are not finite) and dequantisation (plain and adding), over blocks of
  *    ordinary values, exact ties of the rounding, non-finite values, all
@@ -34,16 +35,16 @@ TEST(hook_kernels_hook16_every_path, 120)
     uint16_t *got = malloc(n * sizeof *got), *want = malloc(n * sizeof *want);
     ASSERT_TRUE(g && got && want);
     for (size_t i = 0; i < n; i++) g[i] = f32_of((uint32_t)(i * 4099u));
-    const int64_t divisors[] = {1, 2, 3, 7};
+    const int64_t divisors[] = {1, 2, 3, 4, 7, 1024}; /* powers of two multiply */
     for (size_t w = 0; w < 2; w++) {
         tdist_dtype_t wire = w ? TDIST_BF16 : TDIST_F16;
-        for (size_t d = 0; d < 4; d++) {
+        for (size_t d = 0; d < sizeof divisors / sizeof *divisors; d++) {
             for (size_t i = 0; i < n; i++) want[i] = ref_hook16(g[i], divisors[d], wire);
             for (size_t k = 0; k < NISA; k++) {
                 tdist__isa_t isa = tdist__set_isa(isas[k]);
                 if (isa != isas[k]) continue; /* this CPU lacks it */
                 memset(got, 0xa5, n * sizeof *got);
-                tdist__hook16_cast(got, g, n, (float)divisors[d], wire);
+                tdist__wire16_pack(got, g, n, (float)divisors[d], wire);
                 for (size_t i = 0; i < n; i++)
                     if (got[i] != want[i])
                         FAIL("%s %s / %lld, element %zu (0x%08x): got 0x%04x, want 0x%04x",

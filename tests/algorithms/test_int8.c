@@ -219,6 +219,50 @@ static void check_identical(tdist_pg_t *pg, const float *out, size_t n)
     free(all);
 }
 
+/* The same bucket given as its gradients (TDIST_DDP_HOOK_GRADS: three
+ * parameters in separate arrays, a gap of 5 elements between the last
+ * two, as a bucket's alignment may leave; shards and blocks span them,
+ * shards of several chunks): the bucket path's result bit for bit,
+ * written into the gradients; the bucket's buffer is neither read nor
+ * written. */
+static void on_grads(tdist_int8_t *st, tdist_pg_t *pg, const float *in, size_t n, uint64_t it)
+{
+    const size_t idx[3] = {0, 1, 2};
+    const size_t offs[3] = {0, n / 3, n / 2 + 5};
+    const size_t cnts[3] = {n / 3, n / 2 - n / 3, n - n / 2 - 5};
+    float *g[3];
+    for (int j = 0; j < 3; j++) {
+        g[j] = malloc(cnts[j] * sizeof *g[j] + 4);
+        ASSERT_TRUE(g[j]);
+        memcpy(g[j], in + offs[j], cnts[j] * sizeof *g[j]);
+    }
+    float *flat = calloc(n, sizeof *flat); /* the bucket: zeros in the gap */
+    ASSERT_TRUE(flat);
+    for (int j = 0; j < 3; j++) memcpy(flat + offs[j], in + offs[j], cnts[j] * sizeof *flat);
+    /* the bucket path on the gapped layout, then the gradient path */
+    tdist_ddp_bucket_t b = bucket_of(pg, flat, &n, it);
+    b.num_params = 3;
+    b.param_indices = idx;
+    b.offsets = offs;
+    b.counts = cnts;
+    drive(st, &b);
+    void *gv[3] = {g[0], g[1], g[2]};
+    float *poison = malloc(n * sizeof *poison);
+    ASSERT_TRUE(poison);
+    for (size_t i = 0; i < n; i++) poison[i] = NAN;
+    b.grads = gv;
+    b.buffer = poison;
+    drive(st, &b);
+    for (size_t i = 0; i < n; i++) ASSERT_TRUE(isnan(poison[i]));
+    free(poison);
+    for (int j = 0; j < 3; j++) {
+        if (memcmp(g[j], flat + offs[j], cnts[j] * sizeof *flat) != 0)
+            FAIL("n %zu: parameter %d on the gradients differs from the bucket path", n, j);
+        free(g[j]);
+    }
+    free(flat);
+}
+
 static void bound_body(int rank, int w, void *arg)
 {
     (void)arg;
@@ -233,6 +277,7 @@ static void bound_body(int rank, int w, void *arg)
         o.block_size = blocks[bi];
         tdist_int8_t *st;
         ASSERT_OK(tdist_int8_hook_create(&o, &st));
+        uint64_t extra = 0; /* buckets on_grads reduces */
         for (size_t a = 0; a < sizeof ns / sizeof *ns; a++) {
             size_t n = ns[a];
             float *buf = malloc(n * sizeof *buf + 4), *all = malloc((size_t)w * n * sizeof *all + 4);
@@ -244,11 +289,15 @@ static void bound_body(int rank, int w, void *arg)
             drive(st, &b);
             check_bound(buf, all, n, w, blocks[bi], w);
             check_identical(pg, buf, n);
+            if (n >= 1000) {
+                on_grads(st, pg, all + (size_t)rank * n, n, a + 1);
+                extra += 2;
+            }
             free(buf), free(all);
         }
         tdist_int8_stats_t s;
         ASSERT_OK(tdist_int8_get_stats(st, &s));
-        ASSERT_EQ(s.buckets, sizeof ns / sizeof *ns);
+        ASSERT_EQ(s.buckets, sizeof ns / sizeof *ns + extra);
         if (w > 1 && blocks[bi] == 256) {
             /* the last bucket (40000 elements) dominates: over all of them <= 1/3 */
             if (rank == 0)

@@ -7,6 +7,7 @@
  *    feedback, on 3 ranks: every gradient within the quantisation bound
  *    of the float64 average (with the largest scale of any block) and
  *    bit-identical on every rank.
+ *    The hook on the gradients equals the hook on the bucket bit for bit.
  * 2. Ranks with different block sizes or error feedback fail on every rank
  *    before any gradient is reduced, naming both.
  * 3. Training a small linear model on 3 ranks with SGD: the int8 hook ends
@@ -164,6 +165,57 @@ static void opt_body(int rank, int w, void *arg)
     tdist_pg_destroy(pg);
     tdist_world_destroy(wd);
 }
+
+/* The hook on the gradients (tdist_int8_register: TDIST_DDP_HOOK_GRADS)
+ * against the hook on the bucket (registered without the flag), side by
+ * side on the same gradients, with and without error feedback: bit for
+ * bit (the shards and blocks follow the bucket's layout either way; with
+ * 16-value blocks and 400-byte buckets many blocks span two parameters). */
+static void paths_body(int rank, int w, void *arg)
+{
+    (void)arg;
+    (void)w;
+    static sm_model_t on_grads, on_bucket;
+    tdist_world_t *wd;
+    tdist_pg_t *pg;
+    open_pg(&wd, &pg);
+    for (int ef = 0; ef < 2; ef++) {
+        sm_init(&on_grads, 0);
+        sm_init(&on_bucket, 0);
+        tdist_ddp_opts_t o;
+        tdist_ddp_opts_init(&o);
+        o.bucket_cap_bytes = o.first_bucket_bytes = 400;
+        tdist_ddp_t *dg, *db;
+        ASSERT_OK(tdist_ddp_create(pg, on_grads.params, SM_NP, NULL, 0, &o, &dg));
+        ASSERT_OK(tdist_ddp_create(pg, on_bucket.params, SM_NP, NULL, 0, &o, &db));
+        tdist_int8_opts_t io;
+        tdist_int8_opts_init(&io);
+        io.block_size = 16;
+        io.error_feedback = io.sum_error_feedback = ef;
+        tdist_int8_t *sg, *sb;
+        ASSERT_OK(tdist_int8_hook_create(&io, &sg));
+        ASSERT_OK(tdist_int8_hook_create(&io, &sb));
+        ASSERT_OK(tdist_int8_register(dg, sg));
+        ASSERT_OK(tdist_ddp_register_comm_hook(db, sb, tdist_int8_hook));
+        for (int k = 0; k < 3; k++) {
+            sm_ddp_step(dg, &on_grads, rank, k, false, false, false, value);
+            sm_ddp_step(db, &on_bucket, rank, k, false, false, false, value);
+            for (int p = 0; p < SM_NP; p++)
+                if (memcmp(on_grads.grad[p], on_bucket.grad[p],
+                           sm_count[p] * (sm_dtype[p] == TDIST_F32 ? 4 : 8)) != 0)
+                    FAIL("error feedback %d step %d parameter %d: the hook on the gradients and "
+                         "on the bucket differ", ef, k, p);
+        }
+        tdist_ddp_destroy(dg);
+        tdist_ddp_destroy(db);
+        tdist_int8_destroy(sg);
+        tdist_int8_destroy(sb);
+    }
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(wd);
+}
+
+TEST(int8_ddp_gradients_path_equals_bucket_path, 90) { tdist_test_run_ranks(3, paths_body, NULL); }
 
 TEST(int8_ddp_no_sync, 90)
 {
