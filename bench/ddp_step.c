@@ -20,7 +20,7 @@
  *   --batch B         samples per rank (default 64)
  *   --threads T       OpenBLAS threads per process (default 1)
  *   --overlap on|off|inline|auto  the reducer's opts.overlap (default: the
- *                     reducer's default, auto; on: buckets reduced by the
+ *                     reducer's default, on; on: buckets reduced by the
  *                     engine thread beside backward; off: in backward_end
  *                     on the training thread; inline: on the training
  *                     thread in the grad_ready completing the bucket)

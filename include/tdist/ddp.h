@@ -100,7 +100,7 @@ typedef enum tdist_ddp_overlap {
      * bucket is a meeting point of the ranks: a rank descheduled by other
      * work makes the others wait at the next one. */
     TDIST_DDP_OVERLAP_INLINE = 2,
-    /* The default: INLINE when the group's collectives run through shared
+    /* INLINE when the group's collectives run through shared
      * memory (tdist_pg_shared_memory: moving the data is this rank's CPU
      * work) and this rank has no spare CPU; ON otherwise (over TCP the
      * wire runs beside backward). Decided at create (tdist_ddp_get_stats
@@ -148,7 +148,8 @@ typedef struct tdist_ddp_opts {
      * set is an error. Default false. */
     bool static_graph;
     /* Where the default hook's reductions run (above). Default
-     * TDIST_DDP_OVERLAP_AUTO. A comm hook's collectives are always
+     * TDIST_DDP_OVERLAP_ON (INLINE and AUTO measured no faster on
+     * 2 ranks with one CPU each, and INLINE makes grad_ready block). A comm hook's collectives are always
      * launched as buckets complete. Only this option may differ between
      * ranks (the same collectives are issued either way). */
     tdist_ddp_overlap_t overlap;

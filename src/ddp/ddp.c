@@ -30,7 +30,7 @@ void tdist_ddp_opts_init(tdist_ddp_opts_t *opts)
     opts->find_unused_parameters = false;
     opts->gradient_as_bucket_view = false;
     opts->static_graph = false;
-    opts->overlap = TDIST_DDP_OVERLAP_AUTO;
+    opts->overlap = TDIST_DDP_OVERLAP_ON;
 }
 
 /* Whether the engine thread of this rank has a CPU to run on beside the

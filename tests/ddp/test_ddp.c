@@ -442,7 +442,7 @@ TEST(ddp_opts_defaults, 5)
     ASSERT_EQ(o.first_bucket_bytes, 1 << 20);
     ASSERT_TRUE(o.sync_at_create && o.broadcast_buffers);
     ASSERT_FALSE(o.find_unused_parameters || o.gradient_as_bucket_view || o.static_graph);
-    ASSERT_EQ(o.overlap, TDIST_DDP_OVERLAP_AUTO);
+    ASSERT_EQ(o.overlap, TDIST_DDP_OVERLAP_ON);
 }
 
 TEST(ddp_mlp_matches_single_process, 60)
