@@ -172,21 +172,12 @@ static tdist_status_t in_line_all_reduce(const tdist__coll_ctx_t *c, const tdist
             if (line_hash(b[r]) != h) return mismatch(c, chk, tdist__shmc_now(c));
     if (c->chosen && tdist__shmc_spun(c)) c->chosen[2] |= TDIST__COLL_CHOSEN_SPUN;
     tdist__shmc_prepare_next(c);
-    if (c->size == 2 && a->dtype == TDIST_F32 && a->count <= 4 &&
-        (a->redop == TDIST_SUM || a->redop == TDIST_AVG || a->redop == TDIST_PREMUL_SUM)) {
-        /* a loss, a norm: rank 0's values plus rank 1's, as
-         * tdist__oneshot_reduce adds them, without its call */
-        for (size_t i = 0; i < a->count; i++) {
-            float x, y;
-            memcpy(&x, b[0] + hs + i * sizeof x, sizeof x);
-            memcpy(&y, b[1] + hs + i * sizeof y, sizeof y);
-            x += y;
-            memcpy((uint8_t *)a->recvbuf + i * sizeof x, &x, sizeof x);
-        }
+    /* a loss, a norm on two ranks: summed in place, without the calls */
+    if (c->size == 2 && tdist__sum_few(a->recvbuf, b[0] + hs, b[1] + hs, a->count, a->dtype,
+                                       a->redop))
         return a->redop == TDIST_AVG ? tdist__coll_finish(c, a->recvbuf, a->count, a->dtype,
                                                           a->redop)
                                      : TDIST_OK;
-    }
     return tdist__oneshot_reduce(c, a, b, hs, a->recvbuf);
 }
 

@@ -13,6 +13,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "tdist/core.h"
 
@@ -150,6 +151,32 @@ uint64_t tdist__fnv1a(uint64_t h, const void *data, size_t len);
  * than the reduction costs. Thread-safe; never blocks. */
 void tdist__reduce_unchecked(void *dst, const void *a, const void *b, size_t count,
                              tdist_dtype_t dtype, tdist_redop_t op);
+
+/* dst = a + b for a few floats (a loss, a norm, a count: at most 16 f32 or
+ * f64, SUM, AVG or PREMUL_SUM's add), inline where the kernel dispatch
+ * would cost more than the adds; false, having done nothing, otherwise.
+ * Element by element, as the kernels add: the same bits. */
+static inline bool tdist__sum_few(void *dst, const void *a, const void *b, size_t count,
+                                  tdist_dtype_t dtype, tdist_redop_t op)
+{
+    if (count > 16 || (op != TDIST_SUM && op != TDIST_AVG && op != TDIST_PREMUL_SUM))
+        return false;
+    const unsigned char *pa = a, *pb = b;
+    unsigned char *pd = dst;
+#define TDIST__SUM_FEW(T)                                                      \
+    for (size_t i = 0; i < count; i++) {                                       \
+        T x, y;                                                                \
+        memcpy(&x, pa + sizeof x * i, sizeof x);                               \
+        memcpy(&y, pb + sizeof y * i, sizeof y);                               \
+        x += y;                                                                \
+        memcpy(pd + sizeof x * i, &x, sizeof x);                               \
+    }                                                                          \
+    return true
+    if (dtype == TDIST_F32) { TDIST__SUM_FEW(float); }
+    if (dtype == TDIST_F64) { TDIST__SUM_FEW(double); }
+#undef TDIST__SUM_FEW
+    return false;
+}
 
 /* One round of a spin-wait: tells the CPU (and a hypervisor) that this
  * thread only polls. */

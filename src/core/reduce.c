@@ -406,25 +406,7 @@ static void reduce_any(void *d, const void *a, const void *b, size_t n, size_t e
 void tdist__reduce_unchecked(void *dst, const void *a, const void *b, size_t count,
                              tdist_dtype_t dtype, tdist_redop_t op)
 {
-    /* A few floats summed (a loss, a norm, a count): the kernel dispatch
-     * would cost more than the adds. Element by element, as the kernels
-     * add, so the bits are the same. */
-    if (count <= 16 && (op == TDIST_SUM || op == TDIST_AVG || op == TDIST_PREMUL_SUM)) {
-        const unsigned char *pa = a, *pb = b;
-        unsigned char *pd = dst;
-#define SUM_FEW(T)                                                                                 \
-    for (size_t i = 0; i < count; i++) {                                                           \
-        T x, y;                                                                                    \
-        memcpy(&x, pa + sizeof x * i, sizeof x);                                                   \
-        memcpy(&y, pb + sizeof y * i, sizeof y);                                                   \
-        x += y;                                                                                    \
-        memcpy(pd + sizeof x * i, &x, sizeof x);                                                   \
-    }                                                                                              \
-    return
-        if (dtype == TDIST_F32) { SUM_FEW(float); }
-        if (dtype == TDIST_F64) { SUM_FEW(double); }
-#undef SUM_FEW
-    }
+    if (tdist__sum_few(dst, a, b, count, dtype, op)) return;
     reduce_any(dst, a, b, count, tdist_dtype_size(dtype), dtype, op);
 }
 
