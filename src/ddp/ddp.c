@@ -65,16 +65,8 @@ tdist_status_t tdist__ddp_error(const tdist_ddp_t *ddp, tdist_status_t st, const
                         ddp->rank, tdist_pg_name(ddp->pg), ddp->iteration, m);
 }
 
-/* 64-bit FNV-1a. */
-static uint64_t fnv1a(const void *p, size_t n, uint64_t h)
-{
-    const unsigned char *s = p;
-    for (size_t i = 0; i < n; i++) {
-        h ^= s[i];
-        h *= 1099511628211ULL;
-    }
-    return h;
-}
+/* The published FNV-1a basis (what these hashes were made with; ranks
+ * compare them), over core's FNV-1a. */
 #define FNV0 14695981039346656037ULL
 
 static uint64_t opts_hash(const tdist_ddp_opts_t *o)
@@ -82,7 +74,7 @@ static uint64_t opts_hash(const tdist_ddp_opts_t *o)
     uint64_t v[7] = {o->bucket_cap_bytes, o->first_bucket_bytes, o->sync_at_create,
                      o->broadcast_buffers, o->find_unused_parameters,
                      o->gradient_as_bucket_view, o->static_graph};
-    return fnv1a(v, sizeof v, FNV0);
+    return tdist__fnv1a(FNV0, v, sizeof v);
 }
 
 static void free_ddp(tdist_ddp_t *d)
@@ -196,7 +188,7 @@ static tdist_status_t check_tensors(tdist_ddp_t *d)
         }
         mine[3 * i] = cnt;
         mine[3 * i + 1] = dt;
-        mine[3 * i + 2] = fnv1a(name, strlen(name), FNV0);
+        mine[3 * i + 2] = tdist__fnv1a(FNV0, name, strlen(name));
     }
     tdist_status_t st = tdist_all_gather(d->pg, mine, sig, k * 3, TDIST_I64, NULL, NULL);
     free(mine);
