@@ -143,8 +143,9 @@ static tdist_status_t dump_one(tdist__fr_t *fr, const char *reason)
 }
 
 static atomic_bool dumped_failure;
+static atomic_int dumps_busy; /* threads inside tdist__fr_dump_all */
 
-int tdist__fr_dump_all(const char *reason, bool force)
+static int dump_all(const char *reason, bool force)
 {
     /* a failure dumps only where the user (or tdistrun) asked: a program
      * that handles its failures itself leaves no files behind */
@@ -162,4 +163,20 @@ int tdist__fr_dump_all(const char *reason, bool force)
     pthread_mutex_unlock(&tdist__fr_lock);
     (void)tdist__fr_timeline_write(); /* TDIST_TRACE: a timeline at every dump */
     return st == TDIST_OK ? n : -1;
+}
+
+int tdist__fr_dump_all(const char *reason, bool force)
+{
+    /* counted from before the claim on dumped_failure: a thread that
+     * finds the claim taken can wait for the dump behind it */
+    atomic_fetch_add(&dumps_busy, 1);
+    int n = dump_all(reason, force);
+    atomic_fetch_sub(&dumps_busy, 1);
+    return n;
+}
+
+bool tdist__fr_dump_settle(int ms)
+{
+    for (int i = 0; i < ms && atomic_load(&dumps_busy) > 0; i++) tdist__sleep_ms(1);
+    return atomic_load(&dumps_busy) == 0;
 }

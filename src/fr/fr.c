@@ -203,6 +203,9 @@ static _Noreturn void dump_and_die(void)
         pthread_attr_destroy(&at);
     }
     (void)tdist__fr_dump_all("SIGTERM", false);
+    /* a failure's dump (the peer whose death brought the SIGTERM was seen
+     * first) ends before the process does; the watchdog bounds it */
+    (void)tdist__fr_dump_settle(TERM_WAIT_MS);
     thread_dies_of_sigterm();
 }
 

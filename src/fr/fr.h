@@ -206,6 +206,11 @@ void tdist__fr_note_wait(tdist__fr_t *fr, uint64_t id, int peer);
  * block on anything else. */
 int tdist__fr_dump_all(const char *reason, bool force);
 
+/* Wait, up to ms, until no thread is inside tdist__fr_dump_all: a SIGTERM
+ * that finds a failure's dump under way (which its own dump does not
+ * repeat) lets it finish before the process dies. true when none is. */
+bool tdist__fr_dump_settle(int ms);
+
 /* Whether recorders opened from now on record (true unless TDIST_FR_SIZE
  * is 0). For measuring the recorder's cost against none in one process
  * (bench/fr_cost.c); thread-safe. */
