@@ -233,7 +233,20 @@ typedef struct tdist__coll_ctx {
     uint8_t *chosen; /* where tdist__coll_run writes its route and algorithm (2 bytes)
                         and, in a third, TDIST__COLL_CHOSEN_SPUN, for the flight
                         recorder; NULL: nowhere */
+    /* Called, with started_arg, once this rank has posted its part of the
+     * collective and before anything waits (may be called again later:
+     * the callee must be idempotent); NULL: nothing. pg records the call
+     * as started here, so that the recorder's stores overlap the wait for
+     * the peers instead of delaying the post they wait for. */
+    void (*started)(void *arg);
+    void *started_arg;
 } tdist__coll_ctx_t;
+
+/* c's started callback, if any. */
+static inline void tdist__coll_started(const tdist__coll_ctx_t *c)
+{
+    if (c->started) c->started(c->started_arg);
+}
 
 /* chosen[2]: the collective's only wait ended while it spun (its peers
  * were there: it took a fraction of a microsecond). */

@@ -680,6 +680,9 @@ tdist_status_t tdist__coll_run(const tdist__coll_ctx_t *c, const tdist__coll_arg
         abs.lazy_deadline = false;
         c = &abs;
     }
+    /* the shm line tells pg once its post is out (shm_coll.c); any other
+     * route before its first wait */
+    if (p.route != TDIST__ROUTE_SHM_LINE) tdist__coll_started(c);
     if (p.route != TDIST__ROUTE_BACKEND && !c->tp)
         return tdist__error(TDIST_ERR_NOT_SUPPORTED, "the %s backend has no %s, and the group has "
                             "no native mesh to run it on", c->be_name ? c->be_name : "group's",

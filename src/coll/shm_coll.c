@@ -434,6 +434,7 @@ static tdist_status_t wait_for(const tdist__coll_ctx_t *c, what_t what, uint64_t
 {
     const tdist__shmc_t *s = c->shm;
     waitfor_t w = {s, what, v, only};
+    tdist__coll_started(c); /* a wait before the post (a full line or slot) */
     /* every rank posts its exchange line first thing in a collective */
     unsigned flags = (c->spin ? TDIST__WAIT_SPIN : 0u) |
                      (what == W_LINE ? TDIST__WAIT_SELF_MADE : 0u) |
@@ -498,6 +499,7 @@ void tdist__shmc_post(const tdist__coll_ctx_t *c, size_t len, size_t aux_len)
     atomic_store_explicit(&mine->ack, s->verified, memory_order_relaxed);
     if (s->verified >= s->ack_pub + ACK_EVERY) publish_ack(s);
     publish(c, &mine->seq, seq);
+    tdist__coll_started(c);
 }
 
 tdist_status_t tdist__shmc_publish(const tdist__coll_ctx_t *c, const void *blob, size_t len,

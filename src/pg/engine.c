@@ -528,7 +528,7 @@ void tdist__pg_coll_ctx(tdist_pg_t *pg, bool spin, int64_t timeout_ms, int64_t d
 /* What pg's check callbacks need (check.c does the work). */
 typedef struct check_arg {
     tdist_pg_t *pg;
-    const struct tdist_work *w;
+    struct tdist_work *w;
 } check_arg_t;
 
 static tdist_status_t check_exchange(void *arg, int64_t deadline_ms)
@@ -548,6 +548,13 @@ static tdist_status_t check_compare_earlier(void *arg)
 {
     check_arg_t *x = arg;
     return tdist__fp_compare_earlier(x->pg, x->w);
+}
+
+/* coll/'s started callback: a deferred recorder entry is written now. */
+static void fr_started(void *arg)
+{
+    check_arg_t *x = arg;
+    tdist__pg_fr_started(x->pg, x->w, &x->pg->chk.common);
 }
 
 /* The common part of w's fingerprint into pg->chk.common; its hash (0
@@ -608,6 +615,7 @@ tdist_status_t tdist__pg_run_body(tdist_pg_t *pg, struct tdist_work *w, int64_t 
     c->deadline_ms = deadline_ms == TDIST__DEADLINE_LAZY ? timeout_ms : deadline_ms;
     c->lazy_deadline = deadline_ms == TDIST__DEADLINE_LAZY;
     c->chosen = NULL;
+    c->started = NULL;
     check_arg_t x = {pg, w};
     tdist__coll_check_t *chk = &pg->run0.chk;
     chk->hash = fp_prepare(pg, w);
@@ -616,7 +624,7 @@ tdist_status_t tdist__pg_run_body(tdist_pg_t *pg, struct tdist_work *w, int64_t 
      * Join, whose joined ranks read the stream */
     chk->compare_earlier = w->in_join ? NULL : check_compare_earlier;
     chk->arg = &x;
-    tdist__pg_fr_start(pg, w, &pg->chk.common, c);
+    tdist__pg_fr_start(pg, w, &pg->chk.common, c, fr_started, &x);
     return tdist__coll_run(c, &w->args, chk);
 }
 

@@ -90,6 +90,7 @@ struct tdist_work {
     int nranks;         /* group size (entries of the count arrays) */
     uint64_t fr_id;     /* this call's flight-recorder entry (UINT64_MAX: none) */
     bool fr_deferred;   /* its entry is written when it starts (record.c) */
+    bool fr_picked;     /* ... and coll/ wrote its route into pg->fr_pick */
     int64_t timeout_ms; /* < 0: the group's */
     int64_t deadline_ms;
     void (*on_complete)(tdist_status_t status, void *user_data);
@@ -176,6 +177,7 @@ struct tdist_pg {
     int n_children;       /* creation counter for subgroup uids */
     tdist__fr_t *fr;      /* the flight recorder's ring (NULL: off) */
     uint64_t fr_running;  /* the entry of the collective running (engine side; record.c) */
+    uint8_t fr_pick[3];   /* coll/'s route, algorithm and flags for a deferred entry */
 
     /* engine */
     pthread_mutex_t mu;
@@ -294,17 +296,21 @@ static inline void tdist__pg_fr_settle(tdist_pg_t *pg, struct tdist_work *w)
 
 /* w runs now: the fingerprint's fields (fp: a Join's shift moves seq, v
  * forms have totals and a split hash), and where coll/ writes its route
- * (c). A call run on its caller's thread started when it was queued. */
+ * (c). A call run on its caller's thread (a deferred entry) is written
+ * only when coll/ says it started (c->started, which calls
+ * tdist__pg_fr_started with arg): after its post, so that the entry's
+ * stores overlap the wait for the peers instead of delaying the post
+ * they wait for; until then coll/ writes its route into pg->fr_pick. */
 static inline void tdist__pg_fr_start(tdist_pg_t *pg, struct tdist_work *w, const tdist__fp_t *fp,
-                                      tdist__coll_ctx_t *c)
+                                      tdist__coll_ctx_t *c, void (*started)(void *), void *arg)
 {
     if (w->fr_deferred) {
-        w->fr_deferred = false;
-        tdist__fr_slot_t *e = tdist__fr_slot_of(pg->fr, w->fr_id);
-        tdist__fr_fill(e, w->fr_id, TDIST__FR_COLL, (int)w->op, fp->seq, fp->count, fp->dtype,
-                       fp->root, fp->redop, fp->vec_hash, TDIST__FR_STARTED);
-        c->chosen = &e->route;
-        pg->fr_running = w->fr_id;
+        pg->fr_pick[0] = 255;
+        pg->fr_pick[1] = 0;
+        pg->fr_pick[2] = 0;
+        c->chosen = pg->fr_pick;
+        c->started = started;
+        c->started_arg = arg;
         return;
     }
     tdist__fr_slot_t *e = tdist__fr_at(pg->fr, w->fr_id);
@@ -320,9 +326,29 @@ static inline void tdist__pg_fr_start(tdist_pg_t *pg, struct tdist_work *w, cons
     tdist__fr_state_at(pg->fr, w->fr_id, TDIST__FR_STARTED, 0, w->inline_run);
 }
 
+/* coll/ says w (a deferred entry) started: its entry, queued and started
+ * now, with the fingerprint's fields (fp) and the route coll/ chose. Once
+ * per call (later calls do nothing). */
+static inline void tdist__pg_fr_started(tdist_pg_t *pg, struct tdist_work *w, const tdist__fp_t *fp)
+{
+    if (!w->fr_deferred) return;
+    w->fr_deferred = false;
+    w->fr_picked = true;
+    tdist__fr_slot_t *e = tdist__fr_slot_of(pg->fr, w->fr_id);
+    tdist__fr_fill(e, w->fr_id, TDIST__FR_COLL, (int)w->op, fp->seq, fp->count, fp->dtype,
+                   fp->root, fp->redop, fp->vec_hash, TDIST__FR_STARTED);
+    e->route = pg->fr_pick[0];
+    e->algo = pg->fr_pick[1];
+    pg->fr_running = w->fr_id;
+}
+
 static inline void tdist__pg_fr_end(tdist_pg_t *pg, const struct tdist_work *w,
                                     tdist_status_t st)
 {
+    if (w->fr_picked) { /* the flags coll/ wrote after the entry was */
+        tdist__fr_slot_t *e = tdist__fr_slot_of(pg->fr, w->fr_id);
+        e->flags |= pg->fr_pick[2];
+    }
     tdist__fr_end(pg->fr, w->fr_id, (int)st);
     if (tdist__log_on(TDIST_LOG_TRACE)) tdist__pg_fr_trace_line(pg, w, st);
 }
