@@ -175,6 +175,9 @@ tdist_status_t tdist__coll_broadcast_chain(const tdist__coll_ctx_t *c, void *buf
 #define TDIST__COLL_REDUCE_RSG_MIN (512u * 1024u) /* reduce: rs + gather from this */
 #endif
 #define TDIST__COLL_AG_DIRECT_MAX (32u * 1024u) /* all_gatherv direct up to this total */
+#ifndef TDIST__COLL_RS_DIRECT_RANKS
 #define TDIST__COLL_RS_DIRECT_RANKS 8 /* reduce_scatter direct up to this many ranks */
+#endif
+#define TDIST__COLL_RS_RING_2R_MIN (2u * 1024u * 1024u) /* ... but a ring on 2 ranks from this input */
 
 #endif /* TDIST_COLL_INTERNAL_H */

@@ -86,6 +86,15 @@
 #ifndef TDIST_SHM_ONESHOT_MAX
 #define TDIST_SHM_ONESHOT_MAX (256u * 1024u)
 #endif
+/* ... but gather, all_gather and all_to_all, whose every reader copies
+ * most of the slots after the one wait, only up to this when every rank
+ * has a CPU: past it the point-to-point messages, which overlap the
+ * copies, won on 2 ranks of the 2-vCPU VM (32 KiB staged: all_gather
+ * 1.6x, gather 1.1x; docs/pg.md). Oversubscribed, the one wait still
+ * wins up to the slot. */
+#ifndef TDIST_SHM_ONESHOT_SPREAD_MAX
+#define TDIST_SHM_ONESHOT_SPREAD_MAX (16u * 1024u)
+#endif
 
 /* Over point-to-point transports, one-shot collectives staging up to
  * fused_max(group size) bytes a rank send them with the fingerprint, one message to
@@ -336,6 +345,11 @@ static tdist__coll_algo_t select_shm(const tdist__coll_ctx_t *c, const tdist__co
         return TDIST__ALGO_NONE;
     case TDIST__OP_MONITORED_BARRIER:
         return TDIST__ALGO_MONITORED;
+    case TDIST__OP_GATHER:
+    case TDIST__OP_ALL_GATHER:
+    case TDIST__OP_ALL_TO_ALL:
+        return shm_oneshot(c, a, tdist__tp_oversubscribed(c->tp) ? TDIST_SHM_ONESHOT_MAX
+                                                                 : TDIST_SHM_ONESHOT_SPREAD_MAX);
     default:
         return tdist__oneshot_op(a->op) ? shm_oneshot(c, a, TDIST_SHM_ONESHOT_MAX)
                                             : TDIST__ALGO_OP;
@@ -356,6 +370,9 @@ static tdist__coll_algo_t select_p2p(const tdist__coll_ctx_t *c, const tdist__co
                    ? TDIST__ALGO_REDUCE_RSG
                    : TDIST__ALGO_REDUCE_TREE;
     case TDIST__OP_REDUCE_SCATTER:
+        /* two ranks move the same bytes either way; from a few MiB the
+         * ring's pipelined chunks beat one message each way */
+        if (c->size == 2 && 2 * bytes >= TDIST__COLL_RS_RING_2R_MIN) return TDIST__ALGO_OP;
         return c->size <= TDIST__COLL_RS_DIRECT_RANKS ? TDIST__ALGO_RS_DIRECT : TDIST__ALGO_OP;
     case TDIST__OP_MONITORED_BARRIER:
         return TDIST__ALGO_MONITORED;
