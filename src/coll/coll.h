@@ -472,8 +472,14 @@ size_t tdist__shmc_small_max(void);
  * its senders unwaited (tdist__oneshot_role); above it every rank waits
  * for every line. */
 size_t tdist__shmc_rooted_max(void);
-tdist_status_t tdist__shmc_stage_slot(const tdist__coll_ctx_t *c, size_t bytes, uint8_t **slot);
-const uint8_t *tdist__shmc_slot(const tdist__coll_ctx_t *c, int r, size_t bytes);
+/* every_waits: every rank waits for every line of this collective (no
+ * sender leaves early: all_reduce, all_gather, all_to_all,
+ * reduce_scatter); small data then reuses two warm sub-slots. The same
+ * on every rank, for stage_slot and slot alike. */
+tdist_status_t tdist__shmc_stage_slot(const tdist__coll_ctx_t *c, size_t bytes, bool every_waits,
+                                      uint8_t **slot);
+const uint8_t *tdist__shmc_slot(const tdist__coll_ctx_t *c, int r, size_t bytes,
+                                bool every_waits);
 
 /* One-shot collectives on the shm line or the fused exchange (oneshot.c).
  * tdist__oneshot_op: whether op has one; _bytes: the most bytes any rank

@@ -59,6 +59,14 @@ static tdist_status_t line_status(const tdist__coll_ctx_t *c, const tdist__coll_
     return mismatch(c, chk, tdist__shmc_bad(c));
 }
 
+/* Whether every rank waits for every line of a (no rooted sender leaves
+ * early): the same answer on every rank. */
+static bool every_waits(const tdist__coll_args_t *a)
+{
+    return a->op == TDIST__OP_ALL_REDUCE || a->op == TDIST__OP_ALL_GATHER ||
+           a->op == TDIST__OP_ALL_TO_ALL || a->op == TDIST__OP_REDUCE_SCATTER;
+}
+
 /* Write this rank's line: hash, fingerprint, and a one-shot collective's
  * data, in the blob or staged in the slot of this exchange. */
 static tdist_status_t post_line(const tdist__coll_ctx_t *c, const tdist__coll_args_t *a,
@@ -78,7 +86,8 @@ static tdist_status_t post_line(const tdist__coll_ctx_t *c, const tdist__coll_ar
         uint8_t *to = blob + hs;
         if (algo == TDIST__ALGO_SHM_ONE_SHOT)
             TDIST_CHECK(line_status(
-                c, chk, tdist__shmc_stage_slot(c, tdist__oneshot_bytes(a, c->size), &to)));
+                c, chk, tdist__shmc_stage_slot(c, tdist__oneshot_bytes(a, c->size), every_waits(a),
+                                              &to)));
         if (in) {
             memcpy(to, in, bytes);
             TDIST_CHECK(tdist__oneshot_scale(a, to, bytes));
@@ -101,7 +110,7 @@ static tdist_status_t finish_oneshot(const tdist__coll_ctx_t *c, const tdist__co
     } else {
         size_t staged = tdist__oneshot_bytes(a, c->size);
         for (int r = 0; r < c->size; r++)
-            if (b[r]) b[r] = tdist__shmc_slot(c, r, staged);
+            if (b[r]) b[r] = tdist__shmc_slot(c, r, staged, every_waits(a));
     }
     return tdist__oneshot_finish(c, a, b);
 }
