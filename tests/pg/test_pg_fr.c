@@ -278,6 +278,12 @@ static void trace_body(int rank, int n, void *arg)
         if (!at) FAIL("no trace line '%s' in:\n%s", want, log);
         const char *eol = strchr(at, '\n');
         ASSERT_TRUE(eol && eol - at > 4 && memcmp(eol - 3, " ok", 3) == 0);
+        /* the route and algorithm coll/ chose reached the entry (a call
+         * run on its caller's thread writes it only once it posted) */
+        const char *tp = getenv("TDIST_TRANSPORT");
+        const char *route = tp && strcmp(tp, "tcp") == 0 ? " fused/direct " : " shm_line/shm_tiny ";
+        const char *r = strstr(at, route);
+        if (!r || r > eol) FAIL("no route '%s' in trace line '%.*s'", route, (int)(eol - at), at);
     }
     free(log);
     tdist_pg_destroy(pg);
