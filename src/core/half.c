@@ -6,18 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define HAVE_X86 1
-#endif
-
-/* Debug (-O0) builds still get vectorised kernels. */
-#if defined(__GNUC__) && !defined(__clang__) && !defined(__OPTIMIZE__)
-#pragma GCC optimize("O3")
-#endif
-
-#include "core/internal.h"
-#include "core/kernels.h"
+#include "core/kernel_unit.h"
 
 /* ------------------------------------------------------------ scalar API */
 

@@ -31,20 +31,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#endif
+#include "core/kernel_unit.h"
 
-/* Debug (-O0) builds still get vectorised kernels. */
-#if defined(__GNUC__) && !defined(__clang__) && !defined(__OPTIMIZE__)
-#pragma GCC optimize("O3")
-#endif
-
-#include "core/internal.h"
-#include "core/kernels.h"
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#define HAVE_X86 1
+#ifdef HAVE_X86
 #define ATTR_AVX2 __attribute__((target("avx2,f16c")))
 #define ATTR_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c")))
 #endif

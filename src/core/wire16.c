@@ -20,18 +20,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define HAVE_X86 1
-#endif
-
-/* Debug (-O0) builds still get vectorised kernels. */
-#if defined(__GNUC__) && !defined(__clang__) && !defined(__OPTIMIZE__)
-#pragma GCC optimize("O3")
-#endif
-
-#include "core/internal.h"
-#include "core/kernels.h"
+#include "core/kernel_unit.h"
 
 #ifdef HAVE_X86
 #define ATTR_AVX2 __attribute__((target("avx2,f16c,fma")))
