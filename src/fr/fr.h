@@ -71,11 +71,12 @@ static inline tdist__fr_slot_t *tdist__fr_slot_of(tdist__fr_t *fr, uint64_t id)
     return (id & TDIST__FR_COLL_ID) ? &fr->ring[id & mask] : &fr->ring[fr->cap + (id & mask)];
 }
 
-/* Record entry id in slot e, in state QUEUED, or STARTED at the time it
- * was queued (a call run at once on its caller's thread). */
+/* Record entry id in slot e, queued at t_queued (the recorder's clock), in
+ * state QUEUED, or STARTED at that time (a call run at once on its
+ * caller's thread, whose clock was read when it was made). */
 static inline void tdist__fr_fill(tdist__fr_slot_t *e, uint64_t id, uint32_t kind, int op,
                                   uint64_t seq, uint64_t count, int dtype, int root, int redop,
-                                  uint64_t splits_hash, uint32_t state)
+                                  uint64_t splits_hash, uint32_t state, uint64_t t_queued)
 {
     /* a reader that sees state EMPTY skips the entry while it is rewritten */
     atomic_store_explicit((_Atomic uint8_t *)&e->state, TDIST__FR_EMPTY, memory_order_relaxed);
@@ -93,7 +94,7 @@ static inline void tdist__fr_fill(tdist__fr_slot_t *e, uint64_t id, uint32_t kin
     e->status = 0;
     e->seq = seq;
     e->count = count;
-    e->t_queued = tdist__fr_now();
+    e->t_queued = t_queued;
     e->splits_hash = splits_hash;
     e->dt_started = 0.0f;
     atomic_store_explicit((_Atomic uint8_t *)&e->state, (uint8_t)state, memory_order_release);
@@ -108,7 +109,7 @@ static inline uint64_t tdist__fr_begin_coll(tdist__fr_t *fr, int op, uint64_t se
     if (!fr) return UINT64_MAX;
     uint64_t id = seq | TDIST__FR_COLL_ID;
     tdist__fr_fill(tdist__fr_slot_of(fr, id), id, TDIST__FR_COLL, op, seq, count, dtype, root,
-                   redop, 0, TDIST__FR_QUEUED);
+                   redop, 0, TDIST__FR_QUEUED, tdist__fr_now());
     return id;
 }
 
@@ -122,7 +123,7 @@ static inline uint64_t tdist__fr_begin(tdist__fr_t *fr, uint32_t kind, int op, u
     uint64_t id = atomic_fetch_add_explicit((_Atomic uint64_t *)&fr->hdr->next, 1,
                                             memory_order_relaxed) & ~TDIST__FR_COLL_ID;
     tdist__fr_fill(tdist__fr_slot_of(fr, id), id, kind, op, seq, count, dtype, root, redop, 0,
-                   TDIST__FR_QUEUED);
+                   TDIST__FR_QUEUED, tdist__fr_now());
     return id;
 }
 

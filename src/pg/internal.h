@@ -89,6 +89,7 @@ struct tdist_work {
     };
     int nranks;         /* group size (entries of the count arrays) */
     uint64_t fr_id;     /* this call's flight-recorder entry (UINT64_MAX: none) */
+    uint64_t fr_t0;     /* a deferred entry's queued time (the recorder's clock) */
     bool fr_deferred;   /* its entry is written when it starts (record.c) */
     bool fr_picked;     /* ... and coll/ wrote its route into pg->fr_pick */
     int64_t timeout_ms; /* < 0: the group's */
@@ -283,6 +284,9 @@ static inline void tdist__pg_fr_defer(tdist_pg_t *pg, struct tdist_work *w)
 {
     w->fr_id = pg->fr ? w->seq | TDIST__FR_COLL_ID : UINT64_MAX;
     w->fr_deferred = pg->fr != NULL;
+    /* read now, when the call is made: the clock read after the post
+     * measured far dearer with the CPUs far apart */
+    w->fr_t0 = pg->fr ? tdist__fr_now() : 0;
 }
 
 /* A deferred entry, written as queued (w ends before it starts). */
@@ -291,7 +295,8 @@ static inline void tdist__pg_fr_settle(tdist_pg_t *pg, struct tdist_work *w)
     if (!w->fr_deferred) return;
     w->fr_deferred = false;
     tdist__fr_fill(tdist__fr_slot_of(pg->fr, w->fr_id), w->fr_id, TDIST__FR_COLL, (int)w->op,
-                   w->seq, w->count, (int)w->dtype, w->root, (int)w->redop, 0, TDIST__FR_QUEUED);
+                   w->seq, w->count, (int)w->dtype, w->root, (int)w->redop, 0, TDIST__FR_QUEUED,
+                   w->fr_t0);
 }
 
 /* w runs now: the fingerprint's fields (fp: a Join's shift moves seq, v
@@ -336,7 +341,7 @@ static inline void tdist__pg_fr_started(tdist_pg_t *pg, struct tdist_work *w, co
     w->fr_picked = true;
     tdist__fr_slot_t *e = tdist__fr_slot_of(pg->fr, w->fr_id);
     tdist__fr_fill(e, w->fr_id, TDIST__FR_COLL, (int)w->op, fp->seq, fp->count, fp->dtype,
-                   fp->root, fp->redop, fp->vec_hash, TDIST__FR_STARTED);
+                   fp->root, fp->redop, fp->vec_hash, TDIST__FR_STARTED, w->fr_t0);
     e->route = pg->fr_pick[0];
     e->algo = pg->fr_pick[1];
     pg->fr_running = w->fr_id;
