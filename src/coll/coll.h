@@ -434,7 +434,10 @@ void tdist__shmc_post(const tdist__coll_ctx_t *c, size_t len, size_t aux_len);
 tdist_status_t tdist__shmc_gather(const tdist__coll_ctx_t *c, const uint8_t **blobs, size_t *lens);
 /* Whether the last tdist__shmc_gather's wait ended in its first poll. */
 bool tdist__shmc_spun(const tdist__coll_ctx_t *c);
-/* Fetch, for writing, the line this rank posts next (off the next call's path). */
+/* After a tdist__shmc_gather: fetch, for writing, the line this rank
+ * posts next (off the next call's path) where that pays for the peers'
+ * placement, which it times every 1024 calls. The group's thread only;
+ * never blocks. */
 void tdist__shmc_prepare_next(const tdist__coll_ctx_t *c);
 tdist_status_t tdist__shmc_gather_one(const tdist__coll_ctx_t *c, int r, const uint8_t **blob);
 

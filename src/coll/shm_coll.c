@@ -100,6 +100,10 @@
 #ifndef TDIST_SHMC_FAR_NS
 #define TDIST_SHMC_FAR_NS 150 /* an exchange slower than this: a far pair of CPUs */
 #endif
+#ifndef TDIST_SHMC_FAR_LINE_NS
+#define TDIST_SHMC_FAR_LINE_NS 80 /* reading a cache line another CPU wrote slower than this: far */
+#endif
+#define PLACE_EVERY 1024 /* exchanges between two timings of that read (tdist__shmc_prepare_next) */
 #define TIMED_BYTES (16u * 1024u) /* of a staged slice, read timed (ranks sharing CPUs) */
 #ifndef TDIST_SHMC_FAR_NS_PER_KIB
 #define TDIST_SHMC_FAR_NS_PER_KIB 40 /* touching dirty lines staged on another CPU slower than this: far */
@@ -148,6 +152,11 @@ struct tdist__shmc {
     bool oversub; /* more ranks than CPUs (the transport's verdict, fixed once connected) */
     bool spun;    /* the last gather's wait ended in its poll (tdist__shmc_spun) */
     bool prefetchw; /* the CPU fetches lines for writing (tdist__shmc_prepare_next) */
+    /* where the next peer's CPU is, from a timed read of a cache line it
+     * has just written (tdist__shmc_prepare_next): -1 not known, 0 near,
+     * 1 far; a change needs two timings in a row that agree */
+    int8_t place, place_seen;
+    uint32_t place_n; /* exchanges since the last timing */
     uint8_t **area;     /* size entries: every rank's area, mapped here */
     uint64_t line_seq;  /* exchanges done */
     uint64_t verified;  /* every peer's lines up to this one compared with this rank's */
@@ -223,6 +232,7 @@ tdist_status_t tdist__shmc_create(tdist__tp_t *tp, int rank, int size, tdist__sh
     s->stream_mode = mode;
     s->oversub = tdist__tp_oversubscribed(tp);
     s->prefetchw = tdist__cpu_has_prefetchw();
+    s->place = s->place_seen = -1;
     s->area = area;
     s->scratch = scratch;
     /* Counters start where this rank's own area says (zero when new). */
@@ -661,28 +671,59 @@ tdist_status_t tdist__shmc_gather(const tdist__coll_ctx_t *c, const uint8_t **bl
 
 bool tdist__shmc_spun(const tdist__coll_ctx_t *c) { return c->shm->spun; }
 
-/* The line a rank posts next was last read by its peers: its first store
- * would wait for their copies to be invalidated, on the next call's path.
- * When this exchange's blob fitted the sequence's cache line (a loss, a
- * norm; a training loop repeats its shapes), the next line's first two
- * cache lines are fetched for writing now, while this rank returns.
- * Not for a longer blob: fetching its cache lines early made 64 B to 256 B
- * all_reduces slower (by 10-25 ns with near CPUs, 50-140 ns with far ones),
- * as if the peers pulled them back before this rank wrote them. */
-void tdist__shmc_prepare_next(const tdist__coll_ctx_t *c)
+/* Time a read of a cache line the next peer wrote in the exchange just
+ * gathered and nobody has read: its fingerprint (aux part). A far CPU
+ * takes several times as long as a near one (about 150 against 30 ns on
+ * the test VM); the clock's own cost is measured alongside and taken
+ * off. Updates s->place when two timings in a row agree. */
+static void time_place(tdist__shmc_t *s)
 {
-    const tdist__shmc_t *s = c->shm;
-    if (line_of(s, s->rank, s->line_seq)->len > 64 - offsetof(line_t, blob)) return;
-    const char *l = (const char *)line_of(s, s->rank, s->line_seq + 1);
+    const line_t *l = line_of(s, (s->rank + 1) % s->size, s->line_seq);
+    if (!l->aux_len) return; /* nothing the peer wrote that is still unread */
+    uint64_t t0 = tdist__now_ns();
+    uint8_t v = *(const volatile uint8_t *)&l->aux[TDIST__SHMC_AUX_MAX - 1];
+    uint64_t t1 = tdist__now_ns();
+    uint64_t t2 = tdist__now_ns();
+    (void)v;
+    int64_t d = (int64_t)(t1 - t0) - (int64_t)(t2 - t1);
+    int8_t seen = d > TDIST_SHMC_FAR_LINE_NS ? 1 : 0;
+    if (seen == s->place_seen) s->place = seen;
+    s->place_seen = seen;
+}
+
+static inline void prefetch_for_write(const tdist__shmc_t *s, const char *p)
+{
 #if defined(__x86_64__) && defined(__GNUC__)
     if (s->prefetchw) {
-        __asm__ volatile("prefetchw %0" : : "m"(*l));
-        __asm__ volatile("prefetchw %0" : : "m"(*(l + 64)));
+        __asm__ volatile("prefetchw %0" : : "m"(*p));
         return;
     }
 #endif
-    __builtin_prefetch(l, 1, 3);
-    __builtin_prefetch(l + 64, 1, 3);
+    (void)s;
+    __builtin_prefetch(p, 1, 3);
+}
+
+/* The line a rank posts next was last read by its peers: its stores would
+ * wait for their copies to be invalidated, on the next call's path.
+ * Fetched for writing now, that happens while this rank returns — but
+ * only where it measured faster: with the peers' CPUs near, the next
+ * line's first two cache lines when this exchange's blob fitted them (a
+ * loss, a norm; a training loop repeats its shapes); with them far,
+ * nothing (the peers seem to pull the lines back before they are
+ * written); not known yet, the first two when the blob fitted the first
+ * cache line. docs/pg.md gives the figures. */
+void tdist__shmc_prepare_next(const tdist__coll_ctx_t *c)
+{
+    tdist__shmc_t *s = c->shm;
+    if (__builtin_expect(++s->place_n >= PLACE_EVERY, 0)) {
+        s->place_n = 0;
+        if (s->size > 1 && !s->oversub) time_place(s);
+    }
+    size_t len = line_of(s, s->rank, s->line_seq)->len, head = offsetof(line_t, blob);
+    if (s->place > 0 || len > (s->place == 0 ? 128 : 64) - head) return;
+    const char *l = (const char *)line_of(s, s->rank, s->line_seq + 1);
+    prefetch_for_write(s, l);
+    prefetch_for_write(s, l + 64);
 }
 
 tdist_status_t tdist__shmc_gather_one(const tdist__coll_ctx_t *c, int r, const uint8_t **blob)
