@@ -243,6 +243,72 @@ static void small_body(int rank, int n, void *arg)
 
 TEST(transport_tcp_small_messages_in_order, 40) { tdist_test_run_ranks(2, small_body, NULL); }
 
+/* ------------------------- read-ahead across receives of mixed sizes */
+
+/* Sizes around the transport's read-ahead limits (a receive with less
+ * than 16 KiB left reads up to 64 KiB ahead): a message that ends inside
+ * what was read ahead, one that starts there and goes on in the socket,
+ * and large ones that read straight into their buffer. */
+static const size_t mixed_sizes[] = {1,     3,     16383, 16384, 16385,  65535, 65536,
+                                     65537, 8,     7,     40000, 200000, 1,     12};
+#define NMIXED ((int)(sizeof mixed_sizes / sizeof mixed_sizes[0]))
+
+static uint8_t mixed_byte(int pass, int msg, size_t off)
+{
+    return (uint8_t)(pass * 97 + msg * 131 + off * 7 + (off >> 8));
+}
+
+static void mixed_body(int rank, int n, void *arg)
+{
+    (void)arg;
+    (void)n;
+    tp_rank_t t;
+    tp_open(&t, rank, n, "127.0.0.1", TAG);
+    tp_connect(&t);
+    size_t total = 0;
+    for (int i = 0; i < NMIXED; i++) total += mixed_sizes[i];
+    uint8_t *buf = malloc(total);
+    tdist__tp_req_t reqs[NMIXED], *rp[NMIXED];
+    ASSERT_TRUE(buf != NULL);
+    /* pass 0: the receiver posts one receive at a time, after the sender
+     * has sent everything it can; pass 1: every receive posted at once */
+    for (int pass = 0; pass < 2; pass++) {
+        size_t off = 0;
+        if (rank == 0) {
+            for (int i = 0; i < NMIXED; i++) {
+                for (size_t j = 0; j < mixed_sizes[i]; j++) buf[off + j] = mixed_byte(pass, i, j);
+                ASSERT_OK(tdist__tp_post_send(t.tp, &reqs[i], 1, buf + off, mixed_sizes[i]));
+                rp[i] = &reqs[i];
+                off += mixed_sizes[i];
+            }
+            ASSERT_OK(tdist__tp_wait(t.tp, rp, NMIXED, deadline_in(20000)));
+        } else {
+            memset(buf, 0, total);
+            if (pass == 0) tdist__sleep_ms(50); /* the messages wait in the socket */
+            for (int i = 0; i < NMIXED; i++) {
+                ASSERT_OK(tdist__tp_post_recv(t.tp, &reqs[i], 0, buf + off, mixed_sizes[i]));
+                rp[i] = &reqs[i];
+                if (pass == 0) ASSERT_OK(tdist__tp_wait(t.tp, &rp[i], 1, deadline_in(20000)));
+                off += mixed_sizes[i];
+            }
+            if (pass == 1) ASSERT_OK(tdist__tp_wait(t.tp, rp, NMIXED, deadline_in(20000)));
+            off = 0;
+            for (int i = 0; i < NMIXED; i++) {
+                for (size_t j = 0; j < mixed_sizes[i]; j++)
+                    if (buf[off + j] != mixed_byte(pass, i, j))
+                        FAIL("pass %d: message %d (%zu bytes), byte %zu: %u, expected %u", pass,
+                             i, mixed_sizes[i], j, buf[off + j], mixed_byte(pass, i, j));
+                off += mixed_sizes[i];
+            }
+        }
+        store_barrier(&t, pass == 0 ? "mixed-0" : "mixed-1");
+    }
+    free(buf);
+    tp_close(&t);
+}
+
+TEST(transport_tcp_mixed_sizes_across_read_ahead, 40) { tdist_test_run_ranks(2, mixed_body, NULL); }
+
 /* --------------------------------------------------- handshake rejection */
 
 /* The wire format of a handshake frame (transport/tcp.c): 96 bytes LE,
