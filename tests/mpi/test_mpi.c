@@ -309,8 +309,12 @@ TEST(mpi_fr_rank_stopped, 60)
 }
 
 /* Rank 2 SIGKILLed once ranks 0 and 1 wait in seq 6. By default mpirun
- * kills them too (SIGTERM, then SIGKILL a second later; group timeout
- * 60 s): they dump on the SIGTERM (reason "SIGTERM") and die of it.
+ * kills them too (SIGTERM, then SIGKILL after odls_base_sigkill_timeout;
+ * group timeout 60 s): they dump on the SIGTERM (reason "SIGTERM") and
+ * die of it. The timeout is 2 s here: with the default 1 s, mpirun's
+ * sleep before the SIGKILL ends (rounded down to 0 s) when the first of
+ * them exits, and the other may be SIGKILLed before its dump is
+ * written (docs/debugging.md).
  * tdist-fr reads those dumps with the three rings the job left in
  * TDIST_FR_DIR, ranks 0 and 1 in seq 6 (still waiting, or still queued
  * if their engine threads had not yet started it). Under mpirun
@@ -323,7 +327,8 @@ static void fr_killed(bool recovery)
 {
     char dir[600], live[600], *out;
     run_t r = fr_run(recovery ? "frkillrec" : "frkill", dir, live,
-                     recovery ? "OMPI_MCA_orte_enable_recovery=1" : NULL);
+                     recovery ? "OMPI_MCA_orte_enable_recovery=1"
+                              : "OMPI_MCA_odls_base_sigkill_timeout=2");
     ASSERT_TRUE(r.code != 124); /* not hung */
     ASSERT_CONTAINS(r.out, "frkill: rank 2 raises SIGKILL");
     ASSERT_TRUE(strstr(r.out, "MPI_PROG OK") == NULL);
