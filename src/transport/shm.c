@@ -74,7 +74,7 @@ typedef struct seg_hdr {
     uint64_t coll_bytes; /* collective area at coll_offset() */
     uint64_t pidns;      /* inode of the owner's pid namespace (the sweep's check) */
     atomic_uint closed; /* the owner destroyed its transport */
-    _Alignas(64) atomic_uint mapped; /* peers that mapped this segment and wrote their hello */
+    _Alignas(64) atomic_uint mapped; /* peers that mapped this segment (each before its hello) */
     _Alignas(64) atomic_uint bell;   /* futex word: bumped to wake the owner */
     atomic_uint sleeping;            /* the owner is (about to be) asleep on bell */
     /* the owner's CPU affinity (bit c of word c / 64: it may run on CPU c);
@@ -564,8 +564,11 @@ static int map_peer(shm_tp_t *tp, int p)
     c->out->rank = (uint32_t)tp->b.rank;
     c->out->pid = (uint32_t)getpid();
     c->out->tag = tp->b.tag;
-    atomic_store_explicit(&c->out->hello, 1, memory_order_release);
+    /* mapped before the hello: an owner that has every peer's hello
+     * also sees its mapped count complete, and unlinks before it leaves
+     * connect */
     atomic_fetch_add(&h->mapped, 1);
+    atomic_store_explicit(&c->out->hello, 1, memory_order_release);
     ring_bell(h);
     return 1;
 }
