@@ -1,6 +1,7 @@
 /* tests/harness/harness.c — registry, runner with deadlines, multi-rank spawner. */
 #include "harness.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -87,6 +88,27 @@ double tdist_test_cpu_wait_ms(void)
 }
 
 const char *tdist_test_tmpdir(void) { return tmpdir; }
+
+static int count_tasks(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return -1;
+    int n = 0;
+    for (struct dirent *e = readdir(d); e; e = readdir(d))
+        if (e->d_name[0] != '.') n++;
+    closedir(d);
+    return n;
+}
+
+int tdist_test_threads_settled(int want)
+{
+    int n = count_tasks();
+    for (int i = 0; i < 200 && n > want; i++) {
+        usleep(10 * 1000);
+        n = count_tasks();
+    }
+    return n;
+}
 
 const char *tdist_test_describe(const tdist_rank_result_t *r, char *buf, size_t n)
 {

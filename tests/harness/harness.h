@@ -211,6 +211,13 @@ void tdist_test_open_world(tdist_world_t **w, tdist_pg_t **pg, int64_t timeout_m
 /* Describe a result ("exited with status 1", "killed by signal 9 (Killed)"). */
 const char *tdist_test_describe(const tdist_rank_result_t *r, char *buf, size_t n);
 
+/* How many threads this process has (/proc/self/task), once at most
+ * want: a thread that pthread_join has returned for can stay listed
+ * there a moment longer, until the kernel has reaped it, so the count
+ * is read again for up to two seconds (bounded) while it is above want.
+ * A thread really left running keeps the count above want. */
+int tdist_test_threads_settled(int want);
+
 /* A fresh temporary directory for this test (removed by the runner after
  * the test ends). Path valid for the life of the process. */
 const char *tdist_test_tmpdir(void);

@@ -79,7 +79,7 @@ static void env_body(int rank, int n, void *arg)
     tdist_world_destroy(w);
     /* nothing left behind */
     ASSERT_EQ(count_entries("/proc/self/fd"), fds);
-    ASSERT_EQ(count_entries("/proc/self/task"), threads);
+    ASSERT_EQ(tdist_test_threads_settled(threads), threads);
 }
 
 TEST(init_env_1_rank, 30) { tdist_test_run_ranks(1, env_body, NULL); }
@@ -171,7 +171,7 @@ static void tcp_body(int rank, int n, void *arg)
     tdist_world_destroy(w);
     /* no fd or thread left behind; rank 0's listening socket went with its server */
     ASSERT_EQ(count_entries("/proc/self/fd"), rank == 0 ? fds - 1 : fds);
-    ASSERT_EQ(count_entries("/proc/self/task"), threads);
+    ASSERT_EQ(tdist_test_threads_settled(threads), threads);
 }
 
 static void run_tcp(int family, const char *host, bool env_url, int n)

@@ -84,7 +84,7 @@ static void sizes_body(int rank, int n, void *arg)
         }
         tdist_pg_destroy(pg);
         ASSERT_EQ(count_fds(), fds);
-        ASSERT_EQ(count_threads(), thr);
+        ASSERT_EQ(tdist_test_threads_settled(thr), thr);
     }
     tdist_world_destroy(w);
 }
@@ -579,7 +579,7 @@ static void sub_body(int rank, int n, void *arg)
     tdist_pg_destroy(half);
     tdist_pg_destroy(sub);
     ASSERT_EQ(count_fds(), fds);
-    ASSERT_EQ(count_threads(), thr);
+    ASSERT_EQ(tdist_test_threads_settled(thr), thr);
     ASSERT_OK(tdist_barrier(c.pg, NULL, NULL));
     close_world(&c);
 }
