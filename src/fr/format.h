@@ -24,7 +24,7 @@
 #include <string.h>
 
 #define TDIST__FR_MAGIC "TDISTFR"
-#define TDIST__FR_VERSION 3u      /* of the ring file */
+#define TDIST__FR_VERSION 4u      /* of the ring file */
 #define TDIST__FR_JSON_VERSION 1u /* of the JSON dumps (fr/dump.c) */
 
 /* What an entry records. */
@@ -170,7 +170,13 @@ typedef struct tdist__fr_header {
     char uid[64];         /* the group's uid (same on every rank) */
     char host[64];
     char backend[16];     /* "native" or the backend's name */
+    char pad_to_line[24]; /* the ring after it starts on a cache line */
 } tdist__fr_header_t;
+
+/* The entries follow the header: each one cache line, not two halves
+ * (a ring larger than the L1 cache would miss twice a call, and the
+ * next entry's prefetch would fetch the wrong line). */
+_Static_assert(sizeof(tdist__fr_header_t) % 64 == 0, "the ring starts on a cache line");
 
 /* Whether e's wait fields are its own (a wait of it noted its peer). */
 static inline bool tdist__fr_waited(const tdist__fr_entry_t *e)
