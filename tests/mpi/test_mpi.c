@@ -8,7 +8,10 @@
  * mpirun's output, and mpirun still gets to kill its ranks), with
  * OMPI_ALLOW_RUN_AS_ROOT=1 and, in sanitizer builds, detect_leaks=0 added
  * to ASAN_OPTIONS for the MPI processes only: Open MPI leaves memory
- * behind at MPI_Finalize that LeakSanitizer would report. A test skips
+ * behind at MPI_Finalize that LeakSanitizer would report. The ranks get
+ * the test's directory as TMPDIR (Open MPI's session directory stays in
+ * /tmp), so the flight-recorder rings of ranks that die with their groups
+ * open go with the test's directory, not into /tmp. A test skips
  * (SKIP: ctest lists it as skipped) when mpirun or the program (a build
  * without MPI) is missing. */
 #include <signal.h>
@@ -86,11 +89,13 @@ static run_t mpi_run(int np, const char *scenario, int limit_s, const char *env)
     snprintf(cmd, sizeof cmd,
              "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
              "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1 "
+             "TMPDIR='%s' OMPI_MCA_orte_tmpdir_base=/tmp "
              "%s %s "
              "timeout -k 5 %d mpirun -np %d --oversubscribe --bind-to none --mca btl self,vader "
-             "-x ASAN_OPTIONS -x UBSAN_OPTIONS -x TDIST_BACKEND -x TDIST_TIMEOUT_MS "
+             "-x ASAN_OPTIONS -x UBSAN_OPTIONS -x TDIST_BACKEND -x TDIST_TIMEOUT_MS -x TMPDIR "
              "%s %s > '%s' 2>&1",
-             asan_env(asan, sizeof asan), env ? env : "", limit_s, np, PROG, scenario, outp);
+             tdist_test_tmpdir(), asan_env(asan, sizeof asan), env ? env : "", limit_s, np, PROG,
+             scenario, outp);
     double t0 = tdist_test_now_ms();
     int st = system(cmd);
     r.ms = tdist_test_now_ms() - t0;

@@ -336,6 +336,10 @@ NETNS_FN void netns_run_ranks(const netns_topo_t *t, const netns_ranks_t *o, tdi
             unsetenv("TDIST_TRANSPORT");
             unsetenv("TDIST_SOCKET_IFNAME");
             unsetenv("TDIST_RESTART_COUNT");
+            /* the flight-recorder rings of a rank that leaves without
+             * destroying its groups stay in the test's directory, which
+             * the runner removes, not in /tmp */
+            setenv("TMPDIR", tdist_test_tmpdir(), 1);
             for (const char *const *e = o->env; e && *e; e++) putenv((char *)*e);
             body(r, n, arg);
             fflush(stdout);
