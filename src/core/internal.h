@@ -103,8 +103,13 @@ static inline bool tdist__log_on(tdist_log_level_t lvl)
 uint64_t tdist__now_ns(void);
 int64_t tdist__now_ms(void);
 
-/* Deadline helpers. A timeout_ms < 0 means "no deadline" (INT64_MAX). */
+/* Deadline helpers. A timeout_ms < 0 means "no deadline" (INT64_MAX).
+ * tdist__deadline_ms may read the coarse clock (timeouts of a second or
+ * more: see util.c); tdist__deadline_exact_ms always reads the fine one
+ * and is never early, for a caller that turns the deadline back into a
+ * timeout someone else measures (the store's get and wait). */
 int64_t tdist__deadline_ms(int64_t timeout_ms);
+int64_t tdist__deadline_exact_ms(int64_t timeout_ms);
 /* Milliseconds left until deadline, clamped to [0, INT32_MAX]: ready to pass
  * to poll()/epoll_wait(). */
 int tdist__ms_left(int64_t deadline_ms);

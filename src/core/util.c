@@ -32,23 +32,33 @@ static uint64_t coarse_tick_ns(void)
     return (uint64_t)t;
 }
 
+int64_t tdist__deadline_exact_ms(int64_t timeout_ms)
+{
+    if (timeout_ms < 0) return INT64_MAX;
+    /* rounded up: a deadline is reached when tdist__now_ms, which rounds
+     * down, gets to it; a wait(0) still means "now" */
+    int64_t now = timeout_ms > 0 ? (int64_t)((tdist__now_ns() + 999999ull) / 1000000ull)
+                                 : tdist__now_ms();
+    return timeout_ms > INT64_MAX - now ? INT64_MAX : now + timeout_ms;
+}
+
 /* Every blocking collective computes a deadline, most never need it: the
  * coarse clock costs a third of CLOCK_MONOTONIC (7 vs 23 ns on the test
- * VM). It lags CLOCK_MONOTONIC by less than one tick, so adding a tick
- * makes the deadline never early and at most one tick (1-4 ms) late; only
- * for timeouts of a second or more, where that is noise (a wait(0) must
- * still mean "now"). */
+ * VM). It lags CLOCK_MONOTONIC by less than one tick while ticks come on
+ * time, so adding a tick makes the deadline at most one tick (1-4 ms)
+ * late and, unless a tick itself came late (a virtual CPU the host did
+ * not run), never early; only for timeouts of a second or more, where
+ * that is noise. Shorter ones are exact (tdist__deadline_exact_ms). */
 int64_t tdist__deadline_ms(int64_t timeout_ms)
 {
     if (timeout_ms < 0) return INT64_MAX;
     uint64_t tick = coarse_tick_ns();
     struct timespec ts;
     int64_t now;
-    if (timeout_ms >= 1000 && tick > 0 && clock_gettime(CLOCK_MONOTONIC_COARSE, &ts) == 0)
-        now = (int64_t)(((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + tick +
-                         999999ull) / 1000000ull);
-    else
-        now = tdist__now_ms();
+    if (timeout_ms < 1000 || tick == 0 || clock_gettime(CLOCK_MONOTONIC_COARSE, &ts) != 0)
+        return tdist__deadline_exact_ms(timeout_ms);
+    now = (int64_t)(((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + tick +
+                     999999ull) / 1000000ull);
     if (timeout_ms > INT64_MAX - now) return INT64_MAX;
     return now + timeout_ms;
 }

@@ -81,7 +81,8 @@ static int64_t call_deadline(const tcp_store_t *s, int64_t timeout_ms, int64_t e
     (void)s;
     int64_t bound = tdist__store_thread_bound();
     if (timeout_ms < 0 || timeout_ms > INT64_MAX / 4) return bound;
-    return TDIST_MIN(tdist__deadline_ms(timeout_ms + extra_ms), bound);
+    /* exact: a blocking call hands what is left of it to the server */
+    return TDIST_MIN(tdist__deadline_exact_ms(timeout_ms + extra_ms), bound);
 }
 
 /* Lock the client until deadline. */
