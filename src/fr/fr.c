@@ -251,8 +251,8 @@ static void thread_start(void)
 {
     pthread_mutex_lock(&th_mu);
     if (sig_installed && !th_running) {
-        while (sem_trywait(&sig_sem) == 0) { /* signals from before: answered by the start */
-        }
+        /* a SIGUSR1 posted since the last thread stopped (while this
+         * recorder was being opened, say) is answered by the new thread */
         atomic_store(&th_stop, false);
         sigset_t all, prev;
         sigfillset(&all);
@@ -277,6 +277,11 @@ static void thread_stop_if_idle(void)
         (void)sem_post(&sig_sem);
         pthread_join(sig_th, NULL);
         th_running = false;
+        /* what is still posted (the stop's own post, if the thread left
+         * on an earlier one; a SIGUSR1 of the last moment) has no
+         * recorder left to answer it */
+        while (sem_trywait(&sig_sem) == 0) {
+        }
         /* a SIGTERM that came as the thread left: it posted, nobody took it */
         if (atomic_load(&term_got)) thread_dies_of_sigterm();
     }
@@ -379,6 +384,9 @@ tdist__fr_t *tdist__fr_open(const tdist__fr_ident_t *id)
     tdist__fr_file_safe(id->uid, uid, sizeof uid);
     char *path = tdist__asprintf("%s/tdist-fr.r%d.%s.ring", cfg_dir, id->world_rank, uid);
     if (!path) return NULL;
+    /* the handlers before the ring's file appears: whoever sees the file
+     * (tdistrun, a test) may signal the process at once */
+    pthread_once(&sig_once, signal_setup);
     tdist__fr_t *fr = map_ring(path, cfg_size);
     if (!fr) {
         free(path);
@@ -387,7 +395,6 @@ tdist__fr_t *tdist__fr_open(const tdist__fr_ident_t *id)
     fill_header(fr->hdr, id, cfg_size);
     fr->path = path;
     fr->unlink_at_close = !cfg_user_dir;
-    pthread_once(&sig_once, signal_setup);
     pthread_mutex_lock(&tdist__fr_lock);
     fr->next = tdist__fr_open_list;
     tdist__fr_open_list = fr;

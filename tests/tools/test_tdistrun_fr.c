@@ -32,6 +32,36 @@ static void wait_fr_files(const char *dir, const char *ext, int n)
     }
 }
 
+/* SIGUSR1 to the launcher while its workers do not catch it (no tdist
+ * group made yet; here not a tdist program at all): they are left alone,
+ * not killed, tdistrun says so, and the job ends as it would have. */
+TEST(tdistrun_fr_sigusr1_leaves_workers_without_a_recorder_alone, 60)
+{
+    trun_set_dir_env();
+    const char *argv[] = {TDISTRUN, "--nproc-per-node", "2", "/bin/sh", "-c",
+                          "echo $$ > $T_DIR/pid.$RANK; i=0;"
+                          "while [ ! -e $T_DIR/go ] && [ $i -lt 3000 ]; do sleep 0.01; "
+                          "i=$((i+1)); done",
+                          NULL};
+    double start = tdist_test_now_ms();
+    pid_t pid = spawn(argv, "frusr1none");
+    trun_wait_files("pid", 2, 10000 * tdist_test_timeout_mult());
+    ASSERT_EQ(kill(pid, SIGUSR1), 0);
+    usleep(300 * 1000); /* tdistrun passes it on (or not) */
+    char go[700];
+    snprintf(go, sizeof go, "%s/go", tdist_test_tmpdir());
+    FILE *f = fopen(go, "w");
+    ASSERT_TRUE(f != NULL);
+    fclose(f);
+    run_t r;
+    wait_for(pid, 30000 * tdist_test_timeout_mult(), "frusr1none", start, &r);
+    ASSERT_EXIT(r, 0);
+    ASSERT_CONTAINS(r.err, "tdistrun: got SIGUSR1; passed it to 0 workers");
+    ASSERT_CONTAINS(r.err, "tdistrun: left 2 workers alone: they have no SIGUSR1 handler yet");
+    ASSERT_CONTAINS(r.err, "tdistrun: all 2 workers exited with status 0");
+    run_free(&r);
+}
+
 /* Rank 2 stays in its own code; ranks 0 and 1 time out in all_reduce seq
  * 6: the report blames rank 2, not rank 0 which failed first. */
 TEST(tdistrun_fr_report_names_the_rank_everyone_waited_for, 60)

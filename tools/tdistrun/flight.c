@@ -4,8 +4,10 @@
  *  - every worker gets TDIST_FR_DIR (unless the user set it): under
  *    --log-dir, DIR/attempt_<A>/fr; else ${TMPDIR:-/tmp}/tdistrun-fr.<pid>.<A>,
  *    removed again when the set succeeds;
- *  - SIGUSR1 to the launcher is passed to every worker (supervise.c): each
- *    dumps its rings as JSON there and goes on;
+ *  - SIGUSR1 to the launcher is passed to every worker that catches it
+ *    (supervise.c, tdr_fr_signal_workers): each dumps its rings as JSON
+ *    there and goes on; a worker that does not catch it yet (no group
+ *    made, or not a tdist program) is left alone instead of killed;
  *  - when a set failed, the report runs tdist-fr on that directory and
  *    prints its first divergence: which rank the others were waiting for.
  */
@@ -32,6 +34,75 @@ static bool fr_set_by_us;   /* we named it (the workers get TDIST_FR_DIR) */
 static bool fr_temporary;   /* and it is not under --log-dir: removed on success */
 
 const char *tdr_fr_worker_dir(void) { return fr_set_by_us ? fr_dir : NULL; }
+
+/* Whether process pid catches signal sig (its SigCgt mask in
+ * /proc/<pid>/status); false when it cannot be read (gone). */
+static bool catches(pid_t pid, int sig)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "re");
+    if (!f) return false;
+    bool yes = false;
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "SigCgt:", 7) != 0) continue;
+        unsigned long long mask = strtoull(line + 7, NULL, 16);
+        yes = sig >= 1 && sig <= 64 && ((mask >> (sig - 1)) & 1u);
+        break;
+    }
+    fclose(f);
+    return yes;
+}
+
+/* The process group of process pid (-1: gone), from /proc/<pid>/stat
+ * (the fifth field; the command name in parentheses may hold spaces). */
+static pid_t group_of(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return -1;
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')');
+    int ppid = 0, pgrp = 0;
+    char state = 0;
+    if (!p || sscanf(p + 1, " %c %d %d", &state, &ppid, &pgrp) != 3) return -1;
+    return (pid_t)pgrp;
+}
+
+int tdr_fr_signal_workers(const tdr_worker_t *ws, int n, int *left)
+{
+    bool *got = calloc((size_t)(n > 0 ? n : 1), sizeof *got);
+    DIR *d = opendir("/proc");
+    int reached = 0, running = 0;
+    if (got && d) {
+        struct dirent *e;
+        /* bounded: a /proc of more processes than this is not walked further */
+        for (int k = 0; k < (1 << 22) && (e = readdir(d)) != NULL; k++) {
+            char *end;
+            long v = strtol(e->d_name, &end, 10);
+            if (*end != '\0' || v <= 0) continue;
+            pid_t pid = (pid_t)v, g = group_of(pid);
+            for (int i = 0; g > 0 && i < n; i++) {
+                if (!ws[i].running || ws[i].pid != g) continue;
+                if (catches(pid, SIGUSR1) && kill(pid, SIGUSR1) == 0) got[i] = true;
+                break;
+            }
+        }
+    }
+    if (d) closedir(d);
+    for (int i = 0; i < n; i++) {
+        if (!ws[i].running) continue;
+        running++;
+        if (got && got[i]) reached++;
+    }
+    free(got);
+    *left = running - reached;
+    return reached;
+}
 
 const char *tdr_fr_dir(void) { return fr_dir[0] ? fr_dir : NULL; }
 

@@ -294,10 +294,15 @@ static void handle_signals(set_state_t *st, tdr_set_result_t *res)
             if (recs[i].sig == SIGCHLD) {
                 note_death(st, recs[i].pid); /* reaped below */
             } else if (recs[i].sig == SIGUSR1) {
-                int k = signal_running(st->ws, st->n, SIGUSR1);
+                int left = 0, k = tdr_fr_signal_workers(st->ws, st->n, &left);
                 tdr_eprintf("tdistrun: got SIGUSR1; passed it to %d worker%s (flight-recorder "
                             "dumps in %s)\n", k, k == 1 ? "" : "s",
                             tdr_fr_dir() ? tdr_fr_dir() : "their TDIST_FR_DIR");
+                if (left > 0)
+                    tdr_eprintf("tdistrun: left %d worker%s alone: %s no SIGUSR1 handler yet "
+                                "(no tdist group made yet, or not a tdist program), and the "
+                                "signal would kill %s\n", left, left == 1 ? "" : "s",
+                                left == 1 ? "it has" : "they have", left == 1 ? "it" : "them");
             } else
                 on_stop_signal(st, res, recs[i].sig);
         }

@@ -359,6 +359,13 @@ void tdr_fr_prepare(const tdr_launch_t *l);
 const char *tdr_fr_worker_dir(void);
 /* The directory the workers record into (NULL: none). */
 const char *tdr_fr_dir(void);
+/* SIGUSR1 to the launcher: pass it to every process of the running
+ * workers' process groups that catches it (a worker's flight recorder,
+ * once it has a group, or the program's own handler), and to no other: a
+ * process that does not catch SIGUSR1 would die of it. Returns how many
+ * workers got it; *left: running workers none of whose processes catches
+ * it yet (left alone). */
+int tdr_fr_signal_workers(const tdr_worker_t *ws, int n, int *left);
 /* After a failed set: tdist-fr's first divergence and the directory. */
 void tdr_fr_report(void);
 /* After a set: remove a temporary directory, with the records in it
