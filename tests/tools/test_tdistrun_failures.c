@@ -54,9 +54,7 @@ static void deaths_while_stopped(int a, int b, run_t *r)
     trun_set_dir_env();
     const char *argv[] = {TDISTRUN, "--nproc-per-node", "4", "--grace-period", "1", "/bin/sh",
                           "-c",
-                          "echo $$ > $T_DIR/pid.$RANK; i=0;"
-                          "while [ ! -e $T_DIR/go.$RANK ] && [ $i -lt 3000 ]; do sleep 0.01; "
-                          "i=$((i+1)); done;"
+                          "echo $$ > $T_DIR/pid.$RANK; " TRUN_SH_AWAIT("go.$RANK")
                           "[ $RANK = 0 ] && eval \"$T_RANK0\"; [ $RANK = 3 ] && eval \"$T_RANK3\";"
                           "exec sleep 120",
                           NULL};
@@ -73,9 +71,7 @@ static void deaths_while_stopped(int a, int b, run_t *r)
     for (int k = 0; k < 2; k++) {
         char go[32];
         snprintf(go, sizeof go, "go.%d", order[k]);
-        FILE *f = fopen(tmp_path(go), "w");
-        ASSERT_TRUE(f != NULL);
-        fclose(f);
+        trun_touch(go);
         double end = tdist_test_now_ms() + 10000 * tdist_test_timeout_mult();
         while (!trun_pid_gone(pids[order[k]])) { /* a zombie until the launcher reaps it */
             if (tdist_test_now_ms() > end) FAIL("rank %d did not end", order[k]);

@@ -39,20 +39,13 @@ TEST(tdistrun_fr_sigusr1_leaves_workers_without_a_recorder_alone, 60)
 {
     trun_set_dir_env();
     const char *argv[] = {TDISTRUN, "--nproc-per-node", "2", "/bin/sh", "-c",
-                          "echo $$ > $T_DIR/pid.$RANK; i=0;"
-                          "while [ ! -e $T_DIR/go ] && [ $i -lt 3000 ]; do sleep 0.01; "
-                          "i=$((i+1)); done",
-                          NULL};
+                          "echo $$ > $T_DIR/pid.$RANK; " TRUN_SH_AWAIT("go"), NULL};
     double start = tdist_test_now_ms();
     pid_t pid = spawn(argv, "frusr1none");
     trun_wait_files("pid", 2, 10000 * tdist_test_timeout_mult());
     ASSERT_EQ(kill(pid, SIGUSR1), 0);
     usleep(300 * 1000); /* tdistrun passes it on (or not) */
-    char go[700];
-    snprintf(go, sizeof go, "%s/go", tdist_test_tmpdir());
-    FILE *f = fopen(go, "w");
-    ASSERT_TRUE(f != NULL);
-    fclose(f);
+    trun_touch("go");
     run_t r;
     wait_for(pid, 30000 * tdist_test_timeout_mult(), "frusr1none", start, &r);
     ASSERT_EXIT(r, 0);

@@ -83,3 +83,10 @@ void trun_assert_all_gone(const pid_t *pids, int n, double timeout_ms)
 }
 
 void trun_set_dir_env(void) { setenv("T_DIR", tdist_test_tmpdir(), 1); }
+
+void trun_touch(const char *name)
+{
+    FILE *f = fopen(tmp_path(name), "w");
+    if (!f) FAIL("cannot create %s", tmp_path(name));
+    fclose(f);
+}

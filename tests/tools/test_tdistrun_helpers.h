@@ -44,4 +44,12 @@ void trun_assert_all_gone(const pid_t *pids, int n, double timeout_ms);
 /* T_DIR=<tmpdir> in the environment, for worker shell snippets. */
 void trun_set_dir_env(void);
 
+/* A worker shell snippet: wait until $T_DIR/<file> exists (file: a shell
+ * word, "go" or "go.$RANK"), bounded at 30 s. */
+#define TRUN_SH_AWAIT(file)                                                                        \
+    "i=0; while [ ! -e $T_DIR/" file " ] && [ $i -lt 3000 ]; do sleep 0.01; i=$((i+1)); done;"
+
+/* Create the empty file <tmpdir>/<name> (a worker's go-ahead). */
+void trun_touch(const char *name);
+
 #endif /* TDIST_TEST_TDISTRUN_HELPERS_H */

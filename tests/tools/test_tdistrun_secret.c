@@ -85,9 +85,7 @@ TEST(tdistrun_job_secret_keeps_strangers_out, 90)
      * "hello/R" in the store, checked by rank 0), then waits for the go
      * file (bounded) while the store stays up */
     const char *script = "echo $$ > $T_DIR/pid.$RANK; " HELLO " > $T_DIR/hello.$RANK || exit 3; "
-                         "echo done > $T_DIR/first.$RANK; "
-                         "i=0; while [ ! -e $T_DIR/go ] && [ $i -lt 600 ]; do sleep 0.05; "
-                         "i=$((i+1)); done";
+                         "echo done > $T_DIR/first.$RANK; " TRUN_SH_AWAIT("go");
     const char *argv[] = {TDISTRUN, "--nproc-per-node", "2", "--master-port", porttxt,
                           "--grace-period", "1", "/bin/sh", "-c", script, NULL};
     setenv("TDIST_STORE_LISTEN_FD", fdtxt, 1);
@@ -146,10 +144,7 @@ TEST(tdistrun_job_secret_keeps_strangers_out, 90)
     free(text);
 
     /* the workers leave; the job succeeds */
-    char *go = tmp_path("go");
-    FILE *g = fopen(go, "w");
-    ASSERT_TRUE(g != NULL);
-    fclose(g);
+    trun_touch("go");
     run_t r;
     wait_for(p, 60000 * tdist_test_timeout_mult(), "secret", start, &r);
     ASSERT_EXIT(r, 0);
