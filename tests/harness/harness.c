@@ -89,10 +89,11 @@ double tdist_test_cpu_wait_ms(void)
 
 const char *tdist_test_tmpdir(void) { return tmpdir; }
 
-static int count_tasks(void)
+/* Entries of directory path, without . and .. */
+static int count_entries(const char *path)
 {
-    DIR *d = opendir("/proc/self/task");
-    if (!d) return -1;
+    DIR *d = opendir(path);
+    if (!d) FAIL("opendir %s: %s", path, strerror(errno));
     int n = 0;
     for (struct dirent *e = readdir(d); e; e = readdir(d))
         if (e->d_name[0] != '.') n++;
@@ -100,12 +101,16 @@ static int count_tasks(void)
     return n;
 }
 
+int tdist_test_count_fds(void) { return count_entries("/proc/self/fd") - 1; }
+
+int tdist_test_count_threads(void) { return count_entries("/proc/self/task"); }
+
 int tdist_test_threads_settled(int want)
 {
-    int n = count_tasks();
+    int n = tdist_test_count_threads();
     for (int i = 0; i < 200 && n > want; i++) {
         usleep(10 * 1000);
-        n = count_tasks();
+        n = tdist_test_count_threads();
     }
     return n;
 }

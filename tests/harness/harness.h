@@ -211,6 +211,11 @@ void tdist_test_open_world(tdist_world_t **w, tdist_pg_t **pg, int64_t timeout_m
 /* Describe a result ("exited with status 1", "killed by signal 9 (Killed)"). */
 const char *tdist_test_describe(const tdist_rank_result_t *r, char *buf, size_t n);
 
+/* Open file descriptors of this process (/proc/self/fd, without the one
+ * that reading it holds), and its threads (/proc/self/task) now. */
+int tdist_test_count_fds(void);
+int tdist_test_count_threads(void);
+
 /* How many threads this process has (/proc/self/task), once at most
  * want: a thread that pthread_join has returned for can stay listed
  * there a moment longer, until the kernel has reaped it, so the count

@@ -12,17 +12,6 @@
 
 int64_t deadline_in(double ms) { return tdist__now_ms() + (int64_t)(ms * tdist_test_timeout_mult()); }
 
-int count_fds(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    if (!d) FAIL("opendir /proc/self/fd: %s", strerror(errno));
-    int n = 0;
-    for (struct dirent *e = readdir(d); e; e = readdir(d))
-        if (e->d_name[0] != '.') n++;
-    closedir(d);
-    return n - 1; /* the one opendir holds */
-}
-
 void *shared_alloc(size_t len)
 {
     void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);

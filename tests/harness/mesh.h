@@ -29,9 +29,6 @@ typedef struct tp_rank {
  * sanitizer builds. */
 int64_t deadline_in(double ms);
 
-/* Open fds of this process. */
-int count_fds(void);
-
 /* Memory shared by the ranks of one test (map it before the fork). */
 void *shared_alloc(size_t len);
 

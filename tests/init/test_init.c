@@ -14,19 +14,6 @@
 #include "harness.h"
 #include "init_env.h"
 
-/* Entries of a /proc directory (open fds, threads), without . and .. and
- * the fd opendir itself holds. */
-static int count_entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) FAIL("opendir %s: %s", dir, strerror(errno));
-    int n = 0;
-    for (struct dirent *e = readdir(d); e; e = readdir(d))
-        if (e->d_name[0] != '.') n++;
-    closedir(d);
-    return strcmp(dir, "/proc/self/fd") == 0 ? n - 1 : n;
-}
-
 /* Each rank sets "k/<rank>", then reads every rank's key (blocking get). */
 static void check_shared_store_named(tdist_world_t *w, const char *counter)
 {
@@ -68,7 +55,7 @@ static void env_body(int rank, int n, void *arg)
     tdist_init_opts_t o;
     tdist_init_opts_init(&o);
     o.timeout_ms = 30000;
-    int fds = count_entries("/proc/self/fd"), threads = count_entries("/proc/self/task");
+    int fds = tdist_test_count_fds(), threads = tdist_test_count_threads();
     tdist_world_t *w = NULL;
     ASSERT_OK(tdist_init(rank % 2 ? "env://" : NULL, &o, &w));
     ASSERT_EQ(tdist_world_rank(w), rank);
@@ -78,7 +65,7 @@ static void env_body(int rank, int n, void *arg)
     check_shared_store(w);
     tdist_world_destroy(w);
     /* nothing left behind */
-    ASSERT_EQ(count_entries("/proc/self/fd"), fds);
+    ASSERT_EQ(tdist_test_count_fds(), fds);
     ASSERT_EQ(tdist_test_threads_settled(threads), threads);
 }
 
@@ -147,7 +134,7 @@ static void tcp_body(int rank, int n, void *arg)
         if (rank == 0) o.listen_fd = a->fd;
     }
     if (rank != 0) close(a->fd);
-    int fds = count_entries("/proc/self/fd"), threads = count_entries("/proc/self/task");
+    int fds = tdist_test_count_fds(), threads = tdist_test_count_threads();
     tdist_world_t *w = NULL;
     ASSERT_OK(tdist_init(url, &o, &w));
     if (rank == 0) {
@@ -166,11 +153,11 @@ static void tcp_body(int rank, int n, void *arg)
         usleep(300 * 1000);
         ASSERT_OK(tdist_store_set(tdist_world_store(w), "late", "x", 1));
     } else {
-        ASSERT_EQ(count_entries("/proc/self/task"), threads + 1); /* the server's loop */
+        ASSERT_EQ(tdist_test_count_threads(), threads + 1); /* the server's loop */
     }
     tdist_world_destroy(w);
     /* no fd or thread left behind; rank 0's listening socket went with its server */
-    ASSERT_EQ(count_entries("/proc/self/fd"), rank == 0 ? fds - 1 : fds);
+    ASSERT_EQ(tdist_test_count_fds(), rank == 0 ? fds - 1 : fds);
     ASSERT_EQ(tdist_test_threads_settled(threads), threads);
 }
 
@@ -344,7 +331,7 @@ static void file_body(int rank, int n, void *arg)
     tdist_init_opts_t o;
     tdist_init_opts_init(&o);
     o.timeout_ms = 30000;
-    int fds = count_entries("/proc/self/fd");
+    int fds = tdist_test_count_fds();
     tdist_world_t *w = NULL;
     ASSERT_OK(tdist_init(url, &o, &w));
     ASSERT_EQ(tdist_world_rank(w), rank);
@@ -353,7 +340,7 @@ static void file_body(int rank, int n, void *arg)
     ASSERT_EQ(tdist_world_local_size(w), n);
     check_shared_store_named(w, a->counter);
     tdist_world_destroy(w);
-    ASSERT_EQ(count_entries("/proc/self/fd"), fds);
+    ASSERT_EQ(tdist_test_count_fds(), fds);
 }
 
 TEST(init_file_4_ranks, 60)

@@ -16,18 +16,6 @@
 #include "harness.h"
 #include "tdist/pg.h"
 
-static int count_dir(const char *path)
-{
-    DIR *d = opendir(path);
-    if (!d) FAIL("opendir %s: %s", path, strerror(errno));
-    int n = 0;
-    for (struct dirent *e = readdir(d); e; e = readdir(d))
-        if (e->d_name[0] != '.') n++;
-    closedir(d);
-    return n;
-}
-static int count_fds(void) { return count_dir("/proc/self/fd") - 1; }
-static int count_threads(void) { return count_dir("/proc/self/task"); }
 
 typedef struct ctx {
     tdist_world_t *w;
@@ -56,7 +44,7 @@ static void sizes_body(int rank, int n, void *arg)
     (void)arg;
     tdist_world_t *w;
     ASSERT_OK(tdist_init("env://", NULL, &w));
-    int fds = count_fds(), thr = count_threads();
+    int fds = tdist_test_count_fds(), thr = tdist_test_count_threads();
     for (int round = 0; round < 2; round++) {
         tdist_pg_t *pg = NULL;
         tdist_pg_opts_t o;
@@ -83,7 +71,7 @@ static void sizes_body(int rank, int n, void *arg)
             ASSERT_OK(tdist_barrier(pg, NULL, NULL));
         }
         tdist_pg_destroy(pg);
-        ASSERT_EQ(count_fds(), fds);
+        ASSERT_EQ(tdist_test_count_fds(), fds);
         ASSERT_EQ(tdist_test_threads_settled(thr), thr);
     }
     tdist_world_destroy(w);
@@ -530,7 +518,7 @@ static void sub_body(int rank, int n, void *arg)
     (void)arg;
     ctx_t c;
     open_world(&c, 20000);
-    int fds = count_fds(), thr = count_threads();
+    int fds = tdist_test_count_fds(), thr = tdist_test_count_threads();
     const int members[2] = {1, 3};
     tdist_pg_t *sub = NULL;
     ASSERT_OK(tdist_pg_new_group(c.pg, members, 2, NULL, &sub));
@@ -578,7 +566,7 @@ static void sub_body(int rank, int n, void *arg)
     tdist_pg_destroy(none);
     tdist_pg_destroy(half);
     tdist_pg_destroy(sub);
-    ASSERT_EQ(count_fds(), fds);
+    ASSERT_EQ(tdist_test_count_fds(), fds);
     ASSERT_EQ(tdist_test_threads_settled(thr), thr);
     ASSERT_OK(tdist_barrier(c.pg, NULL, NULL));
     close_world(&c);

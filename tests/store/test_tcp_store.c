@@ -20,19 +20,6 @@
 
 /* ------------------------------------------------------------- helpers */
 
-/* Open fds of this process. */
-static int count_fds(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    ASSERT_TRUE(d != NULL);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        if (e->d_name[0] != '.') n++;
-    closedir(d);
-    return n - 1; /* the directory stream's own fd */
-}
-
 /* A server on 127.0.0.1:0 with default options (or opts). */
 static tdist_store_server_t *start_server(const tdist_store_server_opts_t *opts)
 {
@@ -725,7 +712,7 @@ TEST(store_tcp_no_fd_leak_over_cycles, 60)
     tdist_store_destroy(s);
     tdist_store_server_destroy(srv);
 
-    int before = count_fds();
+    int before = tdist_test_count_fds();
     for (int cycle = 0; cycle < 10; cycle++) {
         srv = start_server(NULL);
         tdist_store_t *c[3];
@@ -753,7 +740,7 @@ TEST(store_tcp_no_fd_leak_over_cycles, 60)
         tdist_store_t *x = NULL;
         ASSERT_TRUE(tdist_store_tcp_connect("127.0.0.1", unused_port(), &o, &x) != TDIST_OK);
     }
-    ASSERT_EQ(count_fds(), before);
+    ASSERT_EQ(tdist_test_count_fds(), before);
 }
 
 /* After the server restarts on the same port, a broken client fails once
@@ -812,7 +799,7 @@ TEST(store_tcp_one_client_many_threads, 60)
 /* A server on an already-listening socket; destroy closes it. */
 TEST(store_tcp_server_adopts_listening_socket, 20)
 {
-    int before = count_fds();
+    int before = tdist_test_count_fds();
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     ASSERT_TRUE(fd >= 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
@@ -831,7 +818,7 @@ TEST(store_tcp_server_adopts_listening_socket, 20)
     expect_value(s, "k", "v");
     tdist_store_destroy(s);
     tdist_store_server_destroy(srv);
-    ASSERT_EQ(count_fds(), before);
+    ASSERT_EQ(tdist_test_count_fds(), before);
     ASSERT_STATUS(tdist_store_server_adopt(-1, NULL, &srv), TDIST_ERR_INVALID_ARG);
 }
 

@@ -76,7 +76,7 @@ static const size_t pair_sizes[] = {0, 1, 7, 4096, (1u << 20) + 3};
 static void pairs_body(int rank, int n, void *arg)
 {
     (void)arg;
-    int fds_before = count_fds();
+    int fds_before = tdist_test_count_fds();
     tp_rank_t t;
     tp_open(&t, rank, n, NULL, TAG);
     tp_connect(&t);
@@ -130,7 +130,7 @@ static void pairs_body(int rank, int n, void *arg)
     free(rp);
     store_barrier(&t, "pairs-done"); /* nobody closes while others still read */
     tp_close(&t);
-    ASSERT_EQ(count_fds(), fds_before);
+    ASSERT_EQ(tdist_test_count_fds(), fds_before);
 }
 
 TEST(transport_shm_pairs_w1, 30) { tdist_test_run_ranks(1, pairs_body, NULL); }
@@ -697,7 +697,7 @@ TEST(transport_shm_8_ranks_on_2_cores_no_livelock, 60)
 
 TEST(transport_shm_no_fd_or_segment_leak_on_any_path, 30)
 {
-    int before = count_fds(), me = getpid();
+    int before = tdist_test_count_fds(), me = getpid();
     ASSERT_EQ(shm_entries(me), 0);
     tdist__tp_opts_t o = {.tag = TAG};
     tdist__tp_t *tp = NULL;
@@ -708,7 +708,7 @@ TEST(transport_shm_no_fd_or_segment_leak_on_any_path, 30)
     ASSERT_TRUE(strncmp(tdist__tp_address(tp), "shm:/tdist-", 11) == 0);
     tdist__tp_destroy(tp);
     ASSERT_EQ(shm_entries(me), 0);
-    ASSERT_EQ(count_fds(), before);
+    ASSERT_EQ(tdist_test_count_fds(), before);
     /* world of one: connect unlinks at once */
     ASSERT_OK(tdist__tp_listen(TDIST__TP_SHM, 0, 1, &o, &tp));
     const char *self[1] = {NULL};
@@ -716,7 +716,7 @@ TEST(transport_shm_no_fd_or_segment_leak_on_any_path, 30)
     ASSERT_EQ(shm_entries(me), 0);
     ASSERT_OK(tdist__tp_wait(tp, NULL, 0, tdist__now_ms()));
     tdist__tp_destroy(tp);
-    ASSERT_EQ(count_fds(), before);
+    ASSERT_EQ(tdist_test_count_fds(), before);
     /* rank 1 of 2, peer rank 0's segment does not exist: retried until
      * the deadline, which names the peer and why; then unlinked. */
     char dead[96];
@@ -730,7 +730,7 @@ TEST(transport_shm_no_fd_or_segment_leak_on_any_path, 30)
     ASSERT_CONTAINS(tdist_last_error(), "No such file");
     ASSERT_EQ(shm_entries(me), 0);
     tdist__tp_destroy(tp);
-    ASSERT_EQ(count_fds(), before);
+    ASSERT_EQ(tdist_test_count_fds(), before);
     /* abort during set-up (abort itself only sets a flag and wakes: it is
      * async-signal-safe): connect fails at once and unlinks */
     ASSERT_OK(tdist__tp_listen(TDIST__TP_SHM, 0, 2, &o, &tp));
@@ -739,7 +739,7 @@ TEST(transport_shm_no_fd_or_segment_leak_on_any_path, 30)
     ASSERT_STATUS(tdist__tp_connect(tp, addrs2, deadline_in(5000)), TDIST_ERR_ABORTED);
     ASSERT_EQ(shm_entries(me), 0);
     tdist__tp_destroy(tp);
-    ASSERT_EQ(count_fds(), before);
+    ASSERT_EQ(tdist_test_count_fds(), before);
     ASSERT_EQ(shm_entries(me), 0);
 }
 

@@ -44,7 +44,7 @@ static const size_t pair_sizes[] = {0, 1, 7, 4096, (1u << 20) + 3};
 static void pairs_body(int rank, int n, void *arg)
 {
     (void)arg;
-    int fds_before = count_fds();
+    int fds_before = tdist_test_count_fds();
     tp_rank_t t;
     tp_open(&t, rank, n, "127.0.0.1", TAG);
     tp_connect(&t);
@@ -94,7 +94,7 @@ static void pairs_body(int rank, int n, void *arg)
     free(rp);
     store_barrier(&t, "pairs-done"); /* nobody closes while others still read */
     tp_close(&t);
-    ASSERT_EQ(count_fds(), fds_before);
+    ASSERT_EQ(tdist_test_count_fds(), fds_before);
 }
 
 TEST(transport_tcp_pairs_w1, 30) { tdist_test_run_ranks(1, pairs_body, NULL); }
@@ -490,7 +490,7 @@ static int handshake_child(uint16_t port, const char *secret)
 
 TEST(transport_tcp_handshake_rejects_bad_frames, 30)
 {
-    int fds_before = count_fds();
+    int fds_before = tdist_test_count_fds();
     const char *secret = "transport-test-secret";
     setenv("TDIST_JOB_SECRET", secret, 1);
     tdist__tp_opts_t o = {.bind_addr = "127.0.0.1", .tag = TAG};
@@ -525,7 +525,7 @@ TEST(transport_tcp_handshake_rejects_bad_frames, 30)
     char b = 0;
     ASSERT_STATUS(tdist__tp_post_send(tp, &req, 1, &b, 1), TDIST_ERR_TIMEOUT);
     tdist__tp_destroy(tp);
-    ASSERT_EQ(count_fds(), fds_before);
+    ASSERT_EQ(tdist_test_count_fds(), fds_before);
 }
 
 /* Stray connections to a real rank's listener do not break set-up. */
@@ -942,21 +942,21 @@ TEST(transport_tcp_abort_wakes_blocked_wait, 30) { tdist_test_run_ranks(2, abort
 
 TEST(transport_tcp_no_fd_leak_on_any_path, 30)
 {
-    int before = count_fds();
+    int before = tdist_test_count_fds();
     tdist__tp_opts_t o = {.bind_addr = "127.0.0.1", .tag = TAG};
     tdist__tp_t *tp = NULL;
     /* listen, destroy */
     ASSERT_OK(tdist__tp_listen(TDIST__TP_TCP, 0, 4, &o, &tp));
-    ASSERT_TRUE(count_fds() > before);
+    ASSERT_TRUE(tdist_test_count_fds() > before);
     tdist__tp_destroy(tp);
-    ASSERT_EQ(count_fds(), before);
+    ASSERT_EQ(tdist_test_count_fds(), before);
     /* world of one: connect, destroy */
     ASSERT_OK(tdist__tp_listen(TDIST__TP_TCP, 0, 1, &o, &tp));
     const char *self[1] = {NULL};
     ASSERT_OK(tdist__tp_connect(tp, self, tdist__now_ms() + 1000));
     ASSERT_OK(tdist__tp_wait(tp, NULL, 0, tdist__now_ms()));
     tdist__tp_destroy(tp);
-    ASSERT_EQ(count_fds(), before);
+    ASSERT_EQ(tdist_test_count_fds(), before);
     /* rank 1 of 2 dials a port nobody listens on: refused, retried until
      * the deadline, which names the peer and why. */
     int probe = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -977,14 +977,14 @@ TEST(transport_tcp_no_fd_leak_on_any_path, 30)
     ASSERT_CONTAINS(tdist_last_error(), dead);
     ASSERT_CONTAINS(tdist_last_error(), "refused");
     tdist__tp_destroy(tp);
-    ASSERT_EQ(count_fds(), before);
+    ASSERT_EQ(tdist_test_count_fds(), before);
     /* abort during set-up */
     ASSERT_OK(tdist__tp_listen(TDIST__TP_TCP, 0, 2, &o, &tp));
     tdist__tp_abort(tp);
     const char *addrs2[2] = {NULL, dead};
     ASSERT_STATUS(tdist__tp_connect(tp, addrs2, deadline_in(5000)), TDIST_ERR_ABORTED);
     tdist__tp_destroy(tp);
-    ASSERT_EQ(count_fds(), before);
+    ASSERT_EQ(tdist_test_count_fds(), before);
     tdist__tp_destroy(NULL);
 }
 
