@@ -129,6 +129,40 @@ static void live_check(fr_arg_t *a)
     }
 }
 
+/* tdist-fr's options on the killed-rank records: --json says the same as
+ * the text (rank 2 missing from seq 6, ranks 0 and 1 in it), --ranks
+ * keeps only the listed ranks' summary lines, and --group of a group the
+ * records do not hold finds nothing (exit 0). */
+static void analyze_options(const fr_arg_t *a)
+{
+    const char *json[] = {FR_TOOL, "--json", a->dir, NULL};
+    run_t r;
+    run(json, 30, "tdist-fr --json", &r);
+    printf("%s", r.out);
+    ASSERT_TRUE(r.exited && r.code == 1);
+    ASSERT_TRUE(strncmp(r.out, "{\"problems\":[", 13) == 0);
+    ASSERT_CONTAINS(r.out, "{\"kind\":\"missing\",\"group\":\"world\"");
+    ASSERT_CONTAINS(r.out, "\"seq\":6,\"missing_ranks\":[2],\"entries\":[");
+    ASSERT_CONTAINS(r.out, "\"call\":\"all_reduce(f32, 2, sum)\"");
+    ASSERT_CONTAINS(r.out, "{\"world_rank\":2,\"group\":\"world\",\"rank\":2,\"size\":3,");
+    ASSERT_CONTAINS(r.out, "\"process\":\"gone\"");
+    run_free(&r);
+
+    const char *only2[] = {FR_TOOL, "--ranks", "2", a->dir, NULL};
+    run(only2, 30, "tdist-fr --ranks 2", &r);
+    ASSERT_TRUE(r.exited && r.code == 1);
+    ASSERT_CONTAINS(r.out, "  rank 2 group world (rank 2 of 3, pid ");
+    ASSERT_TRUE(strstr(r.out, "  rank 0 group world (") == NULL);
+    ASSERT_TRUE(strstr(r.out, "  rank 1 group world (") == NULL);
+    run_free(&r);
+
+    const char *other[] = {FR_TOOL, "--group", "no-such-group", a->dir, NULL};
+    run(other, 30, "tdist-fr --group", &r);
+    ASSERT_TRUE(r.exited && r.code == 0);
+    ASSERT_TRUE(strstr(r.out, "first divergence") == NULL);
+    run_free(&r);
+}
+
 /* Rank 0: the analyzer on the directory, while rank 2 is as the scenario
  * left it. */
 static void analyze(fr_arg_t *a)
@@ -164,6 +198,7 @@ static void analyze(fr_arg_t *a)
         break;
     }
     run_free(&r);
+    if (a->c == FR_KILL) analyze_options(a);
     if (a->c == FR_STOP) kill(a->pid2, SIGKILL);
 }
 
