@@ -384,11 +384,14 @@ TDIST_API tdist_status_t tdist_recv(tdist_pg_t *pg, void *buf, size_t count, tdi
  * file writes only (never on other ranks); thread-safe. */
 TDIST_API tdist_status_t tdist_flight_dump(const char *reason, int *n_files);
 
-/* Record an event in pg's ring (kept as text up to 23 characters, and
- * arg): DDP records its buckets ("bucket_ready", "bucket_launched",
- * "bucket_reduced"), Join its notifications; a program may mark its own
- * ("optim_step"). Does not block; thread-safe. The event also carries the
- * group's last issued sequence number. */
+/* Record an event in pg's ring: what (the caller keeps it; its first 16
+ * characters are kept, so give distinct names within them) and arg. DDP
+ * records its buckets ("bucket_ready", "bucket_launched", "bucket_reduced"),
+ * Join its notifications ("join_notify", "joined_notify"); a program may
+ * mark its own ("optim_step_begin" and "optim_step_end": a name ending in
+ * _begin or _end opens or closes a span in the timeline). Does not block;
+ * thread-safe. The event also carries the group's last issued sequence
+ * number. */
 TDIST_API tdist_status_t tdist_pg_mark(tdist_pg_t *pg, const char *what, uint64_t arg);
 
 #ifdef __cplusplus

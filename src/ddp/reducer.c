@@ -122,7 +122,7 @@ static tdist_status_t launch(tdist_ddp_t *d, size_t bi, unsigned char *base, boo
     b->launched = true;
     b->launch_ns = tdist__now_ns();
     if (!d->t_first_launch_ns) d->t_first_launch_ns = b->launch_ns;
-    (void)tdist_pg_mark(d->pg, shadow ? "bucket_launched_shadow" : "bucket_launched", bi);
+    (void)tdist_pg_mark(d->pg, shadow ? "bucket_shadow" : "bucket_launched", bi);
 
     tdist_status_t st = d->hook ? d->hook(d->hook_state, desc, &b->res)
                                 : default_reduce(d, b, base, shadow);

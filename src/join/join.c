@@ -176,7 +176,7 @@ static tdist_status_t do_notify(tdist_join_t *jn, bool active, uint64_t flags, c
         return st;
     }
     tdist_join_state_t *s = &jn->st;
-    (void)tdist_pg_mark(jn->pg, active ? "join_notify" : "join_notify_joined", it);
+    (void)tdist_pg_mark(jn->pg, active ? "join_notify" : "joined_notify", it);
     s->iteration = it;
     s->world_size = jn->size;
     s->active = 0;

@@ -25,19 +25,6 @@
 #define NP 4
 #define COUNT 64
 
-/* Offset of the first line of dump j holding both needles after from, or -1. */
-static long find_line(const char *j, long from, const char *a, const char *b)
-{
-    for (const char *p = j + from; (p = strstr(p, a)) != NULL; p++) {
-        const char *ls = p, *le = strchr(p, '\n');
-        while (ls > j && ls[-1] != '\n') ls--;
-        if (!le) le = p + strlen(p);
-        const char *q = strstr(ls, b);
-        if (q && q < le) return (long)(ls - j);
-    }
-    return -1;
-}
-
 /* tools/trace_kinds.py over the trace files: it checks them (JSON, spans
  * nest, collectives in order, compute spans inside backward) and counts
  * their kinds; the counts (malloc'd). */
@@ -148,15 +135,6 @@ TEST(ddp_fr_bucket_events_recorded, 60)
     snprintf(env, sizeof env, "TDIST_FR_DIR=%s/fr", tdist_test_tmpdir());
     snprintf(trace, sizeof trace, "TDIST_TRACE=%s/trace.json", tdist_test_tmpdir());
     const char *envs[] = {env, trace, NULL};
-    tdist_ranks_opts_t o;
-    tdist_ranks_opts_init(&o, 2);
-    o.env = envs;
-    tdist_rank_result_t res[2];
-    int bad = tdist_test_spawn_ranks(&o, ddp_fr_body, NULL, res);
-    char d[128];
-    for (int r = 0; r < 2; r++)
-        if (!res[r].exited || res[r].code != 0)
-            FAIL("rank %d %s", r, tdist_test_describe(&res[r], d, sizeof d));
-    ASSERT_EQ(bad, 0);
+    tdist_test_run_ranks_env(2, ddp_fr_body, NULL, envs);
     check_traces();
 }

@@ -300,8 +300,14 @@ int tdist_test_spawn_ranks(const tdist_ranks_opts_t *o, tdist_rank_fn body, void
 
 void tdist_test_run_ranks(int n, tdist_rank_fn body, void *arg)
 {
+    tdist_test_run_ranks_env(n, body, arg, NULL);
+}
+
+void tdist_test_run_ranks_env(int n, tdist_rank_fn body, void *arg, const char *const *env)
+{
     tdist_ranks_opts_t o;
     tdist_ranks_opts_init(&o, n);
+    o.env = env;
     tdist_rank_result_t *res = calloc((size_t)n, sizeof *res);
     if (!res) FAIL("harness: out of memory");
     int failed = tdist_test_spawn_ranks(&o, body, arg, res);

@@ -202,6 +202,10 @@ int tdist_test_spawn_ranks(const tdist_ranks_opts_t *o, tdist_rank_fn body, void
  * When the first rank to end otherwise skipped (SKIP), the test skips. */
 void tdist_test_run_ranks(int n, tdist_rank_fn body, void *arg);
 
+/* tdist_test_run_ranks with extra "NAME=VALUE" entries (NULL-terminated,
+ * may be NULL) in every rank's environment. */
+void tdist_test_run_ranks_env(int n, tdist_rank_fn body, void *arg, const char *const *env);
+
 /* In a rank body: join the job (env://) and create the world group with
  * a group timeout of timeout_ms (used as given: scale it with
  * tdist_test_timeout_mult() where a slow sanitizer build should wait

@@ -32,6 +32,18 @@ char *slurp(const char *path)
     return buf;
 }
 
+long find_line(const char *text, long from, const char *a, const char *b)
+{
+    for (const char *p = text + from; (p = strstr(p, a)) != NULL; p++) {
+        const char *ls = p, *le = strchr(p, '\n');
+        while (ls > text && ls[-1] != '\n') ls--;
+        if (!le) le = p + strlen(p);
+        const char *q = strstr(ls, b);
+        if (q && q < le) return (long)(ls - text);
+    }
+    return -1;
+}
+
 char *tmp_path(const char *name)
 {
     static char paths[16][512];

@@ -25,6 +25,10 @@ typedef struct run {
  * it cannot be read. */
 char *slurp(const char *path);
 
+/* Offset of the first line of text at or after offset from that holds
+ * both a and b (a JSON dump's entry is one line), or -1. */
+long find_line(const char *text, long from, const char *a, const char *b);
+
 /* <tmpdir>/<name> in one of 16 rotating static buffers. */
 char *tmp_path(const char *name);
 
