@@ -855,7 +855,7 @@ static tdist_world_t *world_new(const init_cfg_t *c, const tdist_init_opts_t *o)
 static tdist_status_t open_views(tdist_world_t *w, int64_t generation)
 {
     char prefix[64];
-    snprintf(prefix, sizeof prefix, "tdist/g%" PRId64 "/rdzv", generation);
+    tdist__rdzv_prefix(generation, prefix, sizeof prefix);
     TDIST_CHECK(tdist_store_prefix_create(prefix, w->base, NULL, &w->rdzv_view));
     snprintf(prefix, sizeof prefix, "tdist/g%" PRId64 "/user", generation);
     return tdist_store_prefix_create(prefix, w->base, NULL, &w->user);

@@ -73,6 +73,20 @@ void tdist__rdzv_leave(tdist__rdzv_t *r, int64_t wait_for, int64_t bound_ms, boo
  * error. Used by rank 0 to know how many to wait for after a failure. */
 int64_t tdist__rdzv_num_joined(tdist__rdzv_t *r);
 
+/* The prefix of restart generation's rendezvous keys in the job's base
+ * store ("tdist/g<generation>/rdzv"), into buf (cap bytes). */
+void tdist__rdzv_prefix(int64_t generation, char *buf, size_t cap);
+
+/* From outside the rendezvous (a launcher asked what its workers are
+ * doing): which of world_size ranks have registered in generation's
+ * rendezvous in base, the job's base store (joined[r], world_size
+ * entries, the caller's; *n_joined of them), and whether it was aborted
+ * (*aborted: its "abort" key is set). Two or three store round trips,
+ * under base's timeout; a store error is returned as it is. Thread-safe
+ * as base is. */
+tdist_status_t tdist__rdzv_peek(tdist_store_t *base, int64_t generation, int world_size,
+                                bool *joined, int *n_joined, bool *aborted);
+
 /* ------------------------------------------------ interface selection */
 /*
  * iface.c: which local address the TCP transports of a multi-host process

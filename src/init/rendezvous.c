@@ -145,15 +145,16 @@ static int parse_joined(const char *s, bool *present, int ws)
     return count;
 }
 
-/* Read "joined" into a malloc'd NUL-terminated string ("" if missing). */
-static tdist_status_t read_joined(tdist__rdzv_t *r, char **out)
+/* Read "joined" of the rendezvous view store into a malloc'd
+ * NUL-terminated string ("" if missing). */
+static tdist_status_t read_joined(tdist_store_t *store, char **out)
 {
     const char *keys[1] = {"joined"};
     bool exists = false;
-    TDIST_CHECK(tdist_store_check(r->store, keys, 1, &exists));
+    TDIST_CHECK(tdist_store_check(store, keys, 1, &exists));
     void *v = NULL;
     size_t len = 0;
-    if (exists) TDIST_CHECK(tdist_store_get(r->store, "joined", &v, &len));
+    if (exists) TDIST_CHECK(tdist_store_get(store, "joined", &v, &len));
     char *s = malloc(len + 1);
     if (!s) {
         free(v);
@@ -169,7 +170,7 @@ static tdist_status_t read_joined(tdist__rdzv_t *r, char **out)
 int64_t tdist__rdzv_num_joined(tdist__rdzv_t *r)
 {
     char *s = NULL;
-    if (read_joined(r, &s) != TDIST_OK) return 0;
+    if (read_joined(r->store, &s) != TDIST_OK) return 0;
     bool *present = calloc((size_t)r->world_size, sizeof *present);
     int n = present ? parse_joined(s, present, r->world_size) : 0;
     free(present);
@@ -181,7 +182,7 @@ int64_t tdist__rdzv_num_joined(tdist__rdzv_t *r)
 static tdist_status_t fail_timeout(tdist__rdzv_t *r, const char *mine)
 {
     char *s = NULL;
-    tdist_status_t st = read_joined(r, &s);
+    tdist_status_t st = read_joined(r->store, &s);
     if (st != TDIST_OK) return ctx(r, st);
     bool *present = calloc((size_t)r->world_size, sizeof *present);
     if (!present) {
@@ -451,4 +452,28 @@ void tdist__rdzv_leave(tdist__rdzv_t *r, int64_t wait_for, int64_t bound_ms, boo
         }
         tdist__sleep_ms(TDIST_MIN(left, TDIST__RDZV_POLL_MS));
     }
+}
+
+void tdist__rdzv_prefix(int64_t generation, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "tdist/g%" PRId64 "/rdzv", generation);
+}
+
+tdist_status_t tdist__rdzv_peek(tdist_store_t *base, int64_t generation, int world_size,
+                                bool *joined, int *n_joined, bool *aborted)
+{
+    char prefix[64];
+    tdist__rdzv_prefix(generation, prefix, sizeof prefix);
+    tdist_store_t *view = NULL;
+    TDIST_CHECK(tdist_store_prefix_create(prefix, base, NULL, &view));
+    const char *abort_key[1] = {"abort"};
+    char *s = NULL;
+    tdist_status_t st = tdist_store_check(view, abort_key, 1, aborted);
+    if (st == TDIST_OK) st = read_joined(view, &s);
+    tdist_store_destroy(view);
+    if (st != TDIST_OK) return st;
+    memset(joined, 0, (size_t)world_size * sizeof *joined);
+    *n_joined = parse_joined(s, joined, world_size);
+    free(s);
+    return TDIST_OK;
 }

@@ -55,6 +55,45 @@ TEST(tdistrun_fr_sigusr1_leaves_workers_without_a_recorder_alone, 60)
     run_free(&r);
 }
 
+/* A job stuck before its first group: rank 0 is in tdist_init's
+ * rendezvous, rank 1 has not called it yet (a shell waiting for a file
+ * before it starts the worker). SIGUSR1 to the launcher reaches neither
+ * (no recorder yet); the launcher reads the rendezvous from the store and
+ * says which of them waits for the others and which has not registered.
+ * Then rank 1 starts and the job ends normally. */
+TEST(tdistrun_fr_sigusr1_says_who_has_not_reached_the_rendezvous, 60)
+{
+    trun_set_dir_env();
+    char timeout[32];
+    snprintf(timeout, sizeof timeout, "%d", (int)(20000 * tdist_test_timeout_mult()));
+    setenv("T_WORKER", TEST_WORKER, 1);
+    setenv("T_TIMEOUT", timeout, 1);
+    const char *argv[] = {TDISTRUN, "--nproc-per-node", "2", "/bin/sh", "-c",
+                          "echo $$ > $T_DIR/pid.$RANK; "
+                          "if [ $RANK = 1 ]; then " TRUN_SH_AWAIT("go") " fi; "
+                          "exec $T_WORKER hang 9 0 $T_TIMEOUT",
+                          NULL};
+    double start = tdist_test_now_ms();
+    pid_t pid = spawn(argv, "frusr1rdzv");
+    trun_wait_files("pid", 2, 10000 * tdist_test_timeout_mult());
+    usleep(500 * 1000); /* rank 0 registers (a store round trip or two) */
+    ASSERT_EQ(kill(pid, SIGUSR1), 0);
+    usleep(1000 * 1000); /* tdistrun reads the store (bounded by 2 s) */
+    trun_touch("go");
+    run_t r;
+    wait_for(pid, 30000 * tdist_test_timeout_mult(), "frusr1rdzv", start, &r);
+    ASSERT_EXIT(r, 0);
+    ASSERT_CONTAINS(r.err, "tdistrun: left 2 workers alone: they have no SIGUSR1 handler yet");
+    ASSERT_CONTAINS(r.err, "tdistrun: rendezvous of attempt 0: 1 of 2 ranks registered\n");
+    ASSERT_CONTAINS(r.err, "tdistrun:   registered, waiting in tdist_init for the others: rank 0 "
+                           "(pid ");
+    ASSERT_CONTAINS(r.err, "tdistrun:   not registered: rank 1 (pid ");
+    ASSERT_CONTAINS(r.err, "tdistrun: all 2 workers exited with status 0");
+    run_free(&r);
+    unsetenv("T_WORKER");
+    unsetenv("T_TIMEOUT");
+}
+
 /* Rank 2 stays in its own code; ranks 0 and 1 time out in all_reduce seq
  * 6: the report blames rank 2, not rank 0 which failed first. */
 TEST(tdistrun_fr_report_names_the_rank_everyone_waited_for, 60)

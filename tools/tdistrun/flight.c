@@ -73,7 +73,7 @@ static pid_t group_of(pid_t pid)
     return (pid_t)pgrp;
 }
 
-int tdr_fr_signal_workers(const tdr_worker_t *ws, int n, int *left)
+int tdr_fr_signal_workers(const tdr_worker_t *ws, int n, int *left, bool *alone)
 {
     bool *got = calloc((size_t)(n > 0 ? n : 1), sizeof *got);
     DIR *d = opendir("/proc");
@@ -95,9 +95,13 @@ int tdr_fr_signal_workers(const tdr_worker_t *ws, int n, int *left)
     }
     if (d) closedir(d);
     for (int i = 0; i < n; i++) {
+        if (alone) alone[i] = false;
         if (!ws[i].running) continue;
         running++;
-        if (got && got[i]) reached++;
+        if (got && got[i])
+            reached++;
+        else if (alone)
+            alone[i] = true;
     }
     free(got);
     *left = running - reached;

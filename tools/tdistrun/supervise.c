@@ -294,7 +294,8 @@ static void handle_signals(set_state_t *st, tdr_set_result_t *res)
             if (recs[i].sig == SIGCHLD) {
                 note_death(st, recs[i].pid); /* reaped below */
             } else if (recs[i].sig == SIGUSR1) {
-                int left = 0, k = tdr_fr_signal_workers(st->ws, st->n, &left);
+                bool *alone = calloc((size_t)st->n, sizeof *alone);
+                int left = 0, k = tdr_fr_signal_workers(st->ws, st->n, &left, alone);
                 tdr_eprintf("tdistrun: got SIGUSR1; passed it to %d worker%s (flight-recorder "
                             "dumps in %s)\n", k, k == 1 ? "" : "s",
                             tdr_fr_dir() ? tdr_fr_dir() : "their TDIST_FR_DIR");
@@ -303,6 +304,8 @@ static void handle_signals(set_state_t *st, tdr_set_result_t *res)
                                 "(no tdist group made yet, or not a tdist program), and the "
                                 "signal would kill %s\n", left, left == 1 ? "" : "s",
                                 left == 1 ? "it has" : "they have", left == 1 ? "it" : "them");
+                if (left > 0 && alone) tdr_rdzv_report(st->l, st->ws, st->n, alone);
+                free(alone);
             } else
                 on_stop_signal(st, res, recs[i].sig);
         }

@@ -16,6 +16,10 @@
  *                when the launcher dies without cleaning up (kill -9)
  *   coord.c      --nnodes > 1: launchers of all nodes agreeing on
  *                failures, restarts and success through the store
+ *   flight.c     the flight recorder: the workers' TDIST_FR_DIR, SIGUSR1
+ *                passed to the workers that catch it, tdist-fr in reports
+ *   rdzv.c       SIGUSR1 with workers left alone: who has registered in
+ *                the rendezvous, from the store
  *   mpi.c        --backend mpi: exec mpirun, each rank wrapped by
  *                `tdistrun --mpi-worker` for prefixes and logs
  *   main.c       the store, the restart loop, the exit code
@@ -364,8 +368,18 @@ const char *tdr_fr_dir(void);
  * once it has a group, or the program's own handler), and to no other: a
  * process that does not catch SIGUSR1 would die of it. Returns how many
  * workers got it; *left: running workers none of whose processes catches
- * it yet (left alone). */
-int tdr_fr_signal_workers(const tdr_worker_t *ws, int n, int *left);
+ * it yet (left alone), and alone[i] (n entries, the caller's; may be
+ * NULL) whether ws[i] is one of them. */
+int tdr_fr_signal_workers(const tdr_worker_t *ws, int n, int *left, bool *alone);
+
+/* ----------------------------------------------------------------- rdzv */
+
+/* After SIGUSR1 left workers alone (alone[i], n entries): say from the
+ * job's store which ranks of this attempt's rendezvous have registered,
+ * and so which of those workers wait in tdist_init for others and which
+ * have not reached it (rdzv.c). Prints to the launcher's stderr; blocks
+ * for at most a few seconds (an unreachable store is said so). */
+void tdr_rdzv_report(const tdr_launch_t *l, const tdr_worker_t *ws, int n, const bool *alone);
 /* After a failed set: tdist-fr's first divergence and the directory. */
 void tdr_fr_report(void);
 /* After a set: remove a temporary directory, with the records in it
