@@ -181,12 +181,21 @@ static tdist_status_t in_line_all_reduce(const tdist__coll_ctx_t *c, const tdist
             if (line_hash(b[r]) != h) return mismatch(c, chk, tdist__shmc_now(c));
     if (c->chosen && tdist__shmc_spun(c)) c->chosen[2] |= TDIST__COLL_CHOSEN_SPUN;
     tdist__shmc_prepare_next(c);
-    /* a loss, a norm on two ranks: summed in place, without the calls */
-    if (c->size == 2 && tdist__sum_few(a->recvbuf, b[0] + hs, b[1] + hs, a->count, a->dtype,
-                                       a->redop))
+    /* Two ranks: a loss, a norm summed in place, without the calls; more
+     * f32 values by the sum kernel, without the reduction's dispatch (the
+     * blobs are 8-byte aligned, and the output is the caller's; a
+     * premul_sum's inputs were scaled when posted). */
+    if (c->size == 2) {
+        bool sum = a->redop == TDIST_SUM || a->redop == TDIST_AVG || a->redop == TDIST_PREMUL_SUM;
+        if (sum && a->dtype == TDIST_F32 && a->count > 16 && ((uintptr_t)a->recvbuf & 3) == 0)
+            tdist__sum_f32(a->recvbuf, (const float *)(const void *)(b[0] + hs),
+                           (const float *)(const void *)(b[1] + hs), a->count);
+        else if (!tdist__sum_few(a->recvbuf, b[0] + hs, b[1] + hs, a->count, a->dtype, a->redop))
+            return tdist__oneshot_reduce(c, a, b, hs, a->recvbuf);
         return a->redop == TDIST_AVG ? tdist__coll_finish(c, a->recvbuf, a->count, a->dtype,
                                                           a->redop)
                                      : TDIST_OK;
+    }
     return tdist__oneshot_reduce(c, a, b, hs, a->recvbuf);
 }
 

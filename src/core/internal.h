@@ -156,6 +156,12 @@ uint64_t tdist__fnv1a(uint64_t h, const void *data, size_t len);
  * than the reduction costs. Thread-safe; never blocks. */
 void tdist__reduce_unchecked(void *dst, const void *a, const void *b, size_t count,
                              tdist_dtype_t dtype, tdist_redop_t op);
+/* dst = a + b over count f32 values, dst overlapping neither input, every
+ * pointer 4-byte aligned: the CPU's best kernel without tdist_reduce's
+ * dispatch (which costs as much as the sum of a few hundred bytes, on the
+ * small all_reduce's latency path). The same bits as tdist_reduce's SUM.
+ * Thread-safe; never blocks. */
+void tdist__sum_f32(float *dst, const float *a, const float *b, size_t count);
 
 /* dst = a + b for a few floats (a loss, a norm, a count: at most 16 f32 or
  * f64, SUM, AVG or PREMUL_SUM's add), inline where the kernel dispatch

@@ -392,6 +392,20 @@ static void reduce_any(void *d, const void *a, const void *b, size_t n, size_t e
         reduce_bounce(d, a, b, n, esize, dtype, op);
 }
 
+/* The f32 sum kernel, looked up once (any thread may race to store the
+ * same pointer). */
+static _Atomic(oop_fn) sum_f32_k;
+
+void tdist__sum_f32(float *dst, const float *a, const float *b, size_t count)
+{
+    oop_fn f = atomic_load_explicit(&sum_f32_k, memory_order_relaxed);
+    if (__builtin_expect(!f, 0)) {
+        f = kernel_for(TDIST_F32, TDIST_SUM)->oop;
+        atomic_store_explicit(&sum_f32_k, f, memory_order_relaxed);
+    }
+    f(dst, a, b, count);
+}
+
 void tdist__reduce_unchecked(void *dst, const void *a, const void *b, size_t count,
                              tdist_dtype_t dtype, tdist_redop_t op)
 {

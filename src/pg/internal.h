@@ -106,6 +106,8 @@ struct tdist_work {
                            joined: before w, take part in whatever the
                            leader issues; -1: no shadowing */
     const tdist__fp_t *fp_override; /* shadow works: the announced fingerprint */
+    /* (a field added above must be set in tdist__work_on_stack too, which
+     * sets them one by one; the assertion below the struct guards the end) */
 
     /* p2p state (p2p thread only; a collective's work on the caller's
      * stack leaves it unset, but for p2p_msg) */
@@ -117,6 +119,10 @@ struct tdist_work {
     int p2p_status;     /* result being delivered (p2p thread) */
     char *p2p_msg;
 };
+
+_Static_assert(offsetof(struct tdist_work, hdr) ==
+                   offsetof(struct tdist_work, fp_override) + sizeof(const tdist__fp_t *),
+               "tdist__work_on_stack sets every field from refs to fp_override");
 
 #define TDIST__WORK_ARG_AT(f) \
     _Static_assert(offsetof(struct tdist_work, f) - offsetof(struct tdist_work, args) == \
