@@ -18,7 +18,7 @@
 #include "tdist/store.h"
 #include "tdistrun.h"
 
-#define RDZV_STORE_MS 2000 /* connect and each store call */
+#define RDZV_STORE_MS 2000 /* the whole read: connect and every store call */
 #define RDZV_LIST_MAX 16   /* ranks named per list; the rest counted */
 
 /* A list of at most RDZV_LIST_MAX items ("3 (pid 812), 5 (pid 813)"),
@@ -69,9 +69,11 @@ void tdr_rdzv_report(const tdr_launch_t *l, const tdr_worker_t *ws, int n, const
     tdist_store_t *store = NULL;
     int nj = 0;
     bool aborted = false;
+    tdist_store_bound_thread(RDZV_STORE_MS); /* the launcher's loop waits meanwhile */
     tdist_status_t st = tdist_store_tcp_connect(l->master_addr, (uint16_t)l->master_port, &so,
                                                 &store);
     if (st == TDIST_OK) st = tdist__rdzv_peek(store, l->attempt, world, joined, &nj, &aborted);
+    tdist_store_bound_thread(-1);
     tdist_store_destroy(store);
     if (st != TDIST_OK) {
         tdr_eprintf("tdistrun: cannot read the rendezvous from the job's store at %s:%d: %s\n",

@@ -378,7 +378,7 @@ int tdr_fr_signal_workers(const tdr_worker_t *ws, int n, int *left, bool *alone)
  * job's store which ranks of this attempt's rendezvous have registered,
  * and so which of those workers wait in tdist_init for others and which
  * have not reached it (rdzv.c). Prints to the launcher's stderr; blocks
- * for at most a few seconds (an unreachable store is said so). */
+ * for at most 2 s (an unreachable store is said so). */
 void tdr_rdzv_report(const tdr_launch_t *l, const tdr_worker_t *ws, int n, const bool *alone);
 /* After a failed set: tdist-fr's first divergence and the directory. */
 void tdr_fr_report(void);
