@@ -178,33 +178,41 @@ int64_t tdist__rdzv_num_joined(tdist__rdzv_t *r)
     return n;
 }
 
-/* The deadline passed: post (or adopt) the timeout naming missing ranks. */
-static tdist_status_t fail_timeout(tdist__rdzv_t *r, const char *mine)
+/* The ranks that have not registered yet ("3, 5 ... and 12 more") into
+ * list (cap bytes); *arrived = how many have. */
+static tdist_status_t missing_ranks(tdist__rdzv_t *r, char *list, size_t cap, int *arrived)
 {
     char *s = NULL;
-    tdist_status_t st = read_joined(r->store, &s);
-    if (st != TDIST_OK) return ctx(r, st);
+    TDIST_CHECK(read_joined(r->store, &s));
     bool *present = calloc((size_t)r->world_size, sizeof *present);
     if (!present) {
         free(s);
         return tdist__error(TDIST_ERR_NO_MEMORY, "rendezvous: out of memory");
     }
-    int arrived = parse_joined(s, present, r->world_size);
+    *arrived = parse_joined(s, present, r->world_size);
     free(s);
-    char list[1024];
     size_t used = 0;
-    int listed = 0, missing = r->world_size - arrived;
+    int listed = 0, missing = r->world_size - *arrived;
     list[0] = '\0';
-    for (int i = 0; i < r->world_size && used < sizeof list - 48; i++) {
+    for (int i = 0; i < r->world_size && used + 48 < cap; i++) {
         if (present[i]) continue;
-        int w = snprintf(list + used, sizeof list - used, "%s%d", listed ? ", " : "", i);
+        int w = snprintf(list + used, cap - used, "%s%d", listed ? ", " : "", i);
         if (w < 0) break;
         used += (size_t)w;
         listed++;
     }
-    if (listed < missing)
-        snprintf(list + used, sizeof list - used, " ... and %d more", missing - listed);
+    if (listed < missing) snprintf(list + used, cap - used, " ... and %d more", missing - listed);
     free(present);
+    return TDIST_OK;
+}
+
+/* The deadline passed: post (or adopt) the timeout naming missing ranks. */
+static tdist_status_t fail_timeout(tdist__rdzv_t *r, const char *mine)
+{
+    char list[1024];
+    int arrived = 0;
+    tdist_status_t st = missing_ranks(r, list, sizeof list, &arrived);
+    if (st != TDIST_OK) return ctx(r, st);
     char msg[MSG_MAX];
     snprintf(msg, sizeof msg,
              "rendezvous timed out after %" PRId64 " ms: %d of %d ranks arrived; missing ranks: %s",
@@ -334,18 +342,37 @@ static tdist_status_t agree_world_size(tdist__rdzv_t *r)
     return tdist__error(TDIST_ERR_MISMATCH, "rendezvous: %s", msg);
 }
 
+/* With TDIST_LOG=info: who is still missing, logged after 1, 2, 4, ... s
+ * of waiting (at most a minute apart), so that a start that hangs says on
+ * whom before the deadline. Errors only skip the line. */
+static void log_progress(tdist__rdzv_t *r, int64_t waited_ms)
+{
+    char list[512];
+    int arrived = 0;
+    if (missing_ranks(r, list, sizeof list, &arrived) != TDIST_OK) return;
+    TDIST_LOGI("rendezvous (rank %d of %d): %d of %d ranks registered after %" PRId64
+               " s; waiting for rank%s %s", r->rank, r->world_size, arrived, r->world_size,
+               waited_ms / 1000, r->world_size - arrived == 1 ? "" : "s", list);
+}
+
 /* Step 4: wait until every rank has arrived (arrived: the count when this
  * rank counted in), an abort is posted, or the deadline passes. */
 static tdist_status_t wait_all(tdist__rdzv_t *r, const char *mine, int64_t arrived,
                                int64_t deadline_ms)
 {
     const char *abort_key[1] = {"abort"};
+    int64_t start = tdist__now_ms(), report_after = 1000;
     while (arrived < r->world_size) {
         bool aborted = false;
         TDIST_CHECK(ctx(r, tdist_store_check(r->store, abort_key, 1, &aborted)));
         if (aborted) return fail_from_abort(r, mine);
         int left = tdist__ms_left(deadline_ms);
         if (left <= 0) return fail_timeout(r, mine);
+        int64_t waited = tdist__now_ms() - start;
+        if (waited >= report_after) {
+            if (tdist__log_on(TDIST_LOG_INFO)) log_progress(r, waited);
+            report_after = TDIST_MIN(2 * report_after, report_after + 60000);
+        }
         tdist__sleep_ms(TDIST_MIN(left, TDIST__RDZV_POLL_MS));
         TDIST_CHECK(ctx(r, tdist_store_add(r->store, "arrived", 0, &arrived)));
     }

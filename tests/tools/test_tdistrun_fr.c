@@ -60,7 +60,8 @@ TEST(tdistrun_fr_sigusr1_leaves_workers_without_a_recorder_alone, 60)
  * before it starts the worker). SIGUSR1 to the launcher reaches neither
  * (no recorder yet); the launcher reads the rendezvous from the store and
  * says which of them waits for the others and which has not registered.
- * Then rank 1 starts and the job ends normally. */
+ * With TDIST_LOG=info rank 0 logs, after a second, on whom it waits. Then
+ * rank 1 starts and the job ends normally. */
 TEST(tdistrun_fr_sigusr1_says_who_has_not_reached_the_rendezvous, 60)
 {
     trun_set_dir_env();
@@ -68,6 +69,7 @@ TEST(tdistrun_fr_sigusr1_says_who_has_not_reached_the_rendezvous, 60)
     snprintf(timeout, sizeof timeout, "%d", (int)(20000 * tdist_test_timeout_mult()));
     setenv("T_WORKER", TEST_WORKER, 1);
     setenv("T_TIMEOUT", timeout, 1);
+    setenv("TDIST_LOG", "info", 1);
     const char *argv[] = {TDISTRUN, "--nproc-per-node", "2", "/bin/sh", "-c",
                           "echo $$ > $T_DIR/pid.$RANK; "
                           "if [ $RANK = 1 ]; then " TRUN_SH_AWAIT("go") " fi; "
@@ -79,6 +81,7 @@ TEST(tdistrun_fr_sigusr1_says_who_has_not_reached_the_rendezvous, 60)
     usleep(500 * 1000); /* rank 0 registers (a store round trip or two) */
     ASSERT_EQ(kill(pid, SIGUSR1), 0);
     usleep(1000 * 1000); /* tdistrun reads the store (bounded by 2 s) */
+    usleep(500 * 1000); /* rank 0 has waited over a second: its first progress line */
     trun_touch("go");
     run_t r;
     wait_for(pid, 30000 * tdist_test_timeout_mult(), "frusr1rdzv", start, &r);
@@ -88,10 +91,13 @@ TEST(tdistrun_fr_sigusr1_says_who_has_not_reached_the_rendezvous, 60)
     ASSERT_CONTAINS(r.err, "tdistrun:   registered, waiting in tdist_init for the others: rank 0 "
                            "(pid ");
     ASSERT_CONTAINS(r.err, "tdistrun:   not registered: rank 1 (pid ");
+    ASSERT_CONTAINS(r.err, "rendezvous (rank 0 of 2): 1 of 2 ranks registered after 1 s; waiting "
+                           "for rank 1\n");
     ASSERT_CONTAINS(r.err, "tdistrun: all 2 workers exited with status 0");
     run_free(&r);
     unsetenv("T_WORKER");
     unsetenv("T_TIMEOUT");
+    unsetenv("TDIST_LOG");
 }
 
 /* Rank 2 stays in its own code; ranks 0 and 1 time out in all_reduce seq
