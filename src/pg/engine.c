@@ -86,15 +86,11 @@ static void work_init(struct tdist_work *w, tdist__op_t op, const tdist_coll_opt
     w->op = op;
     w->root = -1;
     w->shadow_leader = -1;
-    w->premul = 1.0;
-    w->timeout_ms = -1;
     w->fr_id = UINT64_MAX;
-    if (opts) {
-        w->timeout_ms = opts->timeout_ms;
-        w->premul = opts->premul_factor;
-        w->on_complete = opts->on_complete;
-        w->user_data = opts->user_data;
-    }
+    w->premul = opts ? opts->premul_factor : 1.0;
+    w->timeout_ms = opts ? opts->timeout_ms : -1;
+    w->on_complete = opts ? opts->on_complete : NULL;
+    w->user_data = opts ? opts->user_data : NULL;
 }
 
 struct tdist_work *tdist__work_new(tdist__op_t op, const tdist_coll_opts_t *opts)
@@ -108,43 +104,34 @@ struct tdist_work *tdist__work_on_stack(struct tdist_work *w, tdist__op_t op,
                                         const tdist_coll_opts_t *opts, tdist_work_t **work)
 {
     if (work || (opts && opts->on_complete)) return tdist__work_new(op, opts);
-    /* A collective: every field of its part set one by one (a memset of
-     * the part compiled to a rep stos, tens of cycles on the latency path
-     * of a small all_reduce); the p2p part stays unset, but for p2p_msg. */
-    atomic_init(&w->refs, 2);
-    atomic_init(&w->status, TDIST_INPROGRESS);
+    /* A collective: the fields work_init does not set, one by one (a
+     * memset of the part, or a compound literal of the arguments,
+     * compiles to a rep stos: tens of cycles on the latency path of a
+     * small all_reduce); the p2p part stays unset, but for p2p_msg. */
     w->msg = NULL;
     w->next = NULL;
     w->seq = 0;
-    /* (the arguments field by field too: a compound literal is a memset) */
-    w->op = op;
     w->sendbuf = NULL;
     w->recvbuf = NULL;
     w->count = 0;
     w->dtype = TDIST_F32;
     w->redop = TDIST_SUM;
-    w->premul = opts ? opts->premul_factor : 1.0;
-    w->root = -1;
     w->sendcounts = w->recvcounts = NULL;
     w->bufs = NULL;
     w->counts = NULL;
     w->nbufs = 0;
     w->avg_div = 0;
     w->nranks = 0;
-    w->fr_id = UINT64_MAX;
     w->fr_t0 = 0;
     w->fr_deferred = w->fr_picked = false;
-    w->timeout_ms = opts ? opts->timeout_ms : -1;
     w->deadline_ms = 0;
-    w->on_complete = NULL;
-    w->user_data = opts ? opts->user_data : NULL;
     w->inline_run = false;
-    w->on_stack = true;
     w->in_join = false;
     w->fp_flags = 0;
-    w->shadow_leader = -1;
     w->fp_override = NULL;
     w->p2p_msg = NULL;
+    work_init(w, op, opts);
+    w->on_stack = true;
     return w;
 }
 
