@@ -11,34 +11,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
+#include "fr.h"
 #include "harness.h"
 #include "proc.h"
 #include "tdist/ddp.h"
 #include "tdist/pg.h"
 
-#define FR_TOOL TDIST_BIN_DIR "/tools/tdist-fr/tdist-fr"
-
-#define KINDS "/usr/bin/python3", TDIST_SOURCE_DIR "/tools/trace_kinds.py"
-
 #define NP 4
 #define COUNT 64
-
-/* tools/trace_kinds.py over the trace files: it checks them (JSON, spans
- * nest, collectives in order, compute spans inside backward) and counts
- * their kinds; the counts (malloc'd). */
-static char *kinds_of(const char *a, const char *b)
-{
-    const char *argv[] = {KINDS, a, b, NULL};
-    run_t r;
-    run(argv, 60, "trace_kinds", &r);
-    printf("trace_kinds %s%s:\n%s%s", a, b ? " and the other rank's" : "", r.out, r.err);
-    ASSERT_TRUE(r.exited && r.code == 0);
-    char *out = strdup(r.out);
-    run_free(&r);
-    return out;
-}
 
 /* After both ranks destroyed their groups: the timeline each wrote
  * (TDIST_TRACE) and tdist-fr --trace over their rings hold the same
@@ -46,22 +27,15 @@ static char *kinds_of(const char *a, const char *b)
  * span and the three events per bucket, and each bucket's reduction. */
 static void check_traces(void)
 {
-    char dir[600];
-    snprintf(dir, sizeof dir, "%s/fr", tdist_test_tmpdir());
     const char *trace = tmp_path("tool_trace.json");
-    const char *argv[] = {FR_TOOL, "--trace", trace, dir, NULL};
+    const char *argv[] = {FR_TOOL, "--trace", trace, fr_dir(), NULL};
     run_t r;
     run(argv, 30, "trace", &r);
     ASSERT_TRUE(r.exited && r.code == 0); /* both ranks completed the same collectives */
     run_free(&r);
-    if (access("/usr/bin/python3", X_OK) != 0) {
-        printf("no /usr/bin/python3: the traces are written, not parsed\n");
-        return;
-    }
-    char own0[700], own1[700];
-    snprintf(own0, sizeof own0, "%s/trace.r0.json", tdist_test_tmpdir());
-    snprintf(own1, sizeof own1, "%s/trace.r1.json", tdist_test_tmpdir());
-    char *tool = kinds_of(trace, NULL), *own = kinds_of(own0, own1);
+    char *tool = fr_trace_kinds(trace, NULL);
+    if (!tool) return;
+    char *own = fr_trace_kinds(tmp_path("trace.r0.json"), tmp_path("trace.r1.json"));
     ASSERT_CONTAINS(own, "event bucket_ready 8\n"); /* 4 buckets x 2 ranks */
     ASSERT_CONTAINS(own, "event bucket_launched 8\n");
     ASSERT_CONTAINS(own, "event bucket_reduced 8\n");
@@ -102,12 +76,7 @@ static void ddp_fr_body(int rank, int n, void *arg)
     for (int i = 0; i < NP; i++)
         for (int k = 0; k < COUNT; k++) data[i][k] -= 0.1f * grad[i][k];
     ASSERT_OK(tdist_pg_mark(pg, "optim_step_end", 1));
-    int files = 0;
-    ASSERT_OK(tdist_flight_dump("test", &files));
-    ASSERT_GE(files, 1);
-    char path[700];
-    snprintf(path, sizeof path, "%s/fr/tdist-fr.r%d.world.json", tdist_test_tmpdir(), rank);
-    char *j = slurp(path);
+    char *j = fr_dump_world(rank);
     for (int b = 0; b < NP; b++) {
         char want[32];
         snprintf(want, sizeof want, "\"arg\":%d,", b);
@@ -131,10 +100,6 @@ static void ddp_fr_body(int rank, int n, void *arg)
 
 TEST(ddp_fr_bucket_events_recorded, 60)
 {
-    char env[600], trace[600];
-    snprintf(env, sizeof env, "TDIST_FR_DIR=%s/fr", tdist_test_tmpdir());
-    snprintf(trace, sizeof trace, "TDIST_TRACE=%s/trace.json", tdist_test_tmpdir());
-    const char *envs[] = {env, trace, NULL};
-    tdist_test_run_ranks_env(2, ddp_fr_body, NULL, envs);
+    fr_run_ranks(2, ddp_fr_body);
     check_traces();
 }

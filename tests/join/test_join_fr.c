@@ -10,16 +10,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
+#include "fr.h"
 #include "harness.h"
 #include "proc.h"
 #include "tdist/ddp.h"
 #include "tdist/join.h"
 #include "tdist/pg.h"
-
-#define FR_TOOL TDIST_BIN_DIR "/tools/tdist-fr/tdist-fr"
-#define KINDS "/usr/bin/python3", TDIST_SOURCE_DIR "/tools/trace_kinds.py"
 
 #define COUNT 16
 #define ACTIVE0 3 /* rank 0's iterations; rank 1 has one */
@@ -49,12 +46,7 @@ static void join_fr_body(int rank, int n, void *arg)
         ASSERT_OK(tdist_ddp_backward_end(ddp));
     }
     ASSERT_OK(tdist_join_end(join));
-    int files = 0;
-    ASSERT_OK(tdist_flight_dump("test", &files));
-    ASSERT_GE(files, 1);
-    char path[700];
-    snprintf(path, sizeof path, "%s/fr/tdist-fr.r%d.world.json", tdist_test_tmpdir(), rank);
-    char *dump = slurp(path);
+    char *dump = fr_dump_world(rank);
     /* Iterations 1..ACTIVE0 have a bucket all_reduce on both ranks (rank
      * 1 shadows 2..ACTIVE0); iteration ACTIVE0 + 1 is the notification
      * that finds every rank joined, and ends the Join. */
@@ -91,37 +83,22 @@ static void join_fr_body(int rank, int n, void *arg)
 
 TEST(join_fr_notifications_recorded, 60)
 {
-    char env[600], trace[600];
-    snprintf(env, sizeof env, "TDIST_FR_DIR=%s/fr", tdist_test_tmpdir());
-    snprintf(trace, sizeof trace, "TDIST_TRACE=%s/trace.json", tdist_test_tmpdir());
-    const char *envs[] = {env, trace, NULL};
-    tdist_test_run_ranks_env(2, join_fr_body, NULL, envs);
+    fr_run_ranks(2, join_fr_body);
 
     /* the analyzer: both rings hold the same collectives, nothing diverges */
-    char dir[600];
-    snprintf(dir, sizeof dir, "%s/fr", tdist_test_tmpdir());
-    const char *argv[] = {FR_TOOL, dir, NULL};
+    const char *argv[] = {FR_TOOL, fr_dir(), NULL};
     run_t r;
     run(argv, 30, "tdist-fr", &r);
     printf("tdist-fr:\n%s%s", r.out, r.err);
     ASSERT_TRUE(r.exited && r.code == 0);
     run_free(&r);
 
-    if (access("/usr/bin/python3", X_OK) != 0) {
-        printf("no /usr/bin/python3: the timelines are written, not parsed\n");
-        return;
-    }
-    char t0[700], t1[700];
-    snprintf(t0, sizeof t0, "%s/trace.r0.json", tdist_test_tmpdir());
-    snprintf(t1, sizeof t1, "%s/trace.r1.json", tdist_test_tmpdir());
-    const char *kargv[] = {KINDS, t0, t1, NULL};
-    run(kargv, 60, "trace_kinds", &r);
-    printf("trace_kinds:\n%s%s", r.out, r.err);
-    ASSERT_TRUE(r.exited && r.code == 0);
+    char *kinds = fr_trace_kinds(tmp_path("trace.r0.json"), tmp_path("trace.r1.json"));
+    if (!kinds) return;
     /* rank 0: 3 active + 1 joined; rank 1: 1 active + 3 joined */
-    ASSERT_CONTAINS(r.out, "event join_notify 4\n");
-    ASSERT_CONTAINS(r.out, "event joined_notify 4\n");
-    ASSERT_CONTAINS(r.out, "event bucket_launched 4\n"); /* 3 + 1 */
-    ASSERT_CONTAINS(r.out, "event bucket_shadow 2\n");   /* rank 1's of iterations 2 and 3 */
-    run_free(&r);
+    ASSERT_CONTAINS(kinds, "event join_notify 4\n");
+    ASSERT_CONTAINS(kinds, "event joined_notify 4\n");
+    ASSERT_CONTAINS(kinds, "event bucket_launched 4\n"); /* 3 + 1 */
+    ASSERT_CONTAINS(kinds, "event bucket_shadow 2\n");   /* rank 1's of iterations 2 and 3 */
+    free(kinds);
 }

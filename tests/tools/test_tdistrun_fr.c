@@ -32,6 +32,22 @@ static void wait_fr_files(const char *dir, const char *ext, int n)
     }
 }
 
+/* Start tdistrun (argv) whose workers write $T_DIR/pid.$RANK and wait
+ * for $T_DIR/go; once both pid files exist, wait before_ms, send SIGUSR1
+ * to the launcher, wait after_ms, create go, and wait for the end (r). */
+static void usr1_then_go(const char *const argv[], const char *tag, int before_ms, int after_ms,
+                         run_t *r)
+{
+    double start = tdist_test_now_ms();
+    pid_t pid = spawn(argv, tag);
+    trun_wait_files("pid", 2, 10000 * tdist_test_timeout_mult());
+    usleep((useconds_t)before_ms * 1000);
+    ASSERT_EQ(kill(pid, SIGUSR1), 0);
+    usleep((useconds_t)after_ms * 1000);
+    trun_touch("go");
+    wait_for(pid, 30000 * tdist_test_timeout_mult(), tag, start, r);
+}
+
 /* SIGUSR1 to the launcher while its workers do not catch it (no tdist
  * group made yet; here not a tdist program at all): they are left alone,
  * not killed, tdistrun says so, and the job ends as it would have. */
@@ -40,14 +56,8 @@ TEST(tdistrun_fr_sigusr1_leaves_workers_without_a_recorder_alone, 60)
     trun_set_dir_env();
     const char *argv[] = {TDISTRUN, "--nproc-per-node", "2", "/bin/sh", "-c",
                           "echo $$ > $T_DIR/pid.$RANK; " TRUN_SH_AWAIT("go"), NULL};
-    double start = tdist_test_now_ms();
-    pid_t pid = spawn(argv, "frusr1none");
-    trun_wait_files("pid", 2, 10000 * tdist_test_timeout_mult());
-    ASSERT_EQ(kill(pid, SIGUSR1), 0);
-    usleep(300 * 1000); /* tdistrun passes it on (or not) */
-    trun_touch("go");
     run_t r;
-    wait_for(pid, 30000 * tdist_test_timeout_mult(), "frusr1none", start, &r);
+    usr1_then_go(argv, "frusr1none", 0, 300 /* tdistrun passes it on (or not) */, &r);
     ASSERT_EXIT(r, 0);
     ASSERT_CONTAINS(r.err, "tdistrun: got SIGUSR1; passed it to 0 workers");
     ASSERT_CONTAINS(r.err, "tdistrun: left 2 workers alone: they have no SIGUSR1 handler yet");
@@ -75,16 +85,11 @@ TEST(tdistrun_fr_sigusr1_says_who_has_not_reached_the_rendezvous, 60)
                           "if [ $RANK = 1 ]; then " TRUN_SH_AWAIT("go") " fi; "
                           "exec $T_WORKER hang 9 0 $T_TIMEOUT",
                           NULL};
-    double start = tdist_test_now_ms();
-    pid_t pid = spawn(argv, "frusr1rdzv");
-    trun_wait_files("pid", 2, 10000 * tdist_test_timeout_mult());
-    usleep(500 * 1000); /* rank 0 registers (a store round trip or two) */
-    ASSERT_EQ(kill(pid, SIGUSR1), 0);
-    usleep(1000 * 1000); /* tdistrun reads the store (bounded by 2 s) */
-    usleep(500 * 1000); /* rank 0 has waited over a second: its first progress line */
-    trun_touch("go");
     run_t r;
-    wait_for(pid, 30000 * tdist_test_timeout_mult(), "frusr1rdzv", start, &r);
+    /* 500 ms: rank 0 registers (a store round trip or two); 1500 ms:
+     * tdistrun reads the store (at most 2 s, it takes ms), and rank 0 has
+     * waited over a second (its first progress line) */
+    usr1_then_go(argv, "frusr1rdzv", 500, 1500, &r);
     ASSERT_EXIT(r, 0);
     ASSERT_CONTAINS(r.err, "tdistrun: left 2 workers alone: they have no SIGUSR1 handler yet");
     ASSERT_CONTAINS(r.err, "tdistrun: rendezvous of attempt 0: 1 of 2 ranks registered\n");
