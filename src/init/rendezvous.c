@@ -145,9 +145,10 @@ static int parse_joined(const char *s, bool *present, int ws)
     return count;
 }
 
-/* Read "joined" of the rendezvous view store into a malloc'd
- * NUL-terminated string ("" if missing). */
-static tdist_status_t read_joined(tdist_store_t *store, char **out)
+/* The ranks listed in "joined" of the rendezvous view store: present[r]
+ * (ws entries, the caller's; cleared first) and *count of them ("joined"
+ * missing: none). */
+static tdist_status_t read_joined(tdist_store_t *store, int ws, bool *present, int *count)
 {
     const char *keys[1] = {"joined"};
     bool exists = false;
@@ -163,18 +164,18 @@ static tdist_status_t read_joined(tdist_store_t *store, char **out)
     if (len) memcpy(s, v, len);
     s[len] = '\0';
     free(v);
-    *out = s;
+    memset(present, 0, (size_t)ws * sizeof *present);
+    *count = parse_joined(s, present, ws);
+    free(s);
     return TDIST_OK;
 }
 
 int64_t tdist__rdzv_num_joined(tdist__rdzv_t *r)
 {
-    char *s = NULL;
-    if (read_joined(r->store, &s) != TDIST_OK) return 0;
     bool *present = calloc((size_t)r->world_size, sizeof *present);
-    int n = present ? parse_joined(s, present, r->world_size) : 0;
+    int n = 0;
+    if (!present || read_joined(r->store, r->world_size, present, &n) != TDIST_OK) n = 0;
     free(present);
-    free(s);
     return n;
 }
 
@@ -182,15 +183,13 @@ int64_t tdist__rdzv_num_joined(tdist__rdzv_t *r)
  * list (cap bytes); *arrived = how many have. */
 static tdist_status_t missing_ranks(tdist__rdzv_t *r, char *list, size_t cap, int *arrived)
 {
-    char *s = NULL;
-    TDIST_CHECK(read_joined(r->store, &s));
     bool *present = calloc((size_t)r->world_size, sizeof *present);
-    if (!present) {
-        free(s);
-        return tdist__error(TDIST_ERR_NO_MEMORY, "rendezvous: out of memory");
+    if (!present) return tdist__error(TDIST_ERR_NO_MEMORY, "rendezvous: out of memory");
+    tdist_status_t st = read_joined(r->store, r->world_size, present, arrived);
+    if (st != TDIST_OK) {
+        free(present);
+        return st;
     }
-    *arrived = parse_joined(s, present, r->world_size);
-    free(s);
     size_t used = 0;
     int listed = 0, missing = r->world_size - *arrived;
     list[0] = '\0';
@@ -494,13 +493,8 @@ tdist_status_t tdist__rdzv_peek(tdist_store_t *base, int64_t generation, int wor
     tdist_store_t *view = NULL;
     TDIST_CHECK(tdist_store_prefix_create(prefix, base, NULL, &view));
     const char *abort_key[1] = {"abort"};
-    char *s = NULL;
     tdist_status_t st = tdist_store_check(view, abort_key, 1, aborted);
-    if (st == TDIST_OK) st = read_joined(view, &s);
+    if (st == TDIST_OK) st = read_joined(view, world_size, joined, n_joined);
     tdist_store_destroy(view);
-    if (st != TDIST_OK) return st;
-    memset(joined, 0, (size_t)world_size * sizeof *joined);
-    *n_joined = parse_joined(s, joined, world_size);
-    free(s);
-    return TDIST_OK;
+    return st;
 }
