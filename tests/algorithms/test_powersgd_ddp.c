@@ -13,7 +13,9 @@
  * 4. Join: a joined rank runs the hook on zeros, and every rank's result
  *    and state equal those of a run where the rank feeds zeros itself;
  * 5. the batched hook: the same output on every rank, the error of the
- *    padding kept, output + error = input;
+ *    padding kept, output + error = input, and the output and this
+ *    rank's error (padding included) of every step against the
+ *    reference (powersgd_ref.h) on the zero-padded square matrix;
  * 6. serial and pipelined modes give the same bits; step times of both
  *    with several buckets are printed. */
 #include <math.h>
@@ -22,6 +24,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "powersgd_ref.h"
 #include "tdist/algorithms.h"
 
 #define SYN_NP 7
@@ -461,6 +464,35 @@ static void bt_observe(void *arg, const tdist_ddp_bucket_t *b, tdist_powersgd_st
     }
 }
 
+/* Step k against the reference, bucket by bucket: the gradients (plain
+ * averaging too) and, once compressing, this rank's error of the padded
+ * matrix as the observer saw it. */
+static void batched_reference(psref_t *ref, tdist_ddp_t *ddp, const syn_t *m, const bt_rec_t *rec,
+                              int rank, int k)
+{
+    static float in[2][SYN_N], want[SYN_N], got[SYN_N];
+    const float *fin[2] = {in[0], in[1]};
+    for (size_t b = 0; b < tdist_ddp_num_buckets(ddp); b++) {
+        size_t idx[SYN_NP], cnt[SYN_NP], np = tdist_ddp_bucket_params(ddp, b, idx, SYN_NP), len = 0;
+        for (size_t j = 0; j < np; j++) {
+            cnt[j] = syn_count[idx[j]];
+            for (size_t i = 0; i < cnt[j]; i++, len++) {
+                for (int r = 0; r < 2; r++) in[r][len] = syn_grad(r, k, syn_off(idx[j]) + i);
+                got[len] = m->g[syn_off(idx[j]) + i];
+            }
+        }
+        psref_bucket(ref, b, idx, cnt, np, fin, want);
+        char what[48];
+        snprintf(what, sizeof what, "bucket %zu output", b);
+        psref_check(what, k, got, want, len, PSREF_TOL);
+        if (k < 2) continue;
+        snprintf(what, sizeof what, "bucket %zu error (padded)", b);
+        ASSERT_EQ(rec->nerr[b], ref->key[b].elen);
+        psref_check(what, k, rec->err[b], ref->key[b].err[rank], rec->nerr[b], PSREF_TOL);
+    }
+    psref_end_iteration(ref);
+}
+
 static void batched_body(int rank, int n, void *arg)
 {
     (void)arg;
@@ -484,12 +516,15 @@ static void batched_body(int rank, int n, void *arg)
     ASSERT_OK(tdist_powersgd_register(ddp, s));
     size_t nb = tdist_ddp_num_buckets(ddp);
     ASSERT_TRUE(nb > 1 && nb <= 4);
+    static psref_t ref;
+    psref_init(&ref, &o, n);
     for (int k = 0; k < 5; k++) {
         memset(&rec, 0, sizeof rec);
         syn_step(ddp, &m, rank, k, NULL, false);
         ASSERT_EQ(rec.calls, k < 2 ? 0 : (int)nb);
         ASSERT_OK(tdist_all_gather(pg, m.g, all, SYN_N, TDIST_F32, NULL, NULL));
         ASSERT_MEMEQ(all[0], all[1], sizeof all[0]); /* the same output on every rank */
+        batched_reference(&ref, ddp, &m, &rec, rank, k);
         if (k < 2) continue;
         bool pad_err = false;
         for (size_t b = 0; b < nb; b++) {
@@ -511,7 +546,7 @@ static void batched_body(int rank, int n, void *arg)
         }
         ASSERT_TRUE(pad_err || k == 2);
     }
-    (void)n;
+    psref_fini(&ref);
     tdist_ddp_destroy(ddp);
     tdist_powersgd_destroy(s);
     tdist_pg_destroy(pg);
