@@ -407,6 +407,17 @@ typedef struct tdist_powersgd_opts {
      * stay valid for the state's life. Default NULL: the generator. */
     const float *const *initial_q;
     size_t num_initial_q;
+    /* Beyond PyTorch (default false: PyTorch 1.13's behaviour). A matrix
+     * that is 0 on every rank (a parameter no rank used in the first
+     * compressed step, under find_unused_parameters) makes P 0, which
+     * Gram-Schmidt turns into 0 / 0 (NaN) with epsilon 0, and warm start
+     * then keeps a Q of NaN or of 0: that tensor's gradient is NaN or 0
+     * for good. true: a column of P or Q that is 0 stays 0 (no
+     * division), and a kept Q with a column that is 0 or not finite is
+     * drawn afresh, as a first Q is, so the tensor recovers once it is
+     * used again. The same decision on every rank (Q is reduced); other
+     * tensors' bits do not change. Agreed. */
+    bool repair_zero;
     /* Serial mode (for measurements): the hook waits for each all_reduce
      * before returning, so no two buckets' reductions overlap. Agreed.
      * Default false (pipelined). */

@@ -150,8 +150,11 @@ float tdist__psgd_sum(const float *x, size_t n);
 
 /* Gram-Schmidt on the r columns of a (rows x r, row-major), in place:
  * col /= (norm + eps), then the later columns lose their projection on it.
- * tmp: rows floats of scratch. */
-void tdist__psgd_orthogonalize(float *a, size_t rows, size_t r, float eps, float *tmp);
+ * keep_zero: a column whose norm is 0 is left as it is (0, not 0 / 0 with
+ * eps 0; the later columns' projection on it is 0 anyway). tmp: rows
+ * floats of scratch. */
+void tdist__psgd_orthogonalize(float *a, size_t rows, size_t r, float eps, bool keep_zero,
+                               float *tmp);
 
 /* n standard normal values of draw `draw`, tensor key `key`, from seed. */
 void tdist__psgd_randn(float *out, size_t n, uint64_t seed, uint64_t draw, uint64_t key);

@@ -163,7 +163,8 @@ static void set_identity(tdist_powersgd_t *s)
                       0,
                       o->random_seed,
                       o->batch_tensors_with_same_shape | (uint64_t)o->batched << 1 |
-                          (uint64_t)o->error_feedback_uncompressed << 2 | (uint64_t)o->serial << 3,
+                          (uint64_t)o->error_feedback_uncompressed << 2 | (uint64_t)o->serial << 3 |
+                          (uint64_t)o->repair_zero << 4,
                       o->num_params,
                       o->num_initial_q};
     memcpy(&f[2], &o->min_compression_rate, sizeof(double));
@@ -175,10 +176,18 @@ static void set_identity(tdist_powersgd_t *s)
         h = tdist__fnv1a(h, &given, 1);
     }
     s->config = h;
-    snprintf(s->desc, sizeof s->desc, "%spowerSGD_hook(rank %d, start %lld, rate %g%s%s)",
+    /* written whole, then cut to the agreement's length (an extreme
+     * option can make it longer; the hash above is what is compared) */
+    char desc[160];
+    snprintf(desc, sizeof desc, "%spowerSGD_hook(rank %d, start %lld, rate %g%s%s%s)",
              o->batched ? "batched_" : "", o->matrix_approximation_rank,
              (long long)o->start_powerSGD_iter, o->min_compression_rate,
-             o->use_error_feedback ? ", ef" : "", o->warm_start ? ", warm" : "");
+             o->use_error_feedback ? ", ef" : "", o->warm_start ? ", warm" : "",
+             o->repair_zero ? ", repair" : "");
+    size_t n = strlen(desc);
+    if (n >= sizeof s->desc) n = sizeof s->desc - 1;
+    memcpy(s->desc, desc, n);
+    s->desc[n] = '\0';
 }
 
 tdist_status_t tdist_powersgd_create(const tdist_powersgd_opts_t *opts, tdist_powersgd_t **out)
@@ -680,6 +689,22 @@ static tdist_status_t feedback_out(tdist_powersgd_t *s, slot_t *sl, const tdist_
     return TDIST_OK;
 }
 
+/* Whether a kept Q (m x r) can be used again: every column finite and
+ * not all 0 (repair_zero; Q is reduced, so every rank decides alike). */
+static bool q_usable(const float *q, size_t m, size_t r)
+{
+    for (size_t c = 0; c < r; c++) {
+        bool nonzero = false;
+        for (size_t i = 0; i < m; i++) {
+            float v = q[i * r + c];
+            if (!isfinite(v)) return false;
+            nonzero = nonzero || v != 0.0f;
+        }
+        if (!nonzero) return false;
+    }
+    return true;
+}
+
 /* A fresh Q of key `key` (m x r): injected or drawn. */
 static void draw_q(const tdist_powersgd_t *s, float *q, size_t len, uint64_t draw, size_t key)
 {
@@ -703,11 +728,15 @@ static void prepare_q(tdist_powersgd_t *s, slot_t *sl, const tdist_ddp_bucket_t 
     for (size_t i = 0; i < sl->nt; i++) {
         const tens_t *t = &sl->t[i];
         float *q = sl->q + t->qoff;
-        if (fresh)
+        if (fresh) {
             draw_q(s, q, t->m * t->r, draw, t->param);
-        else
+        } else {
             memcpy(q, s->ps[t->param].q, t->m * t->r * sizeof *q);
-        tdist__psgd_orthogonalize(q, t->m, t->r, s->o.orthogonalization_epsilon, sl->tmp);
+            if (s->o.repair_zero && !q_usable(q, t->m, t->r))
+                draw_q(s, q, t->m * t->r, draw, t->param);
+        }
+        tdist__psgd_orthogonalize(q, t->m, t->r, s->o.orthogonalization_epsilon,
+                                  s->o.repair_zero, sl->tmp);
     }
     observe(s, b, TDIST_POWERSGD_Q_USED, sl->q, sl->qlen);
 }
@@ -748,7 +777,8 @@ static tdist_status_t after_p(void *state, const tdist_ddp_bucket_t *b,
     float *p = sl->pu + sl->ulen;
     for (size_t i = 0; i < sl->nt; i++) {
         const tens_t *t = &sl->t[i];
-        tdist__psgd_orthogonalize(p + t->poff, t->n, t->r, s->o.orthogonalization_epsilon, sl->tmp);
+        tdist__psgd_orthogonalize(p + t->poff, t->n, t->r, s->o.orthogonalization_epsilon,
+                                  s->o.repair_zero, sl->tmp);
     }
     observe(s, b, TDIST_POWERSGD_P_ORTHO, p, sl->plen);
     for (size_t i = 0; i < sl->nt; i++) {
@@ -895,7 +925,8 @@ static tdist_status_t batched_after_p(void *state, const tdist_ddp_bucket_t *b,
     tdist_powersgd_t *s = state;
     slot_t *sl = slot_of(s, b);
     observe(s, b, TDIST_POWERSGD_P_REDUCED, sl->pu, sl->plen);
-    tdist__psgd_orthogonalize(sl->pu, sl->side, sl->r, s->o.orthogonalization_epsilon, sl->tmp);
+    tdist__psgd_orthogonalize(sl->pu, sl->side, sl->r, s->o.orthogonalization_epsilon,
+                              s->o.repair_zero, sl->tmp);
     observe(s, b, TDIST_POWERSGD_P_ORTHO, sl->pu, sl->plen);
     tdist__psgd_gemm(sl->bq, sl->mat, sl->pu, sl->side, sl->side, sl->r, 1, 0, true);
     observe(s, b, TDIST_POWERSGD_Q_LOCAL, sl->bq, sl->qlen);
@@ -910,9 +941,12 @@ static tdist_status_t batched_begin(tdist_powersgd_t *s, slot_t *sl, const tdist
                                     tdist_ddp_hook_result_t *res)
 {
     feedback_in(s, sl, b, sl->mat);
-    if (!s->o.warm_start || !sl->has_bq) draw_q(s, sl->bq, sl->qlen, (uint64_t)s->cur, b->index);
+    if (!s->o.warm_start || !sl->has_bq ||
+        (s->o.repair_zero && !q_usable(sl->bq, sl->side, sl->r)))
+        draw_q(s, sl->bq, sl->qlen, (uint64_t)s->cur, b->index);
     sl->has_bq = false; /* until this iteration's Q is reduced */
-    tdist__psgd_orthogonalize(sl->bq, sl->side, sl->r, s->o.orthogonalization_epsilon, sl->tmp);
+    tdist__psgd_orthogonalize(sl->bq, sl->side, sl->r, s->o.orthogonalization_epsilon,
+                              s->o.repair_zero, sl->tmp);
     observe(s, b, TDIST_POWERSGD_Q_USED, sl->bq, sl->qlen);
     tdist__psgd_gemm(sl->pu, sl->mat, sl->bq, sl->side, sl->side, sl->r, 0, 0, true);
     observe(s, b, TDIST_POWERSGD_P_LOCAL, sl->pu, sl->plen);

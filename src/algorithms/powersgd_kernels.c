@@ -424,10 +424,12 @@ static float column_norm(const float *x, size_t n, size_t stride)
 
 /* ------------------------------------------------------- Gram-Schmidt */
 
-void tdist__psgd_orthogonalize(float *a, size_t rows, size_t r, float eps, float *tmp)
+void tdist__psgd_orthogonalize(float *a, size_t rows, size_t r, float eps, bool keep_zero,
+                               float *tmp)
 {
     for (size_t c = 0; c < r; c++) {
         float nrm = column_norm(a + c, rows, r);
+        if (keep_zero && nrm == 0.0f) continue;
         if (eps != 0.0f) nrm = nrm + eps;
         for (size_t i = 0; i < rows; i++) a[i * r + c] = a[i * r + c] / nrm;
         for (size_t d = c + 1; d < r; d++) {

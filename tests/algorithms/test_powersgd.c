@@ -243,7 +243,7 @@ static int kernel_step(int k, int rank)
     } else {
         to_floats(q, h3_q_avg[c - 1], H3_NQ);
     }
-    for (int t = 0; t < 2; t++) tdist__psgd_orthogonalize(q + kt[t][4], kt[t][2], 1, 0.0f, tmp);
+    for (int t = 0; t < 2; t++) tdist__psgd_orthogonalize(q + kt[t][4], kt[t][2], 1, 0.0f, false, tmp);
     diff += ulps("Q used", k, rank, q, h3_q_used[c], H3_NQ);
     to_floats(q, h3_q_used[c], H3_NQ);
     for (int t = 0; t < 2; t++)
@@ -251,7 +251,7 @@ static int kernel_step(int k, int rank)
                          false);
     diff += ulps("P = M Q", k, rank, pv, h3_p_in[c][rank], H3_NP);
     to_floats(pv, h3_p_out[c], H3_NP);
-    for (int t = 0; t < 2; t++) tdist__psgd_orthogonalize(pv + kt[t][3], kt[t][1], 1, 0.0f, tmp);
+    for (int t = 0; t < 2; t++) tdist__psgd_orthogonalize(pv + kt[t][3], kt[t][1], 1, 0.0f, false, tmp);
     diff += ulps("P orthogonalised", k, rank, pv, h3_p_orth[c], H3_NP);
     to_floats(pv, h3_p_orth[c], H3_NP);
     for (int t = 0; t < 2; t++)

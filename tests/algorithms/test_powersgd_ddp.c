@@ -17,7 +17,12 @@
  *    rank's error (padding included) of every step against the
  *    reference (powersgd_ref.h) on the zero-padded square matrix;
  * 6. serial and pipelined modes give the same bits; step times of both
- *    with several buckets are printed. */
+ *    with several buckets are printed;
+ * 7. a matrix that is 0 on every rank in the first compressed step (the
+ *    batched hook: a bucket), with epsilon 0 and warm start: NaN for good
+ *    by default (PyTorch's behaviour), and with repair_zero 0 in that
+ *    step, finite and not 0 once used again, the same bits on every rank,
+ *    and every other tensor's bits as without it. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -629,4 +634,94 @@ static void pl_body(int rank, int n, void *arg)
 TEST(powersgd_pipelined_equals_serial, 120)
 {
     tdist_test_run_ranks(2, pl_body, NULL);
+}
+
+/* ========================================= 7. a matrix 0 on every rank */
+
+#define RZ_STEPS 6
+#define RZ_ZERO_AT 2 /* the first compressed step: no error yet */
+#define RZ_P 2       /* w2, 6 x 24 */
+
+/* RZ_STEPS steps; in step RZ_ZERO_AT every rank's gradient of w2 is 0
+ * (batched: every gradient, so every bucket's matrix is 0); every 2-D
+ * tensor compressed, epsilon 0, warm start; out[k]: the gradients after
+ * step k. */
+static void rz_run(tdist_pg_t *pg, int rank, bool repair, bool batched,
+                   float out[RZ_STEPS][SYN_N])
+{
+    static syn_t m;
+    syn_init(&m);
+    tdist_ddp_t *ddp = syn_ddp(pg, &m, 0);
+    tdist_powersgd_opts_t o;
+    syn_opts(&o, 1, 0.0);
+    o.repair_zero = repair;
+    o.batched = batched;
+    tdist_powersgd_t *s;
+    ASSERT_OK(tdist_powersgd_create(&o, &s));
+    ASSERT_OK(tdist_powersgd_register(ddp, s));
+    const size_t zoff = batched ? 0 : syn_off(RZ_P), zlen = batched ? SYN_N : syn_count[RZ_P];
+    for (int k = 0; k < RZ_STEPS; k++) {
+        ASSERT_OK(tdist_ddp_forward_begin(ddp));
+        for (size_t i = 0; i < SYN_N; i++) m.g[i] = syn_grad(rank, k, i);
+        if (k == RZ_ZERO_AT) memset(m.g + zoff, 0, zlen * sizeof(float));
+        for (size_t j = 0; j < SYN_NP; j++) ASSERT_OK(tdist_ddp_grad_ready(ddp, SYN_NP - 1 - j));
+        ASSERT_OK(tdist_ddp_backward_end(ddp));
+        memcpy(out[k], m.g, sizeof m.g);
+    }
+    tdist_ddp_destroy(ddp);
+    tdist_powersgd_destroy(s);
+}
+
+static void repair_body(int rank, int n, void *arg)
+{
+    const bool batched = arg != NULL;
+    tdist_world_t *w;
+    tdist_pg_t *pg;
+    open_group(&w, &pg);
+    static float def[RZ_STEPS][SYN_N], rep[RZ_STEPS][SYN_N];
+    rz_run(pg, rank, false, batched, def);
+    rz_run(pg, rank, true, batched, rep);
+    const size_t zoff = batched ? 0 : syn_off(RZ_P), zlen = batched ? SYN_N : syn_count[RZ_P];
+    /* the default: 0 / 0 in Gram-Schmidt, and the kept Q carries it on */
+    bool nan_then = false, nan_last = false;
+    for (size_t i = zoff; i < zoff + zlen; i++) {
+        nan_then = nan_then || isnan(def[RZ_ZERO_AT][i]);
+        nan_last = nan_last || isnan(def[RZ_STEPS - 1][i]);
+    }
+    ASSERT_TRUE(nan_then);
+    ASSERT_TRUE(nan_last);
+    for (int k = RZ_ZERO_AT; k < RZ_STEPS; k++) {
+        bool nonzero = false;
+        for (size_t i = 0; i < SYN_N; i++) {
+            ASSERT_TRUE(isfinite(rep[k][i]));
+            if (i >= zoff && i < zoff + zlen)
+                nonzero = nonzero || rep[k][i] != 0.0f;
+            else if (bits_of(rep[k][i]) != bits_of(def[k][i]))
+                FAIL("step %d element %zu: %a with repair_zero, %a without", k, i,
+                     (double)rep[k][i], (double)def[k][i]);
+        }
+        /* the step of the zero matrix gives 0; used again, it recovers */
+        ASSERT_EQ(nonzero, k != RZ_ZERO_AT);
+    }
+    /* before it, nothing differs; and every rank decided alike */
+    ASSERT_TRUE(memcmp(def, rep, RZ_ZERO_AT * sizeof def[0]) == 0);
+    uint64_t h = 1469598103934665603ULL, all[4];
+    const unsigned char *bytes = (const unsigned char *)rep;
+    for (size_t i = 0; i < sizeof rep; i++) h = (h ^ bytes[i]) * 1099511628211ULL;
+    ASSERT_TRUE(n <= 4);
+    ASSERT_OK(tdist_all_gather(pg, &h, all, 1, TDIST_I64, NULL, NULL));
+    for (int r = 0; r < n; r++) ASSERT_EQ(all[r], h);
+    tdist_pg_destroy(pg);
+    tdist_world_destroy(w);
+}
+
+TEST(powersgd_repair_zero_matrix_recovers, 60)
+{
+    tdist_test_run_ranks(2, repair_body, NULL);
+}
+
+TEST(powersgd_batched_repair_zero_matrix_recovers, 60)
+{
+    static int batched = 1;
+    tdist_test_run_ranks(2, repair_body, &batched);
 }
