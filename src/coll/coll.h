@@ -440,6 +440,12 @@ bool tdist__shmc_spun(const tdist__coll_ctx_t *c);
  * never blocks. */
 void tdist__shmc_prepare_next(const tdist__coll_ctx_t *c);
 tdist_status_t tdist__shmc_gather_one(const tdist__coll_ctx_t *c, int r, const uint8_t **blob);
+/* After a rooted one-shot exchange, in any role (its sender, a reader,
+ * reduce's and gather's root): fetch, for writing, the line this rank
+ * posts a few exchanges from now, which a peer's late read of this
+ * rank's lines has most likely left in that peer's cache. The group's
+ * thread only; never blocks. */
+void tdist__shmc_prepare_rooted(const tdist__coll_ctx_t *c);
 
 /* The exchange whose lines were found to differ (0: none), this rank's
  * last exchange, and rank r's aux part of exchange seq while it is still

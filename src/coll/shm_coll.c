@@ -104,6 +104,7 @@
 #define TDIST_SHMC_FAR_LINE_NS 80 /* reading a cache line another CPU wrote slower than this: far */
 #endif
 #define PLACE_EVERY 1024 /* exchanges between two timings of that read (tdist__shmc_prepare_next) */
+#define ROOTED_AHEAD 2    /* exchanges: which own line a rooted one fetches (tdist__shmc_prepare_rooted) */
 #define TIMED_BYTES (16u * 1024u) /* of a staged slice, read timed (ranks sharing CPUs) */
 #ifndef TDIST_SHMC_FAR_NS_PER_KIB
 #define TDIST_SHMC_FAR_NS_PER_KIB 40 /* touching dirty lines staged on another CPU slower than this: far */
@@ -724,6 +725,25 @@ void tdist__shmc_prepare_next(const tdist__coll_ctx_t *c)
     const char *l = (const char *)line_of(s, s->rank, s->line_seq + 1);
     prefetch_for_write(s, l);
     prefetch_for_write(s, l + 64);
+}
+
+/* In a run of rooted collectives the peers read this rank's lines late:
+ * a reader its sender's line when it gets to that exchange, a sender its
+ * readers' lines when it compares them (see "checking"). So the line this
+ * rank posts a few exchanges from now is usually still in a peer's
+ * cache, and that post's first store would wait for the peer's copy to
+ * be invalidated: with the CPUs far apart, a cache-line round trip on
+ * every call, which was most of a rooted 8-byte collective's time. Fetched
+ * for writing now, that happens between the calls. Two exchanges ahead,
+ * not the next one (a reader may be about to poll it) nor farther (both
+ * measured slower, far); the sequence's cache line only, after a blob
+ * that fitted it: fetching a longer blob's lines too was slower at
+ * 64 B and mixed at 256 B. docs/pg.md has the figures. */
+void tdist__shmc_prepare_rooted(const tdist__coll_ctx_t *c)
+{
+    const tdist__shmc_t *s = c->shm;
+    if (offsetof(line_t, blob) + line_of(s, s->rank, s->line_seq)->len > 64) return;
+    prefetch_for_write(s, (const char *)line_of(s, s->rank, s->line_seq + ROOTED_AHEAD));
 }
 
 tdist_status_t tdist__shmc_gather_one(const tdist__coll_ctx_t *c, int r, const uint8_t **blob)

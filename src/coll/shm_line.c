@@ -129,6 +129,7 @@ static tdist_status_t rooted(const tdist__coll_ctx_t *c, const tdist__coll_args_
         TDIST_CHECK(line_status(c, chk, tdist__shmc_gather(c, c->g->blobs, NULL)));
         return mismatch(c, chk, tdist__shmc_now(c));
     }
+    tdist__shmc_prepare_rooted(c);
     return finish_oneshot(c, a, b, algo);
 }
 
@@ -230,6 +231,7 @@ tdist_status_t tdist__coll_shm_line(const tdist__coll_ctx_t *c, const tdist__col
         tdist__shmc_spun(c))
         c->chosen[2] |= TDIST__COLL_CHOSEN_SPUN;
     tdist__shmc_prepare_next(c);
+    if (role == TDIST__ROLE_FROM_ALL) tdist__shmc_prepare_rooted(c);
     switch (algo) {
     case TDIST__ALGO_NONE:
         return TDIST_OK;
