@@ -57,6 +57,10 @@
 #endif
 #define RX_CAP TDIST_TCP_RX_CAP
 #define RX_SMALL (16u * 1024u) /* a receive with less than this left reads ahead */
+#ifndef TDIST_TCP_TX_SLICE
+#define TDIST_TCP_TX_SLICE (256u * 1024u) /* bytes of a send one send() takes (drive) */
+#endif
+#define TX_SLICE TDIST_TCP_TX_SLICE
 
 /* One peer's connection (its queues and label are in the shared part). */
 typedef struct conn {
@@ -767,8 +771,12 @@ static void peer_lost(tcp_tp_t *t, int peer, const tdist__tp_req_t *req, int err
  * what is beyond it for the receives posted next (in order, as the
  * stream is): several small messages a peer sent ahead (a rooted
  * collective's senders, a fingerprint and its data) cost one system call,
- * not one each. Returns whether a byte moved; on a failure the transport
- * is failed (its err). */
+ * not one each. A send goes into the socket TX_SLICE bytes a call, and
+ * after each whole slice the peer's queued receives run first: two ranks
+ * that exchange megabytes then copy in and out at once, not the whole
+ * message out and then the whole message in (docs/transport.md has the
+ * figures). Returns whether a byte moved; on a failure the transport is
+ * failed (its err). */
 static bool drive(tcp_tp_t *t, int peer, bool is_send)
 {
     tdist__tp_chan_t *q = &t->b.chan[peer];
@@ -794,6 +802,8 @@ static bool drive(tcp_tp_t *t, int peer, bool is_send)
             continue;
         }
         bool ahead = !is_send && left < RX_SMALL && (c->rx || (c->rx = malloc(RX_CAP)));
+        bool sliced = is_send && left > TX_SLICE;
+        if (sliced) left = TX_SLICE;
         ssize_t n = is_send ? send(c->fd, at, left, MSG_NOSIGNAL | MSG_DONTWAIT)
                     : ahead ? recv(c->fd, c->rx, RX_CAP, MSG_DONTWAIT)
                             : recv(c->fd, at, left, MSG_DONTWAIT);
@@ -814,6 +824,7 @@ static bool drive(tcp_tp_t *t, int peer, bool is_send)
         }
         moved = true;
         tdist__tp_req_moved(req, (size_t)n, head, tail);
+        if (sliced && q->rq_head) break; /* the peer's receives, then the next slice */
     }
     return moved;
 }

@@ -309,6 +309,61 @@ static void mixed_body(int rank, int n, void *arg)
 
 TEST(transport_tcp_mixed_sizes_across_read_ahead, 40) { tdist_test_run_ranks(2, mixed_body, NULL); }
 
+/* ---------------------------- large sends in slices, both ways at once */
+
+/* Sizes around the transport's send slice (a send goes into the socket
+ * 256 KiB a call, and the peer's receives run after each whole slice):
+ * one under, at and over it, several slices and a remainder, and small
+ * ones between them. Both ranks post all their sends and receives at
+ * once, so the slices of one side interleave with the receives of the
+ * other; every byte must come out in stream order. */
+static const size_t slice_sizes[] = {(256u << 10) - 1, 256u << 10,       (256u << 10) + 1, 3,
+                                     (768u << 10) + 5, 1,                (1u << 20),       17};
+#define NSLICE ((int)(sizeof slice_sizes / sizeof slice_sizes[0]))
+
+static uint8_t slice_byte(int from, int msg, size_t off)
+{
+    return (uint8_t)(from * 61 + msg * 29 + off * 13 + (off >> 9));
+}
+
+static void slices_body(int rank, int n, void *arg)
+{
+    (void)arg;
+    tp_rank_t t;
+    tp_open(&t, rank, n, "127.0.0.1", TAG);
+    tp_connect(&t);
+    int peer = 1 - rank;
+    size_t total = 0;
+    for (int i = 0; i < NSLICE; i++) total += slice_sizes[i];
+    uint8_t *out = malloc(total), *in = calloc(1, total);
+    ASSERT_TRUE(out && in);
+    tdist__tp_req_t reqs[2 * NSLICE], *rp[2 * NSLICE];
+    size_t off = 0;
+    for (int i = 0; i < NSLICE; i++) {
+        for (size_t j = 0; j < slice_sizes[i]; j++) out[off + j] = slice_byte(rank, i, j);
+        ASSERT_OK(tdist__tp_post_send(t.tp, &reqs[2 * i], peer, out + off, slice_sizes[i]));
+        ASSERT_OK(tdist__tp_post_recv(t.tp, &reqs[2 * i + 1], peer, in + off, slice_sizes[i]));
+        rp[2 * i] = &reqs[2 * i];
+        rp[2 * i + 1] = &reqs[2 * i + 1];
+        off += slice_sizes[i];
+    }
+    ASSERT_OK(tdist__tp_wait(t.tp, rp, 2 * NSLICE, deadline_in(20000)));
+    off = 0;
+    for (int i = 0; i < NSLICE; i++) {
+        for (size_t j = 0; j < slice_sizes[i]; j++)
+            if (in[off + j] != slice_byte(peer, i, j))
+                FAIL("message %d (%zu bytes), byte %zu: %u, expected %u", i, slice_sizes[i], j,
+                     in[off + j], slice_byte(peer, i, j));
+        off += slice_sizes[i];
+    }
+    free(out);
+    free(in);
+    store_barrier(&t, "slices-done");
+    tp_close(&t);
+}
+
+TEST(transport_tcp_sliced_sends_both_ways_in_order, 40) { tdist_test_run_ranks(2, slices_body, NULL); }
+
 /* --------------------------------------------------- handshake rejection */
 
 /* The wire format of a handshake frame (transport/tcp.c): 96 bytes LE,
