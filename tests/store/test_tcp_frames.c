@@ -17,6 +17,7 @@
 
 #include "core/internal.h"
 #include "harness.h"
+#include "store_clients.h"
 #include "store/wire.h"
 
 /* ------------------------------------------------------- pure functions */
@@ -409,21 +410,6 @@ static void still_serving(tdist_store_t *good, int i)
     ASSERT_EQ(n, strlen(key));
     ASSERT_MEMEQ(v, key, n);
     free(v);
-}
-
-/* Wait (bounded) until srv has want clients. The count is read once a
- * round and the last one read is checked: a connection the server
- * accepts between two reads (a case that closes at once may be accepted
- * after the first) must not fail a wait that saw the count it wanted. */
-static void wait_clients(tdist_store_server_t *srv, int want)
-{
-    double end = tdist_test_now_ms() + 5000 * tdist_test_timeout_mult();
-    int n = tdist_store_server_num_clients(srv);
-    while (n != want && tdist_test_now_ms() < end) {
-        usleep(2000);
-        n = tdist_store_server_num_clients(srv);
-    }
-    ASSERT_EQ(n, want);
 }
 
 static tdist_store_server_t *small_caps_server(void)

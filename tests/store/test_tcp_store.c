@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "store_clients.h"
 
 /* ------------------------------------------------------------- helpers */
 
@@ -43,14 +44,6 @@ static tdist_store_t *connect_to(uint16_t port, int64_t timeout_ms, const char *
 }
 
 static int64_t default_timeout(void) { return (int64_t)(20000 * tdist_test_timeout_mult()); }
-
-/* Wait (bounded) until srv has want clients. */
-static void wait_clients(tdist_store_server_t *srv, int want)
-{
-    double end = tdist_test_now_ms() + 5000 * tdist_test_timeout_mult();
-    while (tdist_store_server_num_clients(srv) != want && tdist_test_now_ms() < end) usleep(2000);
-    ASSERT_EQ(tdist_store_server_num_clients(srv), want);
-}
 
 /* Get key and compare with the string want. */
 static void expect_value(tdist_store_t *s, const char *key, const char *want)
