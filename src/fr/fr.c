@@ -35,8 +35,9 @@
 /* 64-byte entries: 32 KiB, 8 pages, for the collectives. A call's entry
  * is a page's every 64th write, and a ring that turns through more pages
  * than the TLB keeps pays a page walk each time: on the test VM, with its
- * CPUs far apart, 2.4 us a walk, so +37 ns an 8-byte all_reduce with 2048
- * entries against +3 to +7 ns with 512 (docs/debugging.md, "Cost"). */
+ * CPUs far apart, 2.4 us a walk, so up to +37 ns an 8-byte all_reduce
+ * with 2048 entries against +3 to +7 ns with 512 (it varies with the
+ * placement; docs/debugging.md, "Cost"). */
 #define FR_DEFAULT_SIZE 512
 #define FR_MAX_SIZE (1 << 22)
 
