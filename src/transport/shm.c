@@ -127,6 +127,7 @@ typedef struct shm_tp {
     peer_t *pe;          /* size entries, pe[rank] unused */
     bool oversubscribed; /* more ranks than the CPUs they may run on, together */
     int cpu;             /* what hdr->cpu says (this process's copy) */
+    bool any_dead;       /* a peer's process exited: sweep serves it first */
     uint64_t last_check_ns;
 } shm_tp_t;
 
@@ -445,7 +446,7 @@ static bool check_peers(shm_tp_t *tp)
             tp->b.pfd[n] = (struct pollfd){.fd = c->pidfd, .events = POLLIN};
             tp->b.pfd_peer[n++] = p;
         } else if (c->pid > 0 && kill(c->pid, 0) != 0 && errno == ESRCH) {
-            c->dead = true;
+            c->dead = tp->any_dead = true;
             news = true;
         }
     }
@@ -453,7 +454,7 @@ static bool check_peers(shm_tp_t *tp)
         for (int i = 0; i < n; i++) {
             if (!tp->b.pfd[i].revents) continue;
             peer_t *c = &tp->pe[tp->b.pfd_peer[i]];
-            c->dead = true;
+            c->dead = tp->any_dead = true;
             news = true;
             TDIST_LOGD("rank %d: peer rank %d (pid %d) exited", tp->b.rank, tp->b.pfd_peer[i],
                        c->pid);
@@ -651,7 +652,7 @@ static void watch_peers(shm_tp_t *tp)
         c->in_data = (uint8_t *)c->in + SLOT_HDR_BYTES;
         c->in_tail = atomic_load(&c->in->tail);
         c->pidfd = (int)syscall(SYS_pidfd_open, (pid_t)c->pid, 0u);
-        if (c->pidfd < 0 && errno == ESRCH) c->dead = true;
+        if (c->pidfd < 0 && errno == ESRCH) c->dead = tp->any_dead = true;
         if (c->pidfd >= 0) fcntl(c->pidfd, F_SETFD, FD_CLOEXEC);
         tdist__tp_set_problem(&tp->b, p, "not mapped yet");
     }
@@ -813,15 +814,26 @@ static bool drive_recv(shm_tp_t *tp, int p)
     return moved;
 }
 
+/* Move what can move on peer p's channels. Returns whether a byte moved. */
+static bool sweep_peer(shm_tp_t *tp, int p)
+{
+    bool moved = false;
+    if (tp->b.chan[p].sq_head) moved |= drive_send(tp, p);
+    if (tp->b.chan[p].rq_head && tp->b.err == TDIST_OK) moved |= drive_recv(tp, p);
+    return moved;
+}
+
 /* Move what can move on every channel with work. Returns whether a byte
- * moved. */
+ * moved. Once a peer has exited, its channels go first: a peer that
+ * closed its transport has usually failed on that same exit and left, so
+ * the exit is the cause the error should name. */
 static bool sweep(shm_tp_t *tp)
 {
     bool moved = false;
-    for (int p = 0; p < tp->b.size && tp->b.err == TDIST_OK; p++) {
-        if (tp->b.chan[p].sq_head) moved |= drive_send(tp, p);
-        if (tp->b.chan[p].rq_head) moved |= drive_recv(tp, p);
-    }
+    if (tp->any_dead)
+        for (int p = 0; p < tp->b.size && tp->b.err == TDIST_OK; p++)
+            if (tp->pe[p].dead) moved |= sweep_peer(tp, p);
+    for (int p = 0; p < tp->b.size && tp->b.err == TDIST_OK; p++) moved |= sweep_peer(tp, p);
     return moved;
 }
 
@@ -977,11 +989,13 @@ static int note_waiting(shm_tp_t *tp, bool (*needs)(void *arg, int peer), void *
 static tdist_status_t check_lost(shm_tp_t *tp, bool (*needs)(void *arg, int peer), void *arg)
 {
     check_peers(tp);
-    for (int p = 0; p < tp->b.size; p++) {
-        if (p == tp->b.rank) continue;
-        if (!tp->pe[p].dead && !tp->pe[p].closed) continue;
-        if (!needs || needs(arg, p)) return peer_lost(tp, p, NULL);
-    }
+    /* exited peers first, then those that closed their transport (sweep) */
+    for (int pass = 0; pass < 2; pass++)
+        for (int p = 0; p < tp->b.size; p++) {
+            if (p == tp->b.rank) continue;
+            if (pass == 0 ? !tp->pe[p].dead : !tp->pe[p].closed) continue;
+            if (!needs || needs(arg, p)) return peer_lost(tp, p, NULL);
+        }
     return TDIST_OK;
 }
 

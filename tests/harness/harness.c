@@ -70,6 +70,29 @@ double tdist_test_timeout_mult(void)
 #endif
 }
 
+/* gcc says __SANITIZE_THREAD__; clang says __has_feature(thread_sanitizer) */
+#if defined(__SANITIZE_THREAD__)
+#define TDIST_TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TDIST_TEST_TSAN 1
+#endif
+#endif
+
+double tdist_test_latency_mult(void)
+{
+    const char *v = getenv("TDIST_TEST_LATENCY_MULT");
+    if (v) {
+        double m = atof(v);
+        if (m > 0) return m;
+    }
+#ifdef TDIST_TEST_TSAN
+    return 4.0;
+#else
+    return 1.0;
+#endif
+}
+
 double tdist_test_now_ms(void)
 {
     struct timespec ts;

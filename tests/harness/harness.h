@@ -148,6 +148,16 @@ _Noreturn void tdist_test_skip(const char *fmt, ...) __attribute__((format(print
  * check. */
 double tdist_test_timeout_mult(void);
 
+/* Latency-bound multiplier: TDIST_TEST_LATENCY_MULT, else 4 under
+ * ThreadSanitizer, else 1. A bound on how fast the library reacts (a
+ * mismatch reported within 200 ms, a failed group's next call within
+ * 10 ms) is the product's figure in every other build, AddressSanitizer's
+ * included; ThreadSanitizer runs the same code 5-15x slower, and with
+ * several ranks sharing two CPUs a reaction that goes through other ranks'
+ * processes pays their slowdown too, which tdist_test_cpu_wait_ms cannot
+ * take off. Never for a correctness check. */
+double tdist_test_latency_mult(void);
+
 /* Monotonic milliseconds (double, for measuring). */
 double tdist_test_now_ms(void);
 
