@@ -34,31 +34,65 @@ void tgen_put(void *buf, size_t i, tdist_dtype_t dt, double v)
     }
 }
 
-/* Rank `rank`'s input for a case: small integers (exact in every dtype and
- * in any summation order); PROD draws from {1, -1, 2, -2}; bitwise ops use
- * full-width patterns. */
-void tgen_fill(void *buf, size_t count, tdist_dtype_t dt, tdist_redop_t op, int rank,
-                uint64_t seed)
+/* The value of element i of a case: what tgen_fill documents. */
+enum { VAL_PROD, VAL_BITS, VAL_INT, VAL_UINT, VAL_FLOAT };
+static inline double value_of(int kind, uint64_t h, tdist_dtype_t dt, tdist_redop_t op)
 {
     static const double prodv[8] = {1, -1, 2, 1, -2, 1, 1, -1};
-    bool is_unsigned = dt == TDIST_U8;
-    for (size_t i = 0; i < count; i++) {
-        uint64_t h = tgen_mix(seed * 1000003u + (uint64_t)rank * 7919u + i);
-        double v;
-        if (op == TDIST_PROD) {
-            v = prodv[h % 8];
-            if (is_unsigned && v < 0) v = -v;
-        } else if (op == TDIST_BAND || op == TDIST_BOR || op == TDIST_BXOR) {
-            int64_t x = (int64_t)(h & 0x7fffffff);
-            if (op == TDIST_BAND) x |= (int64_t)((h >> 40) & 0x7fff0f0f); /* keep bits set */
-            v = (double)(dt == TDIST_U8 ? (x & 0xff) : dt == TDIST_I8 ? (int8_t)(x & 0xff) : x);
-        } else if (!tdist_dtype_is_float(dt)) {
-            v = is_unsigned ? (double)(h % 201) : (double)((int64_t)(h % 201) - 100);
-        } else {
-            v = (double)((int64_t)(h % 17) - 8);
-        }
-        tgen_put(buf, i, dt, v);
+    switch (kind) {
+    case VAL_PROD: {
+        double v = prodv[h % 8];
+        return dt == TDIST_U8 && v < 0 ? -v : v;
     }
+    case VAL_BITS: {
+        int64_t x = (int64_t)(h & 0x7fffffff);
+        if (op == TDIST_BAND) x |= (int64_t)((h >> 40) & 0x7fff0f0f); /* keep bits set */
+        return (double)(dt == TDIST_U8 ? (x & 0xff) : dt == TDIST_I8 ? (int8_t)(x & 0xff) : x);
+    }
+    case VAL_INT: return (double)((int64_t)(h % 201) - 100);
+    case VAL_UINT: return (double)(h % 201);
+    default: return (double)((int64_t)(h % 17) - 8);
+    }
+}
+
+static inline uint16_t f16_of(double v) { return tdist_f32_to_f16((float)v); }
+static inline uint16_t bf16_of(double v) { return tdist_f32_to_bf16((float)v); }
+
+/* Rank `rank`'s input for a case: small integers (exact in every dtype and
+ * in any summation order); PROD draws from {1, -1, 2, -2}; bitwise ops use
+ * full-width patterns. The kind of value is chosen once, not per element:
+ * every collective test computes every rank's input this way (the
+ * reference: ranks x count elements on each rank), and in the sanitizer
+ * builds this loop was the largest part of the 8-rank matrix's time
+ * (gen.c is compiled with -O2 there too, tests/CMakeLists.txt). */
+void tgen_fill(void *buf, size_t count, tdist_dtype_t dt, tdist_redop_t op, int rank,
+               uint64_t seed)
+{
+    int kind = op == TDIST_PROD                                            ? VAL_PROD
+               : op == TDIST_BAND || op == TDIST_BOR || op == TDIST_BXOR ? VAL_BITS
+               : tdist_dtype_is_float(dt)                                 ? VAL_FLOAT
+               : dt == TDIST_U8                                           ? VAL_UINT
+                                                                          : VAL_INT;
+    uint64_t base = seed * 1000003u + (uint64_t)rank * 7919u;
+    uint8_t *b = buf; /* may be unaligned (the tests' mode 2): stores go by memcpy */
+#define FILL(T, CONV)                                                                \
+    for (size_t i = 0; i < count; i++) {                                           \
+        T x = CONV(value_of(kind, tgen_mix(base + i), dt, op));                     \
+        memcpy(b + i * sizeof x, &x, sizeof x);                                     \
+    }                                                                               \
+    break
+    switch (dt) {
+    case TDIST_F32: FILL(float, (float));
+    case TDIST_F64: FILL(double, (double));
+    case TDIST_F16: FILL(uint16_t, f16_of);
+    case TDIST_BF16: FILL(uint16_t, bf16_of);
+    case TDIST_I8: FILL(int8_t, (int8_t)(int64_t));
+    case TDIST_U8: FILL(uint8_t, (uint8_t)(int64_t));
+    case TDIST_I32: FILL(int32_t, (int32_t)(int64_t));
+    case TDIST_I64: FILL(int64_t, (int64_t));
+    default: FAIL("dtype %d", (int)dt);
+    }
+#undef FILL
 }
 
 /* The reduction over ranks [0, n) of their inputs, in rank order. */
