@@ -35,6 +35,7 @@
  * with one TCP transfer: delay, rate and loss as asked. */
 #include <inttypes.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,6 +64,7 @@ typedef struct shared {
     double setup_ms[NR];   /* the group's creation */
     int status[NR];        /* its status */
     char msg[NR][400];
+    atomic_int past_barrier; /* ranks out of the barrier before the fault */
 } shared_t;
 
 typedef struct arg {
@@ -310,7 +312,13 @@ static void fault_body(int rank, int n, void *argp)
     for (int it = 0; it < (a->survive ? 40 : 1000) && tdist_test_now_ms() < limit && !failed; it++) {
         if (it == 10) {
             ASSERT_OK(tdist_barrier(pg, NULL, NULL));
+            atomic_fetch_add(&a->sh->past_barrier, 1);
             if (rank == 0) {
+                /* A rank leaves the barrier once it has heard from every
+                 * rank, while another's last barrier message may still be
+                 * on the link: cut it only when every rank is out. */
+                for (int i = 0; i < 20000 && atomic_load(&a->sh->past_barrier) < n; i++)
+                    usleep(1000);
                 a->sh->t_cut = tdist_test_now_ms();
                 netfault_ctl(a->f, a->phase);
             }

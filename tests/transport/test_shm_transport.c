@@ -492,6 +492,9 @@ static void death_body(int rank, int n, void *argp)
     free(bufs);
     free(reqs);
     free(rp);
+    /* No wait for the other survivors: one still waiting then sees this
+     * rank close its transport as well as the victim's exit, and must name
+     * the exit (the transport serves exited peers first). */
     tp_close(&t);
 }
 

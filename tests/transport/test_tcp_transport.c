@@ -729,6 +729,7 @@ typedef struct death {
     double latency[MAXR]; /* survivor's error time - died_ms */
     int pid[MAXR];
     atomic_int stopping;
+    atomic_int failed;    /* survivors whose wait has returned */
 } death_t;
 
 #define DEATH_BYTES (4u << 20)
@@ -802,6 +803,7 @@ static void death_body(int rank, int n, void *argp)
     atomic_fetch_add(&d->waiting, 1);
     tdist_status_t st = tdist__tp_wait(t.tp, rp, (size_t)nreq, deadline_in(15000));
     double seen = tdist_test_now_ms();
+    atomic_fetch_add(&d->failed, 1);
     ASSERT_STATUS(st, TDIST_ERR_CONNECTION);
     char want[160];
     snprintf(want, sizeof want, "rank %d: peer rank %d (%s) closed the connection", rank,
@@ -829,6 +831,10 @@ static void death_body(int rank, int n, void *argp)
     free(bufs);
     free(reqs);
     free(rp);
+    /* Leave only once every survivor has seen the death: a survivor that
+     * closes its transport earlier is one more lost peer for a survivor
+     * still waiting, which may then rightly name it instead of the victim. */
+    for (int i = 0; i < 20000 && atomic_load(&d->failed) < n - 1; i++) tdist__sleep_ms(1);
     tp_close(&t);
 }
 
