@@ -369,7 +369,7 @@ TDIST_API tdist_status_t tdist_recv(tdist_pg_t *pg, void *buf, size_t count, tdi
 
 /* ------------------------------------------------------- flight recorder
  *
- * Every group records its last TDIST_FR_SIZE (default 512; 0: off)
+ * Every group records its last TDIST_FR_SIZE (default 2048; 0: off)
  * collectives, sends, receives and marked events in a ring kept in a file
  * under TDIST_FR_DIR (default ${TMPDIR:-/tmp}/tdist-fr.<pid>, removed at
  * a clean exit), so even a killed process's last entries can be read.

@@ -32,13 +32,14 @@
 #include "fr/fr.h"
 #include "fr/internal.h"
 
-/* 64-byte entries: 32 KiB, 8 pages, for the collectives. A call's entry
- * is a page's every 64th write, and a ring that turns through more pages
- * than the TLB keeps pays a page walk each time: on the test VM, with its
- * CPUs far apart, 2.4 us a walk, so up to +37 ns an 8-byte all_reduce
- * with 2048 entries against +3 to +7 ns with 512 (it varies with the
- * placement; docs/debugging.md, "Cost"). */
-#define FR_DEFAULT_SIZE 512
+/* 64-byte entries: 128 KiB, 32 pages, for the collectives. A call's entry
+ * is a page's every 64th write; where the TLB keeps the ring's pages that
+ * costs nothing more than a smaller ring (the project's machine: +5.4 ns
+ * an 8-byte all_reduce with 2048 entries, +6.0 with 512). On a machine
+ * whose page walks are slow it is up to +40 ns (a VM whose CPUs were far
+ * apart: 2.4 us a walk), and TDIST_FR_SIZE=512 keeps the ring in 8 pages
+ * (docs/debugging.md, "Cost"). */
+#define FR_DEFAULT_SIZE 2048
 #define FR_MAX_SIZE (1 << 22)
 
 static pthread_once_t cfg_once = PTHREAD_ONCE_INIT;
