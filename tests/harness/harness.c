@@ -56,17 +56,21 @@ void tdist_test_skip(const char *fmt, ...)
     _exit(TDIST_TEST_SKIP_CODE);
 }
 
+/* The multiplier in environment variable name when it is a positive
+ * number, else dflt. */
+static double env_mult(const char *name, double dflt)
+{
+    const char *v = getenv(name);
+    double m = v ? atof(v) : 0;
+    return m > 0 ? m : dflt;
+}
+
 double tdist_test_timeout_mult(void)
 {
-    const char *v = getenv("TDIST_TEST_TIMEOUT_MULT");
-    if (v) {
-        double m = atof(v);
-        if (m > 0) return m;
-    }
 #ifdef TDIST_SANITIZED
-    return 3.0;
+    return env_mult("TDIST_TEST_TIMEOUT_MULT", 3.0);
 #else
-    return 1.0;
+    return env_mult("TDIST_TEST_TIMEOUT_MULT", 1.0);
 #endif
 }
 
@@ -81,15 +85,10 @@ double tdist_test_timeout_mult(void)
 
 double tdist_test_latency_mult(void)
 {
-    const char *v = getenv("TDIST_TEST_LATENCY_MULT");
-    if (v) {
-        double m = atof(v);
-        if (m > 0) return m;
-    }
 #ifdef TDIST_TEST_TSAN
-    return 4.0;
+    return env_mult("TDIST_TEST_LATENCY_MULT", 4.0);
 #else
-    return 1.0;
+    return env_mult("TDIST_TEST_LATENCY_MULT", 1.0);
 #endif
 }
 
