@@ -109,25 +109,6 @@ double tdist_test_cpu_wait_ms(void)
     return got == 2 ? (double)waited / 1e6 : 0;
 }
 
-double tdist_test_proc_cpu_wait_ms(void)
-{
-    DIR *d = opendir("/proc/self/task");
-    if (!d) return 0;
-    double sum = 0;
-    for (struct dirent *e = readdir(d); e; e = readdir(d)) {
-        if (e->d_name[0] == '.') continue;
-        char path[300];
-        snprintf(path, sizeof path, "/proc/self/task/%s/schedstat", e->d_name);
-        FILE *f = fopen(path, "r");
-        if (!f) continue; /* the thread has just ended */
-        unsigned long long on_cpu = 0, waited = 0;
-        if (fscanf(f, "%llu %llu", &on_cpu, &waited) == 2) sum += (double)waited / 1e6;
-        fclose(f);
-    }
-    closedir(d);
-    return sum;
-}
-
 const char *tdist_test_tmpdir(void) { return tmpdir; }
 
 /* Entries of directory path, without . and .. */

@@ -168,11 +168,6 @@ double tdist_test_now_ms(void);
  * machine is: what a bound on the code's own latency can check. */
 double tdist_test_cpu_wait_ms(void);
 
-/* The same, summed over every thread of the calling process: for a call
- * that may wait on another thread of its process (a lock its engine
- * thread holds), whose own wait for a CPU then delays the call too. */
-double tdist_test_proc_cpu_wait_ms(void);
-
 /* --------------------------------------------------------------- ranks */
 
 /* Which rank this process is in a multi-rank test (-1 in the test's main
