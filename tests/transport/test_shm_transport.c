@@ -437,6 +437,7 @@ static void death_body(int rank, int n, void *argp)
         g_keep_tp = t.tp;
         g_keep_world = t.w;
         fflush(stdout);
+        if (a->how != DIE_KILL) tdist_test_leak_check_now(); /* not inside the timed exit */
         d->died_ms = tdist_test_now_ms();
         if (a->how == DIE_KILL) raise(SIGKILL);
         exit(0);
