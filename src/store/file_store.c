@@ -390,7 +390,7 @@ static tdist_status_t file_add(tdist_store_t *s, const char *key, int64_t delta,
     file_store_t *fs = (file_store_t *)s;
     TDIST_CHECK(begin_op(fs, LOCK_EX));
     tdist_status_t st = TDIST_OK;
-    int64_t cur = 0, next;
+    int64_t cur = 0, next = 0;
     if (view_has(fs, key)) {
         void *v;
         size_t vlen;

@@ -669,7 +669,7 @@ static void fr_check_seq6(const float *x)
 /* Rank 2 goes wrong where the others issue their sixth collective. */
 static void fr_rank2(fr_case_t c, tdist_pg_t *pg, float *x)
 {
-    tdist_status_t st;
+    tdist_status_t st = TDIST_OK;
     int got = 0;
     MPI_Request rq;
     switch (c) {
