@@ -21,6 +21,7 @@
 #include "coll/coll_internal.h"
 #include "gen.h"
 #include "mesh.h"
+#include "tbuf.h"
 
 #define TAG 0x636f6c6c74657374ull
 
@@ -80,7 +81,7 @@ typedef struct mbuf {
 static mbuf_t mb_alloc(size_t bytes, size_t mode)
 {
     mbuf_t m;
-    m.base = malloc(bytes + 16);
+    m.base = tbuf_alloc(bytes + 16);
     ASSERT_TRUE(m.base != NULL);
     memset(m.base, 0xA5, bytes + 16);
     m.p = m.base + (mode == 2 ? 1 : 0);
@@ -99,7 +100,7 @@ static void run_reductions(coll_rank_t *t, tdist_dtype_t dt, tdist_redop_t op, s
     const tdist__coll_ctx_t *c = &t->ctx;
     int n = t->m.n, r = t->m.rank;
     size_t es = tdist_dtype_size(dt), bytes = count * es;
-    uint8_t *want = malloc(bytes ? bytes : 1), *mine = malloc(bytes ? bytes : 1);
+    uint8_t *want = tbuf_alloc(bytes ? bytes : 1), *mine = tbuf_alloc(bytes ? bytes : 1);
     ASSERT_TRUE(want && mine);
     tgen_reference(want, count, dt, op, n, seed, PREMUL);
     tgen_fill(mine, count, dt, op, r, seed);
@@ -118,8 +119,8 @@ static void run_reductions(coll_rank_t *t, tdist_dtype_t dt, tdist_redop_t op, s
                                                                    : "all_reduce direct",
                   n, op, mode);
         if (mode != 1) ASSERT_MEMEQ(s.p, mine, bytes); /* sendbuf untouched */
-        free(s.base);
-        free(d.base);
+        tbuf_free(s.base);
+        tbuf_free(d.base);
     }
 
     /* reduce to a rotating root */
@@ -131,14 +132,14 @@ static void run_reductions(coll_rank_t *t, tdist_dtype_t dt, tdist_redop_t op, s
         ASSERT_OK(tdist__coll_reduce(c, s.p, r == root ? out : NULL, count, dt, op, PREMUL, root));
         if (r == root) expect_eq(out, want, count, dt, "reduce", n, op, mode);
         else ASSERT_MEMEQ(s.p, mine, bytes);
-        free(s.base);
-        free(d.base);
+        tbuf_free(s.base);
+        tbuf_free(d.base);
     }
 
     /* reduce_scatter: recvcount = count, input size * count */
     {
         size_t tot = bytes * (size_t)n;
-        uint8_t *allwant = malloc(tot ? tot : 1), *allmine = malloc(tot ? tot : 1);
+        uint8_t *allwant = tbuf_alloc(tot ? tot : 1), *allmine = tbuf_alloc(tot ? tot : 1);
         ASSERT_TRUE(allwant && allmine);
         tgen_reference(allwant, count * (size_t)n, dt, op, n, seed + 1, PREMUL);
         tgen_fill(allmine, count * (size_t)n, dt, op, r, seed + 1);
@@ -165,13 +166,13 @@ static void run_reductions(coll_rank_t *t, tdist_dtype_t dt, tdist_redop_t op, s
                       mode);
             if (mode != 1) ASSERT_MEMEQ(s.p, allmine, tot);
         }
-        free(s.base);
-        free(d.base);
-        free(allwant);
-        free(allmine);
+        tbuf_free(s.base);
+        tbuf_free(d.base);
+        tbuf_free(allwant);
+        tbuf_free(allmine);
     }
-    free(want);
-    free(mine);
+    tbuf_free(want);
+    tbuf_free(mine);
 }
 
 /* broadcast, all_gatherv, gather, scatter, all_to_allv for one dtype/count. */
@@ -185,13 +186,13 @@ static void run_data_movement(coll_rank_t *t, tdist_dtype_t dt, size_t count, ui
     /* broadcast */
     {
         mbuf_t b = mb_alloc(bytes, mode);
-        uint8_t *want = malloc(bytes ? bytes : 1);
+        uint8_t *want = tbuf_alloc(bytes ? bytes : 1);
         tgen_fill(want, count, dt, TDIST_SUM, root, seed);
         if (r == root) memcpy(b.p, want, bytes);
         ASSERT_OK(tdist__coll_broadcast(c, b.p, count, dt, root));
         expect_eq(b.p, want, count, dt, "broadcast", n, TDIST_SUM, mode);
-        free(b.base);
-        free(want);
+        tbuf_free(b.base);
+        tbuf_free(want);
     }
 
     /* all_gatherv with uneven counts (some zero) */
@@ -202,7 +203,7 @@ static void run_data_movement(coll_rank_t *t, tdist_dtype_t dt, size_t count, ui
             off[p] = tot;
             tot += cnt[p];
         }
-        uint8_t *want = malloc(tot * es + 1);
+        uint8_t *want = tbuf_alloc(tot * es + 1);
         for (int p = 0; p < n; p++) tgen_fill(want + off[p] * es, cnt[p], dt, TDIST_SUM, p, seed + 2);
         mbuf_t d = mb_alloc(tot * es, mode), s = mb_alloc(cnt[r] * es, mode);
         void *src;
@@ -215,15 +216,15 @@ static void run_data_movement(coll_rank_t *t, tdist_dtype_t dt, size_t count, ui
         }
         ASSERT_OK(tdist__coll_all_gatherv(c, src, d.p, cnt, dt));
         expect_eq(d.p, want, tot, dt, "all_gatherv", n, TDIST_SUM, mode);
-        free(want);
-        free(d.base);
-        free(s.base);
+        tbuf_free(want);
+        tbuf_free(d.base);
+        tbuf_free(s.base);
     }
 
     /* gather + scatter (equal counts) */
     {
         size_t tot = bytes * (size_t)n;
-        uint8_t *want = malloc(tot ? tot : 1);
+        uint8_t *want = tbuf_alloc(tot ? tot : 1);
         for (int p = 0; p < n; p++) tgen_fill(want + (size_t)p * bytes, count, dt, TDIST_SUM, p, seed + 3);
         mbuf_t s = mb_alloc(bytes, mode), d = mb_alloc(tot, mode);
         void *src = s.p;
@@ -231,8 +232,8 @@ static void run_data_movement(coll_rank_t *t, tdist_dtype_t dt, size_t count, ui
         memcpy(src, want + (size_t)r * bytes, bytes);
         ASSERT_OK(tdist__coll_gather(c, src, r == root ? d.p : NULL, count, dt, root));
         if (r == root) expect_eq(d.p, want, count * (size_t)n, dt, "gather", n, TDIST_SUM, mode);
-        free(s.base);
-        free(d.base);
+        tbuf_free(s.base);
+        tbuf_free(d.base);
 
         mbuf_t ss = mb_alloc(tot, mode), dd = mb_alloc(bytes, mode);
         if (r == root) memcpy(ss.p, want, tot);
@@ -240,9 +241,9 @@ static void run_data_movement(coll_rank_t *t, tdist_dtype_t dt, size_t count, ui
         ASSERT_OK(tdist__coll_scatter(c, r == root ? ss.p : NULL, dst, count, dt, root));
         expect_eq(dst, want + (size_t)r * bytes, count, dt, "scatter", n, TDIST_SUM, mode);
         if (r == root && mode != 1) ASSERT_MEMEQ(ss.p, want, tot);
-        free(ss.base);
-        free(dd.base);
-        free(want);
+        tbuf_free(ss.base);
+        tbuf_free(dd.base);
+        tbuf_free(want);
     }
 
     /* all_to_allv: rank a sends f(a, b) elements to rank b */
@@ -256,7 +257,7 @@ static void run_data_movement(coll_rank_t *t, tdist_dtype_t dt, size_t count, ui
             ro += rc[p];
         }
         mbuf_t s = mb_alloc(so * es, mode), d = mb_alloc(ro * es, mode);
-        uint8_t *want = malloc(ro * es + 1);
+        uint8_t *want = tbuf_alloc(ro * es + 1);
         /* block to rank p is tgen_fill(rank = r * MAXR + p) */
         size_t o = 0;
         for (int p = 0; p < n; p++) {
@@ -270,9 +271,9 @@ static void run_data_movement(coll_rank_t *t, tdist_dtype_t dt, size_t count, ui
         }
         ASSERT_OK(tdist__coll_all_to_allv(c, s.p, sc, d.p, rc, dt));
         expect_eq(d.p, want, ro, dt, "all_to_allv", n, TDIST_SUM, mode);
-        free(s.base);
-        free(d.base);
-        free(want);
+        tbuf_free(s.base);
+        tbuf_free(d.base);
+        tbuf_free(want);
     }
 #undef A2A
 }

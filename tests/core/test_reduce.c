@@ -16,6 +16,7 @@
 
 #include "core/kernels.h"
 #include "harness.h"
+#include "tbuf.h"
 
 /* ------------------------------------------------------------ helpers */
 
@@ -231,7 +232,7 @@ static gbuf_t gbuf_new(size_t bytes, size_t off)
 {
     gbuf_t g;
     g.bytes = bytes;
-    g.block = malloc(bytes + 2 * GUARD + 16);
+    g.block = tbuf_alloc(bytes + 2 * GUARD + 16);
     ASSERT_TRUE(g.block != NULL);
     memset(g.block, GUARD_BYTE, bytes + 2 * GUARD + 16);
     g.p = g.block + GUARD + off;
@@ -245,7 +246,7 @@ static void gbuf_check_free(gbuf_t *g, const char *what)
         if (*q != GUARD_BYTE) FAIL("%s: wrote %td bytes before the buffer", what, g->p - q);
     for (unsigned char *q = g->p + g->bytes; q < g->block + total; q++)
         if (*q != GUARD_BYTE) FAIL("%s: wrote past the end of the buffer (+%td)", what, q - (g->p + g->bytes));
-    free(g->block);
+    tbuf_free(g->block);
 }
 
 /* All aliasing and alignment forms of one (dtype, op, count). */
@@ -253,8 +254,8 @@ static void check_case(tdist_dtype_t dt, tdist_redop_t op, size_t n)
 {
     size_t es = tdist_dtype_size(dt);
     size_t bytes = n * es;
-    unsigned char *A = malloc(bytes + 1), *B = malloc(bytes + 1);
-    unsigned char *R = malloc(bytes + 1), *RS = malloc(bytes + 1);
+    unsigned char *A = tbuf_alloc(bytes + 1), *B = tbuf_alloc(bytes + 1);
+    unsigned char *R = tbuf_alloc(bytes + 1), *RS = tbuf_alloc(bytes + 1);
     ASSERT_TRUE(A && B && R && RS);
     gen(A, n, dt, 1);
     gen(B, n, dt, 1);
@@ -305,10 +306,10 @@ static void check_case(tdist_dtype_t dt, tdist_redop_t op, size_t n)
         gbuf_check_free(&a, "a");
         gbuf_check_free(&b, "b");
     }
-    free(A);
-    free(B);
-    free(R);
-    free(RS);
+    tbuf_free(A);
+    tbuf_free(B);
+    tbuf_free(R);
+    tbuf_free(RS);
 }
 
 static int op_valid(tdist_redop_t op, tdist_dtype_t dt)

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "tbuf.h"
 
 
 uint64_t tgen_mix(uint64_t x)
@@ -100,7 +101,7 @@ void tgen_reference(void *out, size_t count, tdist_dtype_t dt, tdist_redop_t op,
                     uint64_t seed, double premul)
 {
     size_t bytes = count * tdist_dtype_size(dt);
-    uint8_t *tmp = malloc(bytes ? bytes : 1);
+    uint8_t *tmp = tbuf_alloc(bytes);
     ASSERT_TRUE(tmp != NULL);
     for (int r = 0; r < n; r++) {
         tgen_fill(r == 0 ? out : tmp, count, dt, op, r, seed);
@@ -108,7 +109,7 @@ void tgen_reference(void *out, size_t count, tdist_dtype_t dt, tdist_redop_t op,
         if (r > 0 && count) ASSERT_OK(tdist_reduce(out, out, tmp, count, dt, op));
     }
     if (op == TDIST_AVG && count) ASSERT_OK(tdist_divide(out, count, dt, n));
-    free(tmp);
+    tbuf_free(tmp);
 }
 
 
