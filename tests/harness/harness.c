@@ -76,32 +76,16 @@ double tdist_test_timeout_mult(void)
 #endif
 }
 
-#if defined(__SANITIZE_ADDRESS__)
-#define TDIST_TEST_LSAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TDIST_TEST_LSAN 1
-#endif
-#endif
-#ifdef TDIST_TEST_LSAN
+#ifdef TDIST_TEST_ASAN
 #include <sanitizer/lsan_interface.h>
 #endif
 
 void tdist_test_leak_check_now(void)
 {
-#ifdef TDIST_TEST_LSAN
+#ifdef TDIST_TEST_ASAN
     __lsan_do_leak_check(); /* ends the process on a leak; no second check at exit */
 #endif
 }
-
-/* gcc says __SANITIZE_THREAD__; clang says __has_feature(thread_sanitizer) */
-#if defined(__SANITIZE_THREAD__)
-#define TDIST_TEST_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define TDIST_TEST_TSAN 1
-#endif
-#endif
 
 double tdist_test_latency_mult(void)
 {

@@ -26,6 +26,21 @@
 
 #include "tdist/tdist.h"
 
+/* Which sanitizer this build has: TDIST_TEST_ASAN (AddressSanitizer, with
+ * its leak checker) or TDIST_TEST_TSAN (ThreadSanitizer). gcc says
+ * __SANITIZE_ADDRESS__ / __SANITIZE_THREAD__; clang says __has_feature. */
+#if defined(__SANITIZE_ADDRESS__)
+#define TDIST_TEST_ASAN 1
+#elif defined(__SANITIZE_THREAD__)
+#define TDIST_TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TDIST_TEST_ASAN 1
+#elif __has_feature(thread_sanitizer)
+#define TDIST_TEST_TSAN 1
+#endif
+#endif
+
 typedef void (*tdist_test_fn)(void);
 
 typedef struct tdist_test_entry {

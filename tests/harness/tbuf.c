@@ -8,15 +8,7 @@
 
 #include "harness.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define TBUF_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TBUF_ASAN 1
-#endif
-#endif
-
-#ifdef TBUF_ASAN
+#ifdef TDIST_TEST_ASAN
 #include <sanitizer/asan_interface.h>
 #define POISON(p, n)   ASAN_POISON_MEMORY_REGION((p), (n))
 #define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))

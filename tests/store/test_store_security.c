@@ -24,14 +24,7 @@
 #include "harness.h"
 #include "store/wire.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define HAVE_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define HAVE_ASAN 1
-#endif
-#endif
-#ifdef HAVE_ASAN
+#ifdef TDIST_TEST_ASAN
 /* from the sanitizer runtime (its header is not always installed) */
 size_t __sanitizer_get_current_allocated_bytes(void);
 #else
@@ -41,7 +34,7 @@ size_t __sanitizer_get_current_allocated_bytes(void);
 /* Bytes this process has allocated with malloc and not freed. */
 static uint64_t heap_in_use(void)
 {
-#ifdef HAVE_ASAN
+#ifdef TDIST_TEST_ASAN
     return (uint64_t)__sanitizer_get_current_allocated_bytes();
 #else
     struct mallinfo2 mi = mallinfo2();
