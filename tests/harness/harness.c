@@ -87,6 +87,38 @@ void tdist_test_leak_check_now(void)
 #endif
 }
 
+/* How a process the harness forked (a test, a rank, the store helper)
+ * ends when its work is done: the leak check, then exit(0), which runs the
+ * exit handlers the process registered (the library's among them) and
+ * then end_here, which the runner registered before anything else a test
+ * can register, so it runs after those. end_here leaves at once: what
+ * would follow is the C library's and the sanitizer runtimes' own
+ * teardown — unregistering every global (redzones of some 30 MB of them
+ * under AddressSanitizer, a few ms a process) — and their leak check at
+ * exit, which already ran. A process that ends any other way (exit(n) in a
+ * test, a failed assertion, a signal) keeps the usual exit and its check.
+ * Other builds exit in full: ThreadSanitizer sets the exit status of a
+ * process that reported a race in its teardown. */
+static bool ending_done;
+
+static void end_here(void)
+{
+#ifdef TDIST_TEST_ASAN
+    if (!ending_done) return;
+    fflush(NULL);
+    _exit(0);
+#endif
+}
+
+static _Noreturn void exit_done(bool leak_check)
+{
+    fflush(stdout);
+    fflush(stderr);
+    if (leak_check) tdist_test_leak_check_now();
+    ending_done = true;
+    exit(0);
+}
+
 double tdist_test_latency_mult(void)
 {
 #ifdef TDIST_TEST_TSAN
@@ -194,7 +226,7 @@ static pid_t start_store(uint16_t *port, int *ctl_fd)
         while (read(ctl[0], &c, 1) < 0 && errno == EINTR) {
         }
         tdist_store_server_destroy(srv);
-        exit(0);
+        exit_done(true);
     }
     close(up[1]);
     close(ctl[0]);
@@ -259,9 +291,7 @@ int tdist_test_spawn_ranks(const tdist_ranks_opts_t *o, tdist_rank_fn body, void
             setenv("TDIST_FR_DIR", frdir, 0);
             for (const char *const *e = o->env; e && *e; e++) putenv((char *)*e);
             body(r, n, arg);
-            fflush(stdout);
-            fflush(stderr);
-            exit(0);
+            exit_done(true);
         }
         pids[r] = pid;
         res[r].pid = pid;
@@ -390,16 +420,21 @@ static const tdist_test_entry_t *find_test(const char *name)
 
 /* The writable segments (data, bss) of every loaded module, mapped in now.
  * Every process of a test is forked from this one, and each exits through
- * the leak checker, which reads all of those segments (some 35 MB under
+ * the leak checker, which reads all of those segments (some 30 MB under
  * AddressSanitizer: the test binary's globals with their redzones and the
  * sanitizer runtimes' own tables). Pages the parent never touched were
  * faulted in again by every child, one fault per page, which on a
  * paravirtualised VM made leak checks most of a many-rank test's time.
- * Mapped here, once, the children inherit the page tables. Reads only;
- * a module without MADV_POPULATE_READ (before Linux 5.14) is left alone. */
+ * Mapped here, once, the children inherit the page tables. The whole
+ * 2 MiB blocks inside a segment are asked for as huge pages first: a
+ * child's first read of a page costs on such a VM even with the page table
+ * inherited, and a huge page costs it once for 512 pages (the test
+ * binary's bss is some 15 MB). Reads only; a kernel without
+ * MADV_POPULATE_READ (before Linux 5.14) leaves the segments alone. */
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22
 #endif
+#define HUGE_PAGE ((uintptr_t)2 << 20)
 static int populate_segment(struct dl_phdr_info *info, size_t size, void *arg)
 {
     (void)size;
@@ -410,6 +445,8 @@ static int populate_segment(struct dl_phdr_info *info, size_t size, void *arg)
         if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_W) || ph->p_memsz == 0) continue;
         uintptr_t lo = (uintptr_t)(info->dlpi_addr + ph->p_vaddr) & ~(uintptr_t)(page - 1);
         uintptr_t hi = (uintptr_t)(info->dlpi_addr + ph->p_vaddr + ph->p_memsz);
+        uintptr_t hlo = (lo + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1), hhi = hi & ~(HUGE_PAGE - 1);
+        if (hhi > hlo) (void)madvise((void *)hlo, hhi - hlo, MADV_HUGEPAGE);
         (void)madvise((void *)lo, hi - lo, MADV_POPULATE_READ);
     }
     return 0;
@@ -439,9 +476,7 @@ static int run_one(const tdist_test_entry_t *t)
         setpgid(0, 0);
         die_with_parent(runner);
         t->fn();
-        fflush(stdout);
-        fflush(stderr);
-        exit(0);
+        exit_done(true);
     }
     setpgid(pid, pid);
     int status = 0, rc = 1;
@@ -490,6 +525,7 @@ int main(int argc, char **argv)
         return 0;
     }
     dl_iterate_phdr(populate_segment, NULL);
+    atexit(end_here); /* before any test's own: it runs after them */
     int failed = 0, ran = 0, skipped = 0;
     if (argc < 2) {
         for (int i = 0; i < num_tests; i++, ran++) {

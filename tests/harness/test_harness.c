@@ -1,7 +1,9 @@
 /* tests/harness/test_harness.c — the harness checks itself: a hung test is
- * killed at its deadline with its whole process group, and a failed rank
- * is named with how it ended. The hidden tests are run through the runner
- * binary (/proc/self/exe) as a user would run them. */
+ * killed at its deadline with its whole process group, a failed rank is
+ * named with how it ended, a leak fails the test wherever it is (the test's
+ * own process, a rank, an exit other than the harness's), and tbuf's
+ * blocks report overruns and uses after free. The hidden tests are run
+ * through the runner binary (/proc/self/exe) as a user would run them. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +11,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "tbuf.h"
 
 /* Hangs (bounded: 120 s) after starting a child that also hangs. */
 TEST_HIDDEN(selftest_hang, 1)
@@ -159,4 +162,87 @@ TEST(harness_skip_is_not_a_pass, 60)
     /* A skip beside a failure is a failure. */
     ASSERT_EQ(run_runner_two("selftest_skips", "selftest_rank_fails", "1", out, sizeof out, &took), 1);
     ASSERT_CONTAINS(out, "0 passed, 1 failed, 1 skipped");
+}
+
+/* ------------------------------------------------ leaks and tbuf (ASan) */
+
+/* A block nothing points to once the pointer is dropped: a leak. */
+static void *volatile leak_keep;
+
+static void leak_one(void)
+{
+    leak_keep = malloc(48);
+    ASSERT_TRUE(leak_keep != NULL);
+    leak_keep = NULL;
+}
+
+TEST_HIDDEN(selftest_leaks, 10) { leak_one(); }
+
+static void rank1_leaks(int rank, int n, void *arg)
+{
+    (void)n;
+    (void)arg;
+    if (rank == 1) leak_one();
+}
+
+TEST_HIDDEN(selftest_rank_leaks, 30) { tdist_test_run_ranks(3, rank1_leaks, NULL); }
+
+static void rank2_leaks_and_exits(int rank, int n, void *arg)
+{
+    (void)n;
+    (void)arg;
+    if (rank == 2) {
+        leak_one();
+        exit(0); /* its own exit, not the harness's: the check at exit */
+    }
+}
+
+TEST_HIDDEN(selftest_rank_leaks_own_exit, 30) { tdist_test_run_ranks(3, rank2_leaks_and_exits, NULL); }
+
+/* One byte past what tbuf_alloc gave; a read after tbuf_free. */
+TEST_HIDDEN(selftest_tbuf_overrun, 10)
+{
+    volatile char *p = tbuf_alloc(100000);
+    ASSERT_TRUE(p != NULL);
+    p[100000] = 1;
+    tbuf_free((void *)p);
+}
+
+TEST_HIDDEN(selftest_tbuf_use_after_free, 10)
+{
+    volatile char *p = tbuf_alloc(100000);
+    ASSERT_TRUE(p != NULL);
+    tbuf_free((void *)p);
+    ASSERT_EQ(p[5], 0);
+}
+
+/* Under AddressSanitizer every process of a test ends through the leak
+ * checker, however it ends, and the pool's poisoning reports. */
+TEST(harness_leaks_and_overruns_fail_the_test, 60)
+{
+#ifndef TDIST_TEST_ASAN
+    SKIP("no AddressSanitizer in this build");
+#else
+    char out[16384];
+    double took;
+    ASSERT_EQ(run_runner("selftest_leaks", "1", out, sizeof out, &took), 1);
+    ASSERT_CONTAINS(out, "LeakSanitizer: detected memory leaks");
+    ASSERT_CONTAINS(out, "0 passed, 1 failed");
+
+    ASSERT_EQ(run_runner("selftest_rank_leaks", "1", out, sizeof out, &took), 1);
+    ASSERT_CONTAINS(out, "LeakSanitizer: detected memory leaks");
+    ASSERT_CONTAINS(out, "1 of 3 ranks failed; first: rank 1 exited with status ");
+
+    ASSERT_EQ(run_runner("selftest_rank_leaks_own_exit", "1", out, sizeof out, &took), 1);
+    ASSERT_CONTAINS(out, "LeakSanitizer: detected memory leaks");
+    ASSERT_CONTAINS(out, "first: rank 2 exited with status ");
+
+    ASSERT_EQ(run_runner("selftest_tbuf_overrun", "1", out, sizeof out, &took), 1);
+    ASSERT_CONTAINS(out, "AddressSanitizer: use-after-poison");
+    ASSERT_CONTAINS(out, "WRITE of size 1");
+
+    ASSERT_EQ(run_runner("selftest_tbuf_use_after_free", "1", out, sizeof out, &took), 1);
+    ASSERT_CONTAINS(out, "AddressSanitizer: use-after-poison");
+    ASSERT_CONTAINS(out, "READ of size 1");
+#endif
 }
