@@ -56,8 +56,6 @@ static inline double value_of(int kind, uint64_t h, tdist_dtype_t dt, tdist_redo
     }
 }
 
-static inline uint16_t f16_of(double v) { return tdist_f32_to_f16((float)v); }
-static inline uint16_t bf16_of(double v) { return tdist_f32_to_bf16((float)v); }
 
 /* Rank `rank`'s input for a case: small integers (exact in every dtype and
  * in any summation order); PROD draws from {1, -1, 2, -2}; bitwise ops use
@@ -65,7 +63,10 @@ static inline uint16_t bf16_of(double v) { return tdist_f32_to_bf16((float)v); }
  * every collective test computes every rank's input this way (the
  * reference: ranks x count elements on each rank), and in the sanitizer
  * builds this loop was the largest part of the 8-rank matrix's time
- * (gen.c is compiled with -O2 there too, tests/CMakeLists.txt). */
+ * (gen.c is compiled with -O2 there too, tests/CMakeLists.txt). Every kind
+ * but the bit patterns takes one of at most 201 values, element i the one
+ * that tgen_mix(base + i) picks: each value's bytes in the dtype are made
+ * once, and the loop only picks and copies. */
 void tgen_fill(void *buf, size_t count, tdist_dtype_t dt, tdist_redop_t op, int rank,
                uint64_t seed)
 {
@@ -76,24 +77,32 @@ void tgen_fill(void *buf, size_t count, tdist_dtype_t dt, tdist_redop_t op, int 
                                                                           : VAL_INT;
     uint64_t base = seed * 1000003u + (uint64_t)rank * 7919u;
     uint8_t *b = buf; /* may be unaligned (the tests' mode 2): stores go by memcpy */
-#define FILL(T, CONV)                                                                \
-    for (size_t i = 0; i < count; i++) {                                           \
-        T x = CONV(value_of(kind, tgen_mix(base + i), dt, op));                     \
-        memcpy(b + i * sizeof x, &x, sizeof x);                                     \
-    }                                                                               \
-    break
-    switch (dt) {
-    case TDIST_F32: FILL(float, (float));
-    case TDIST_F64: FILL(double, (double));
-    case TDIST_F16: FILL(uint16_t, f16_of);
-    case TDIST_BF16: FILL(uint16_t, bf16_of);
-    case TDIST_I8: FILL(int8_t, (int8_t)(int64_t));
-    case TDIST_U8: FILL(uint8_t, (uint8_t)(int64_t));
-    case TDIST_I32: FILL(int32_t, (int32_t)(int64_t));
-    case TDIST_I64: FILL(int64_t, (int64_t));
-    default: FAIL("dtype %d", (int)dt);
+    if (kind == VAL_BITS) {
+        for (size_t i = 0; i < count; i++) tgen_put(b, i, dt, value_of(kind, tgen_mix(base + i), dt, op));
+        return;
     }
-#undef FILL
+    /* value_of of these kinds depends on h % m only (m = 8, 17 or 201) */
+    uint32_t m = kind == VAL_PROD ? 8 : kind == VAL_FLOAT ? 17 : 201;
+    uint8_t tab[201 * 8];
+    for (uint32_t k = 0; k < m; k++) tgen_put(tab, k, dt, value_of(kind, k, dt, op));
+#define PICK(ES, M)                                                                   \
+    for (size_t i = 0; i < count; i++)                                                \
+        memcpy(b + i * (ES), tab + (tgen_mix(base + i) % (M)) * (ES), (ES));          \
+    return
+#define BY_M(ES)                                                                      \
+    switch (m) {                                                                      \
+    case 8: PICK(ES, 8);                                                              \
+    case 17: PICK(ES, 17);                                                            \
+    default: PICK(ES, 201);                                                           \
+    }
+    switch (tdist_dtype_size(dt)) {
+    case 1: BY_M(1);
+    case 2: BY_M(2);
+    case 4: BY_M(4);
+    default: BY_M(8);
+    }
+#undef BY_M
+#undef PICK
 }
 
 /* The reduction over ranks [0, n) of their inputs, in rank order. */
