@@ -228,26 +228,23 @@ TEST(harness_leaks_and_overruns_fail_the_test, 60)
 #ifndef TDIST_TEST_ASAN
     SKIP("no AddressSanitizer in this build");
 #else
+    static const struct {
+        const char *test, *report, *then;
+    } cases[] = {
+        {"selftest_leaks", "LeakSanitizer: detected memory leaks", "0 passed, 1 failed"},
+        {"selftest_rank_leaks", "LeakSanitizer: detected memory leaks",
+         "1 of 3 ranks failed; first: rank 1 exited with status "},
+        {"selftest_rank_leaks_own_exit", "LeakSanitizer: detected memory leaks",
+         "first: rank 2 exited with status "},
+        {"selftest_tbuf_overrun", "AddressSanitizer: use-after-poison", "WRITE of size 1"},
+        {"selftest_tbuf_use_after_free", "AddressSanitizer: use-after-poison", "READ of size 1"},
+    };
     char out[16384];
     double took;
-    ASSERT_EQ(run_runner("selftest_leaks", "1", out, sizeof out, &took), 1);
-    ASSERT_CONTAINS(out, "LeakSanitizer: detected memory leaks");
-    ASSERT_CONTAINS(out, "0 passed, 1 failed");
-
-    ASSERT_EQ(run_runner("selftest_rank_leaks", "1", out, sizeof out, &took), 1);
-    ASSERT_CONTAINS(out, "LeakSanitizer: detected memory leaks");
-    ASSERT_CONTAINS(out, "1 of 3 ranks failed; first: rank 1 exited with status ");
-
-    ASSERT_EQ(run_runner("selftest_rank_leaks_own_exit", "1", out, sizeof out, &took), 1);
-    ASSERT_CONTAINS(out, "LeakSanitizer: detected memory leaks");
-    ASSERT_CONTAINS(out, "first: rank 2 exited with status ");
-
-    ASSERT_EQ(run_runner("selftest_tbuf_overrun", "1", out, sizeof out, &took), 1);
-    ASSERT_CONTAINS(out, "AddressSanitizer: use-after-poison");
-    ASSERT_CONTAINS(out, "WRITE of size 1");
-
-    ASSERT_EQ(run_runner("selftest_tbuf_use_after_free", "1", out, sizeof out, &took), 1);
-    ASSERT_CONTAINS(out, "AddressSanitizer: use-after-poison");
-    ASSERT_CONTAINS(out, "READ of size 1");
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ASSERT_EQ(run_runner(cases[i].test, "1", out, sizeof out, &took), 1);
+        ASSERT_CONTAINS(out, cases[i].report);
+        ASSERT_CONTAINS(out, cases[i].then);
+    }
 #endif
 }
