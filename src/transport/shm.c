@@ -823,16 +823,27 @@ static bool sweep_peer(shm_tp_t *tp, int p)
     return moved;
 }
 
+/* How much of a failure's cause peer c is, for the order in which lost
+ * peers are named: 0 exited with its transport still open (killed,
+ * crashed), 1 exited after closing it (a survivor of that failure that
+ * finished and left before this rank looked), 2 only closed it, 3 not
+ * lost. */
+static int lost_order(const peer_t *c)
+{
+    return c->dead ? (c->closed ? 1 : 0) : c->closed ? 2 : 3;
+}
+
 /* Move what can move on every channel with work. Returns whether a byte
- * moved. Once a peer has exited, its channels go first: a peer that
- * closed its transport has usually failed on that same exit and left, so
- * the exit is the cause the error should name. */
+ * moved. Once a peer has exited, the channels of the exited peers go
+ * first, those that exited with their transport open before those that
+ * closed it: the error names the first lost peer a channel meets, and
+ * that should be the cause. */
 static bool sweep(shm_tp_t *tp)
 {
     bool moved = false;
-    if (tp->any_dead)
+    for (int order = 0; tp->any_dead && order < 2; order++)
         for (int p = 0; p < tp->b.size && tp->b.err == TDIST_OK; p++)
-            if (tp->pe[p].dead) moved |= sweep_peer(tp, p);
+            if (lost_order(&tp->pe[p]) == order) moved |= sweep_peer(tp, p);
     for (int p = 0; p < tp->b.size && tp->b.err == TDIST_OK; p++) moved |= sweep_peer(tp, p);
     return moved;
 }
@@ -989,11 +1000,10 @@ static int note_waiting(shm_tp_t *tp, bool (*needs)(void *arg, int peer), void *
 static tdist_status_t check_lost(shm_tp_t *tp, bool (*needs)(void *arg, int peer), void *arg)
 {
     check_peers(tp);
-    /* exited peers first, then those that closed their transport (sweep) */
-    for (int pass = 0; pass < 2; pass++)
+    /* the cause first, as sweep names it (lost_order) */
+    for (int order = 0; order < 3; order++)
         for (int p = 0; p < tp->b.size; p++) {
-            if (p == tp->b.rank) continue;
-            if (pass == 0 ? !tp->pe[p].dead : !tp->pe[p].closed) continue;
+            if (p == tp->b.rank || lost_order(&tp->pe[p]) != order) continue;
             if (!needs || needs(arg, p)) return peer_lost(tp, p, NULL);
         }
     return TDIST_OK;
