@@ -41,9 +41,10 @@ cmake --build "$build-release" --parallel "$(nproc)"
 # examples need no nn/, every warning an error. Compiled, not tested.
 # It and the ThreadSanitizer tree (which cannot share a build with
 # AddressSanitizer) build while the AddressSanitizer tests run, in the
-# idle scheduling class: the tests leave about a third of the two CPUs
-# unused (their ranks wait on each other and on deadlines), and any test
-# process that wakes takes a CPU from an idle-class task at once. Their
+# idle scheduling class: the tests leave part of the two CPUs unused
+# (their ranks wait on each other and on deadlines; about a tenth over a
+# whole run), and any test process that wakes takes a CPU from an
+# idle-class task at once. Their
 # output is shown only when a build fails.
 # (In a process group of their own, which the script stops if it ends
 # early.)
