@@ -70,12 +70,18 @@ static inline double value_of(int kind, uint64_t h, tdist_dtype_t dt, tdist_redo
 void tgen_fill(void *buf, size_t count, tdist_dtype_t dt, tdist_redop_t op, int rank,
                uint64_t seed)
 {
+    tgen_fill_part(buf, 0, count, dt, op, rank, seed);
+}
+
+void tgen_fill_part(void *buf, size_t first, size_t count, tdist_dtype_t dt, tdist_redop_t op,
+                    int rank, uint64_t seed)
+{
     int kind = op == TDIST_PROD                                            ? VAL_PROD
                : op == TDIST_BAND || op == TDIST_BOR || op == TDIST_BXOR ? VAL_BITS
                : tdist_dtype_is_float(dt)                                 ? VAL_FLOAT
                : dt == TDIST_U8                                           ? VAL_UINT
                                                                           : VAL_INT;
-    uint64_t base = seed * 1000003u + (uint64_t)rank * 7919u;
+    uint64_t base = seed * 1000003u + (uint64_t)rank * 7919u + first;
     uint8_t *b = buf; /* may be unaligned (the tests' mode 2): stores go by memcpy */
     if (kind == VAL_BITS) {
         for (size_t i = 0; i < count; i++) tgen_put(b, i, dt, value_of(kind, tgen_mix(base + i), dt, op));
@@ -109,11 +115,17 @@ void tgen_fill(void *buf, size_t count, tdist_dtype_t dt, tdist_redop_t op, int 
 void tgen_reference(void *out, size_t count, tdist_dtype_t dt, tdist_redop_t op, int n,
                     uint64_t seed, double premul)
 {
+    tgen_reference_part(out, 0, count, dt, op, n, seed, premul);
+}
+
+void tgen_reference_part(void *out, size_t first, size_t count, tdist_dtype_t dt,
+                         tdist_redop_t op, int n, uint64_t seed, double premul)
+{
     size_t bytes = count * tdist_dtype_size(dt);
     uint8_t *tmp = tbuf_alloc(bytes);
     ASSERT_TRUE(tmp != NULL);
     for (int r = 0; r < n; r++) {
-        tgen_fill(r == 0 ? out : tmp, count, dt, op, r, seed);
+        tgen_fill_part(r == 0 ? out : tmp, first, count, dt, op, r, seed);
         if (op == TDIST_PREMUL_SUM && count) ASSERT_OK(tdist_scale(r == 0 ? out : tmp, count, dt, premul));
         if (r > 0 && count) ASSERT_OK(tdist_reduce(out, out, tmp, count, dt, op));
     }

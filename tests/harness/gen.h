@@ -26,11 +26,21 @@ void tgen_put(void *buf, size_t i, tdist_dtype_t dt, double v);
 void tgen_fill(void *buf, size_t count, tdist_dtype_t dt, tdist_redop_t op, int rank,
                uint64_t seed);
 
+/* Elements [first, first + count) of the same sequence, into buf[0..count):
+ * tgen_fill is tgen_fill_part with first 0. */
+void tgen_fill_part(void *buf, size_t first, size_t count, tdist_dtype_t dt, tdist_redop_t op,
+                    int rank, uint64_t seed);
+
 /* out = op over ranks [0, n) of their tgen_fill inputs, reduced in rank
  * order (PREMUL_SUM: each scaled by premul first; AVG: divided by n).
  * Fails the test on error. */
 void tgen_reference(void *out, size_t count, tdist_dtype_t dt, tdist_redop_t op, int n,
                     uint64_t seed, double premul);
+
+/* Elements [first, first + count) of that reduction (it is element-wise:
+ * the same bits as the whole one's), into out[0..count). */
+void tgen_reference_part(void *out, size_t first, size_t count, tdist_dtype_t dt,
+                         tdist_redop_t op, int n, uint64_t seed, double premul);
 
 /* Whether op applies to dt (PREMUL_SUM: floating dtypes only). */
 bool tgen_op_valid(tdist_redop_t op, tdist_dtype_t dt);
