@@ -748,8 +748,9 @@ static float wire_val(int r, size_t i)
 static void wire_check(int rank, int n, tdist_pg_t *pg, tdist_dtype_t wire, double divisor,
                        bool async)
 {
-    static float x[WIRE_N];
-    static uint16_t h[WIRE_N];
+    float *x = malloc(WIRE_N * sizeof *x);
+    uint16_t *h = malloc(WIRE_N * sizeof *h);
+    ASSERT_TRUE(x && h);
     for (size_t i = 0; i < WIRE_N; i++) {
         x[i] = wire_val(rank, i);
         h[i] = ref_hook16(x[i], (int64_t)divisor, wire);
@@ -784,6 +785,8 @@ static void wire_check(int rank, int n, tdist_pg_t *pg, tdist_dtype_t wire, doub
             FAIL("2 ranks %s element %zu: 0x%08x, the reference 0x%04x", tdist_dtype_name(wire), i,
                  bits32(x[i]), s);
     }
+    free(x);
+    free(h);
 }
 
 static void wire_body(int rank, int n, void *arg)

@@ -572,8 +572,9 @@ TEST(powersgd_batched_hook_consistent_with_padding_error, 60)
 
 static double pl_run(tdist_pg_t *pg, int rank, bool serial, float *result)
 {
-    static float p[PL_NP * PL_ROWS * PL_COLS], g[PL_NP * PL_ROWS * PL_COLS];
     const size_t cnt = PL_ROWS * PL_COLS;
+    float *p = calloc(PL_NP * cnt, sizeof *p), *g = calloc(PL_NP * cnt, sizeof *g);
+    ASSERT_TRUE(p && g);
     tdist_ddp_param_t params[PL_NP];
     size_t rows[PL_NP];
     for (size_t j = 0; j < PL_NP; j++) {
@@ -605,9 +606,11 @@ static double pl_run(tdist_pg_t *pg, int rank, bool serial, float *result)
         if (k >= 3) ms += (tdist_test_now_ms() - t0) / (PL_STEPS - 3);
     }
     ASSERT_EQ(tdist_ddp_num_buckets(ddp), PL_NP);
-    memcpy(result, g, sizeof g);
+    memcpy(result, g, PL_NP * cnt * sizeof *g);
     tdist_ddp_destroy(ddp);
     tdist_powersgd_destroy(s);
+    free(p);
+    free(g);
     return ms;
 }
 
@@ -618,10 +621,14 @@ static void pl_body(int rank, int n, void *arg)
     tdist_world_t *w;
     tdist_pg_t *pg;
     open_group(&w, &pg);
-    static float a[PL_NP * PL_ROWS * PL_COLS], b[PL_NP * PL_ROWS * PL_COLS];
+    const size_t bytes = PL_NP * PL_ROWS * PL_COLS * sizeof(float);
+    float *a = malloc(bytes), *b = malloc(bytes);
+    ASSERT_TRUE(a && b);
     double serial = pl_run(pg, rank, true, a);
     double pipelined = pl_run(pg, rank, false, b);
-    ASSERT_MEMEQ(a, b, sizeof a); /* the same bits either way */
+    ASSERT_MEMEQ(a, b, bytes); /* the same bits either way */
+    free(a);
+    free(b);
     if (rank == 0)
         fprintf(stderr,
                 "note: PowerSGD rank 4, %d buckets of %dx%d, 2 ranks: reduction %.2f ms "

@@ -144,15 +144,18 @@ static void fused_body(int rank, int n, void *arg)
     tdist_world_t *w;
     tdist_pg_t *pg;
     tdist_test_open_world(&w, &pg, (int64_t)(20000 * tdist_test_timeout_mult()));
-    static fmodel_t a, b;
-    static seen_t seen;
-    static float m_in[FP_N], prev_err[FP_N];
+    /* on the heap, zeroed: megabytes of statics would be read by every
+     * process's leak check */
+    fmodel_t *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+    seen_t *seen = calloc(1, sizeof *seen);
+    float *m_in = calloc(FP_N, sizeof *m_in), *prev_err = calloc(FP_N, sizeof *prev_err);
+    ASSERT_TRUE(a && b && seen && m_in && prev_err);
     tdist_powersgd_t *sa, *sb;
-    tdist_ddp_t *da = fp_ddp(pg, &a, &seen, &sa), *db = fp_ddp(pg, &b, NULL, &sb);
+    tdist_ddp_t *da = fp_ddp(pg, a, seen, &sa), *db = fp_ddp(pg, b, NULL, &sb);
     for (int k = 0; k < 6; k++) {
-        memset(&seen.stages, 0, sizeof seen.stages);
+        memset(&seen->stages, 0, sizeof seen->stages);
         for (int v = 0; v < 2; v++) {
-            fmodel_t *m = v ? &b : &a;
+            fmodel_t *m = v ? b : a;
             tdist_ddp_t *d = v ? db : da;
             ASSERT_OK(tdist_ddp_forward_begin(d));
             for (size_t i = 0; i < FP_N; i++) m->g[i] = fp_grad(rank, k, i);
@@ -160,22 +163,22 @@ static void fused_body(int rank, int n, void *arg)
             ASSERT_OK(tdist_ddp_backward_end(d));
         }
         for (size_t i = 0; i < FP_N; i++)
-            if (fbits(a.g[i]) != fbits(b.g[i]))
+            if (fbits(a->g[i]) != fbits(b->g[i]))
                 FAIL("step %d element %zu: %.9g with an observer, %.9g without", k, i,
-                     (double)a.g[i], (double)b.g[i]);
+                     (double)a->g[i], (double)b->g[i]);
         if (k < 2) continue; /* plain averaging */
-        ASSERT_EQ(seen.stages, 6);
+        ASSERT_EQ(seen->stages, 6);
         /* the gradients fed, in bucket order, + the previous error */
-        for (size_t j = 0; j < seen.np; j++) {
-            size_t pi = seen.params[j], src = 0;
+        for (size_t j = 0; j < seen->np; j++) {
+            size_t pi = seen->params[j], src = 0;
             for (size_t t = 0; t < pi; t++) src += fp_count[t];
             for (size_t i = 0; i < fp_count[pi]; i++) {
                 float g = fp_grad(rank, k, src + i);
-                m_in[seen.offsets[j] + i] = k > 2 ? g + prev_err[seen.offsets[j] + i] : g;
+                m_in[seen->offsets[j] + i] = k > 2 ? g + prev_err[seen->offsets[j] + i] : g;
             }
         }
-        check_step(&seen, m_in, k);
-        memcpy(prev_err, seen.err, sizeof prev_err);
+        check_step(seen, m_in, k);
+        memcpy(prev_err, seen->err, FP_N * sizeof *prev_err);
     }
     tdist_ddp_destroy(da);
     tdist_ddp_destroy(db);
@@ -183,6 +186,11 @@ static void fused_body(int rank, int n, void *arg)
     tdist_powersgd_destroy(sb);
     tdist_pg_destroy(pg);
     tdist_world_destroy(w);
+    free(a);
+    free(b);
+    free(seen);
+    free(m_in);
+    free(prev_err);
 }
 
 TEST(powersgd_fused_passes_exact_on_large_matrices, 60) { tdist_test_run_ranks(2, fused_body, NULL); }

@@ -111,8 +111,9 @@ static uint16_t ref_round(const fmt_t *f, float x)
 /* Every bulk path on every instruction set must agree with the scalar. */
 static void check_bulk_agrees(const fmt_t *f)
 {
-    static uint16_t hs[65536], back[65536];
-    static float fs[65536], fs2[65536];
+    uint16_t *hs = malloc(65536 * sizeof *hs), *back = malloc(65536 * sizeof *back);
+    float *fs = malloc(65536 * sizeof *fs), *fs2 = malloc(65536 * sizeof *fs2);
+    ASSERT_TRUE(hs && back && fs && fs2);
     for (uint32_t i = 0; i < 65536; i++) {
         hs[i] = (uint16_t)i;
         fs2[i] = f->from((uint16_t)i);
@@ -121,7 +122,7 @@ static void check_bulk_agrees(const fmt_t *f)
     for (int isa = 0; isa <= (int)best; isa++) {
         ASSERT_EQ(tdist__set_isa((tdist__isa_t)isa), isa);
         /* odd n and an offset start exercise the vector tails */
-        memset(fs, 0, sizeof fs);
+        memset(fs, 0, 65536 * sizeof *fs);
         f->from_n(fs + 1, hs + 1, 65535);
         f->from_n(fs, hs, 1);
         for (uint32_t i = 0; i < 65536; i++)
@@ -150,6 +151,10 @@ static void check_bulk_agrees(const fmt_t *f)
         }
     }
     tdist__set_isa(best);
+    free(hs);
+    free(back);
+    free(fs);
+    free(fs2);
 }
 
 /* half -> f32 over all 65,536 patterns against ldexp. */
@@ -343,8 +348,9 @@ TEST(core_half_ignores_ftz_daz, 60)
     unsigned int saved = _mm_getcsr();
     _mm_setcsr(saved | 0x8040); /* FTZ | DAZ */
     tdist__isa_t best = tdist__best_isa();
-    static uint16_t hs[65536], back[65536];
-    static float fs[65536];
+    uint16_t *hs = malloc(65536 * sizeof *hs), *back = malloc(65536 * sizeof *back);
+    float *fs = malloc(65536 * sizeof *fs);
+    ASSERT_TRUE(hs && back && fs);
     for (uint32_t i = 0; i < 65536; i++) hs[i] = (uint16_t)i;
     for (int isa = 0; isa <= (int)best; isa++) {
         tdist__set_isa((tdist__isa_t)isa);
@@ -366,5 +372,8 @@ TEST(core_half_ignores_ftz_daz, 60)
     }
     tdist__set_isa(best);
     _mm_setcsr(saved);
+    free(hs);
+    free(back);
+    free(fs);
 #endif
 }

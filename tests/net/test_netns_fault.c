@@ -563,13 +563,15 @@ TEST(net_fault_relay_shapes_the_link, 60)
         }
         if (s < 0) FAIL("cannot connect to %s:%d through the relay", t.addr[1], SHAPE_PORT);
         double t1 = tdist_test_now_ms();
-        static char buf[SHAPE_BYTES];
+        char *buf = calloc(1, SHAPE_BYTES);
+        if (!buf) FAIL("out of memory");
         size_t sent = 0;
         for (int i = 0; i < 100000 && sent < SHAPE_BYTES; i++) {
             ssize_t w = write(s, buf + sent, SHAPE_BYTES - sent);
             if (w <= 0) FAIL("write: %s", strerror(errno));
             sent += (size_t)w;
         }
+        free(buf);
         shutdown(s, SHUT_WR);
         char k;
         if (read(s, &k, 1) != 1) FAIL("no answer from the server");
