@@ -367,8 +367,8 @@ static void identical_body(int rank, int n, void *arg)
     static const tdist__ar_algo_t algos[] = {TDIST__AR_RING, TDIST__AR_RD, TDIST__AR_DIRECT,
                                              TDIST__AR_AUTO};
     static const size_t counts[] = {1, 37, 5003, 140001}; /* the last: several shm chunks */
-    /* one input and one output per algorithm for every case: a fresh
-     * mapping per call would time the page faults, not the collective */
+    /* one input and one output per algorithm for every case (a fresh
+     * mapping per call spent most of the test's time in page faults) */
     size_t cap = counts[3] * sizeof(double);
     uint8_t *in = tbuf_alloc(cap), *out[4];
     for (size_t a = 0; a < 4; a++) out[a] = tbuf_alloc(cap);
