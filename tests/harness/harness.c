@@ -229,8 +229,8 @@ static pid_t start_store(uint16_t *port, int *ctl_fd)
         }
         tdist_store_server_destroy(srv);
         /* no leak check here: the server is the store tests' subject,
-         * and they check it in their own processes; a check a spawn here
-         * was a tenth of the ddp tests' time */
+         * and they check it in their own processes; a check at every
+         * spawn of this helper was a tenth of the ddp tests' time */
         exit_done(false);
     }
     close(up[1]);
@@ -425,7 +425,7 @@ static const tdist_test_entry_t *find_test(const char *name)
 
 /* The writable segments (data, bss) of every loaded module, mapped in now.
  * Every process of a test is forked from this one, and each exits through
- * the leak checker, which reads all of those segments (some 30 MB under
+ * the leak checker, which reads all of those segments (some 18 MB under
  * AddressSanitizer: the test binary's globals with their redzones and the
  * sanitizer runtimes' own tables). Pages the parent never touched were
  * faulted in again by every child, one fault per page, which on a
@@ -433,8 +433,8 @@ static const tdist_test_entry_t *find_test(const char *name)
  * Mapped here, once, the children inherit the page tables. The whole
  * 2 MiB blocks inside a segment are asked for as huge pages first: a
  * child's first read of a page costs on such a VM even with the page table
- * inherited, and a huge page costs it once for 512 pages (the test
- * binary's bss is some 15 MB). Reads only; a kernel without
+ * inherited, and a huge page costs it once for 512 pages (the sanitizer
+ * runtimes' tables are some 12 MB). Reads only; a kernel without
  * MADV_POPULATE_READ (before Linux 5.14) leaves the segments alone. */
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22
